@@ -1,0 +1,3 @@
+from commviz.cli import main
+import sys
+sys.exit(main())

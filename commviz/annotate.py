@@ -1,0 +1,197 @@
+"""``annotate_collective``: build a collective's metadata, record it, and attach it to the trace.
+
+One call does three things, each only when it applies:
+- records the metadata in this rank's recorder (when recording is on);
+- opens a profiler range ``commviz::<op>`` whose args are the metadata (when a profiler runs),
+  so eager traces carry the same keys graphed ones get;
+- under CUDA graph capture, finds the graph nodes the collective added (``commviz.capture``).
+
+The wrappers in ``commviz.distributed`` use the fast internal pair ``begin``/``finish``; users
+wrap their own communication (a custom kernel, a library call) in ``annotate_collective``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from commviz import metadata as md
+from commviz.record import recorder as _rec
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
+_time_ns = time.time_ns
+_getframe = sys._getframe
+
+# Keys that cannot go into a profiler range (non-scalar values).
+_RANGE_SKIP = frozenset({md.GRAPH_NODES})
+# Keyword names of annotate_collective's **extra that map onto commviz keys.
+_EXTRA_KEYS = {
+    "root": md.ROOT, "src": md.SRC, "dst": md.DST, "peer": md.PEER, "reduce_op": md.REDUCE_OP,
+    "async_op": md.ASYNC, "in_split": md.IN_SPLIT, "out_split": md.OUT_SPLIT, "kind": md.KIND,
+}
+
+_global_rank: int | None = None
+
+
+def _rank() -> int:
+    global _global_rank
+    if _global_rank is None:
+        if not dist.is_initialized():
+            return 0
+        _global_rank = dist.get_rank()
+    return _global_rank
+
+
+def reset_rank_cache() -> None:
+    """Forget the cached global rank (a new process group was initialised)."""
+    global _global_rank
+    _global_rank = None
+
+
+class Call:
+    """One in-flight annotated collective: its metadata and what must be closed at the end."""
+
+    __slots__ = ("meta", "range", "region")
+
+    def __init__(self, meta: dict[str, Any], rng: Any, region: Any) -> None:
+        self.meta = meta
+        self.range = rng
+        self.region = region
+
+
+def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
+          *, kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
+          async_op: bool = False, extra: dict[str, Any] | None = None,
+          depth: int = 2) -> Call:
+    """Start a collective: build its metadata, record it, open its profiler range and region.
+
+    ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
+    """
+    info = md.group_info(group)
+    dtype = tensor.dtype if tensor is not None else torch.uint8
+    esize = tensor.element_size() if tensor is not None else 0
+    frame = _getframe(depth)
+    meta: dict[str, Any] = {
+        md.COLLECTIVE_NAME: md.COLLECTIVE_NAMES.get(op, op),
+        md.IN_NELEMS: in_nelems,
+        md.OUT_NELEMS: out_nelems,
+        md.GROUP_SIZE: len(info.ranks),
+        md.DTYPE: md.dtype_name(dtype),
+        md.IN_SPLIT: in_split,
+        md.OUT_SPLIT: out_split,
+        md.PG_NAME: info.name,
+        md.PG_DESC: info.desc,
+        md.PG_RANKS: info.ranks_str,
+        md.OP: op,
+        md.KIND: kind,
+        md.RANK: _rank(),
+        md.LANE: info.lane,
+        md.ASYNC: async_op,
+        md.BYTES_IN: in_nelems * esize,
+        md.BYTES_OUT: out_nelems * esize,
+        md.CALLSITE: f"{frame.f_code.co_filename}:{frame.f_lineno}",
+    }
+    if kind == "collective":
+        meta[md.SEQ] = next(info.seq)
+    if extra:
+        meta.update(extra)
+    region = None
+    if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+        from commviz.capture import region as _region
+
+        meta[md.CAPTURED] = True
+        region = _region.enter(meta)
+    recorder = _rec.RECORDER
+    if recorder.enabled:
+        recorder.append(meta)
+    rng = None
+    if _profiler_enabled():
+        rng = _RecordFunctionFast(
+            "commviz::" + op, [],
+            {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
+        rng.__enter__()
+    meta[md.T_BEGIN] = _time_ns()
+    return Call(meta, rng, region)
+
+
+def finish(call: Call, error: BaseException | None = None) -> None:
+    """Close what ``begin`` opened; under capture this is where the new graph nodes are found."""
+    meta = call.meta
+    meta[md.T_END] = _time_ns()
+    if error is not None:
+        meta["commviz.error"] = repr(error)
+    if call.region is not None:
+        from commviz.capture import region as _region
+
+        _region.exit(call.region, meta)
+    if call.range is not None:
+        call.range.__exit__(None, None, None)
+
+
+def invoke(call: Call, fn: Any, *args: Any) -> Any:
+    """Run the real torch.distributed call between ``begin`` and ``finish``."""
+    try:
+        result = fn(*args)
+    except BaseException as exc:
+        finish(call, exc)
+        raise
+    finish(call)
+    return result
+
+
+def _nelems(tensors: torch.Tensor | Iterable[torch.Tensor] | None) -> tuple[int, torch.Tensor | None]:
+    if tensors is None:
+        return 0, None
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel(), tensors
+    items: Sequence[torch.Tensor] = list(tensors)
+    return sum(t.numel() for t in items), (items[0] if items else None)
+
+
+class annotate_collective:  # noqa: N801 - used like a function, as torch.profiler.record_function is
+    """Annotate a collective (or any communication) issued inside the ``with`` block.
+
+    ``name`` is a torch.distributed function name ("all_reduce") or any label; ``input`` and
+    ``output`` are tensors or lists of tensors; ``group`` is the process group (``None``: world).
+    Keyword extras ``root``, ``src``, ``dst``, ``peer``, ``reduce_op``, ``async_op``,
+    ``in_split``, ``out_split`` map onto commviz's keys; any other extra is kept as given.
+    The ``with`` statement yields the metadata dict.
+    """
+
+    __slots__ = ("_args", "_call")
+
+    def __init__(self, name: str, input: Any, output: Any, group: Any = None,
+                 **extra: Any) -> None:
+        self._args = (name, input, output, group, extra)
+        self._call: Call | None = None
+
+    def __enter__(self) -> dict[str, Any]:
+        name, inp, out, group, extra = self._args
+        in_n, tensor = _nelems(inp)
+        out_n, out_tensor = _nelems(out)
+        mapped: dict[str, Any] = {}
+        for key, value in extra.items():
+            target = _EXTRA_KEYS.get(key, key)
+            if target == md.REDUCE_OP and not isinstance(value, str):
+                value = md.reduce_op_name(value)
+            if target in (md.IN_SPLIT, md.OUT_SPLIT) and not isinstance(value, str):
+                value = str(list(value))
+            mapped[target] = value
+        kind = mapped.pop(md.KIND, "p2p" if name in ("send", "recv", "isend", "irecv") else "collective")
+        in_split = mapped.pop(md.IN_SPLIT, "[]")
+        out_split = mapped.pop(md.OUT_SPLIT, "[]")
+        async_op = bool(mapped.pop(md.ASYNC, False))
+        self._call = begin(name, group, tensor if tensor is not None else out_tensor, in_n, out_n,
+                           kind=kind, in_split=in_split, out_split=out_split, async_op=async_op,
+                           extra=mapped, depth=2)
+        return self._call.meta
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        assert self._call is not None
+        finish(self._call, exc)
+        self._call = None

@@ -1,0 +1,55 @@
+"""The ``commviz`` command line: launch, merge, annotate, verify, report.
+
+Each subcommand lives beside the code it drives, in a module with ``register(subparsers)``
+that adds its parser and sets ``func``; this file only puts them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from commviz.errors import CommvizError
+
+# (module, what it adds) in the order ``commviz --help`` lists them.
+COMMANDS = (
+    "commviz.launch.command",     # commviz launch CONFIG.yaml
+    "commviz.merge.command",      # commviz merge RUN_DIR
+    "commviz.match.command",      # commviz annotate TRACE RECORD -o OUT
+    "commviz.verify",             # commviz verify OUT.pftrace
+    "commviz.review.command",     # commviz report RUN_DIR
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="commviz",
+        description="Make collective communication visible in multi-GPU PyTorch jobs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CommvizError as exc:
+        print(f"commviz {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"commviz {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

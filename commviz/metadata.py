@@ -1,0 +1,205 @@
+"""The metadata commviz attaches to a collective: the eager profiler's keys plus commviz's own.
+
+Eager NCCL kernels carry ten keys in the profiler trace (``EAGER_KEYS``). commviz emits exactly
+those keys with the profiler's value formats (``"dtype": "Float"``, ``"Process Group Ranks":
+"[0, 1]"``, ``"In split size": "[]"``), so a graphed or gloo collective reads like an eager NCCL
+one, and adds its own keys under the ``commviz.`` prefix (the Perfetto UI groups dotted args).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# --- the eager profiler's keys (record_param_comms / NCCL kernel args) -------------------------
+COLLECTIVE_NAME = "Collective name"
+IN_NELEMS = "In msg nelems"
+OUT_NELEMS = "Out msg nelems"
+GROUP_SIZE = "Group size"
+DTYPE = "dtype"
+IN_SPLIT = "In split size"
+OUT_SPLIT = "Out split size"
+PG_NAME = "Process Group Name"
+PG_DESC = "Process Group Description"
+PG_RANKS = "Process Group Ranks"
+EAGER_KEYS = (
+    COLLECTIVE_NAME, IN_NELEMS, OUT_NELEMS, GROUP_SIZE, DTYPE,
+    IN_SPLIT, OUT_SPLIT, PG_NAME, PG_DESC, PG_RANKS,
+)
+
+# --- commviz's own keys -------------------------------------------------------------------------
+OP = "commviz.op"                # torch.distributed function name: "all_reduce", "isend", ...
+KIND = "commviz.kind"            # "collective" | "p2p" | "batch"
+SEQ = "commviz.seq"              # collectives: per-process-group sequence number (1-based)
+P2P_SEQ = "commviz.p2p_seq"      # p2p: per (group, src, dst) sequence number (1-based)
+RANK = "commviz.rank"            # global rank of the caller
+ROOT = "commviz.root"            # global rank of the root (broadcast/reduce/gather/scatter)
+PEER = "commviz.peer"            # global rank of the peer (send/recv/isend/irecv)
+SRC = "commviz.src"              # global source rank of a p2p transfer
+DST = "commviz.dst"              # global destination rank of a p2p transfer
+PEERS = "commviz.peers"          # batch_isend_irecv: "send:1,recv:1" in op order
+REDUCE_OP = "commviz.reduce_op"  # "sum", "max", ... or absent
+ASYNC = "commviz.async_op"       # bool
+BYTES_IN = "commviz.bytes_in"
+BYTES_OUT = "commviz.bytes_out"
+CALLSITE = "commviz.callsite"    # "path/to/file.py:123" of the user's call
+LANE = "commviz.lane"            # stable comm-lane id of the process group
+T_BEGIN = "commviz.t_begin_ns"   # wall clock (time.time_ns) when the call began
+T_END = "commviz.t_end_ns"       # wall clock when the call returned (launch, not completion)
+CAPTURED = "commviz.captured"    # bool: issued under CUDA graph capture
+GRAPH = "commviz.graph"          # commviz capture id of the graph it was captured into
+GRAPH_NODES = "commviz.graph_nodes"  # CUPTI graph node ids of its kernel nodes
+ORDINAL = "commviz.ordinal"      # ordinal of the collective within its graph, per lane
+
+COMMVIZ_KEYS = (
+    OP, KIND, SEQ, P2P_SEQ, RANK, ROOT, PEER, SRC, DST, PEERS, REDUCE_OP, ASYNC, BYTES_IN,
+    BYTES_OUT, CALLSITE, LANE, T_BEGIN, T_END, CAPTURED, GRAPH, GRAPH_NODES, ORDINAL,
+)
+
+# Eager "Collective name" per wrapped function, as ProcessGroupNCCL records it.
+COLLECTIVE_NAMES = {
+    "all_reduce": "allreduce",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "_allgather_base",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "_reduce_scatter_base",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_allv",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "isend": "send",
+    "irecv": "recv",
+    "batch_isend_irecv": "batch_isend_irecv",
+}
+
+LANE_BASE = 1_000_000
+
+
+def lane_id(pg_name: str) -> int:
+    """A stable comm-lane id for a process group: the same on every rank and in every run."""
+    return LANE_BASE + zlib.crc32(pg_name.encode()) % LANE_BASE
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """c10's ScalarType name ("Float", "BFloat16", "Long"), the profiler's "dtype" format."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        pass
+    try:
+        name = torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
+    except (TypeError, RuntimeError):
+        name = str(dtype).removeprefix("torch.")
+    _DTYPE_NAMES[dtype] = name
+    return name
+
+
+_REDUCE_OP_NAMES: dict[Any, str] = {}
+
+
+def reduce_op_name(op: Any) -> str:
+    """Lower-case name of a ReduceOp ("sum", "avg", "premul_sum", ...)."""
+    try:
+        return _REDUCE_OP_NAMES[op]
+    except (KeyError, TypeError):
+        pass
+    text = str(op)
+    name = text.rsplit(".", 1)[-1].lower()
+    if "premul" in text.lower():
+        name = "premul_sum"
+    try:
+        _REDUCE_OP_NAMES[op] = name
+    except TypeError:
+        pass
+    return name
+
+
+@dataclass
+class GroupInfo:
+    """What commviz needs of a process group, computed once per group."""
+
+    pg: Any
+    name: str
+    desc: str
+    ranks: list[int]
+    backend: str
+    lane: int
+    ranks_str: str = ""
+    seq: Any = field(default_factory=lambda: itertools.count(1))
+    p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ranks_str = str(self.ranks)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def next_p2p_seq(self, src: int, dst: int) -> int:
+        counter = self.p2p_seq.get((src, dst))
+        if counter is None:
+            counter = self.p2p_seq.setdefault((src, dst), itertools.count(1))
+        return next(counter)
+
+    def table_row(self) -> dict[str, Any]:
+        return {"name": self.name, "desc": self.desc, "ranks": list(self.ranks),
+                "backend": self.backend, "lane": self.lane}
+
+
+_GROUPS: dict[int, GroupInfo] = {}
+
+
+def group_info(group: Any = None) -> GroupInfo:
+    """The cached ``GroupInfo`` of ``group`` (``None`` means the world group)."""
+    pg = dist.group.WORLD if group is None else group
+    info = _GROUPS.get(id(pg))
+    if info is not None and info.pg is pg:
+        return info
+    name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
+    desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "undefined")
+    try:
+        backend = str(dist.get_backend(pg))
+    except Exception:  # a group this rank is not part of has no backend here
+        backend = "unknown"
+    info = GroupInfo(pg=pg, name=str(name), desc=str(desc),
+                     ranks=list(dist.get_process_group_ranks(pg)), backend=backend,
+                     lane=lane_id(str(name)))
+    _GROUPS[id(pg)] = info
+    return info
+
+
+def known_groups() -> list[GroupInfo]:
+    """Every process group torch.distributed knows of on this rank, world group first."""
+    if not dist.is_initialized():
+        return []
+    world = dist.distributed_c10d._world
+    infos = []
+    for pg in list(world.pg_names):
+        try:
+            infos.append(group_info(pg))
+        except Exception:  # a group being torn down: skip it, the others still count
+            continue
+    return sorted(infos, key=lambda i: (i.name != "0", i.name))
+
+
+def seen_groups() -> list[GroupInfo]:
+    """Groups commviz has looked up on this rank (still known after they are destroyed)."""
+    return list(_GROUPS.values())
+
+
+def forget_groups() -> None:
+    """Drop cached group info (after destroy_process_group, or between tests)."""
+    _GROUPS.clear()

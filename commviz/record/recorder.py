@@ -1,0 +1,192 @@
+"""The per-rank recorder: a bounded ring of collective records, flushed atomically to the run dir.
+
+Like the flight recorder's ring buffer, memory is capped (``capacity`` records, default 100k or
+``COMMVIZ_CAPACITY``) and what falls off is counted. Appends take a lock only to count; the
+deque itself is safe to append from several threads. The record is written at normal exit and
+on SIGTERM/SIGINT (torchrun's way of stopping workers), so a killed rank keeps what it recorded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commviz import metadata as md
+from commviz.record import schema, store
+
+DEFAULT_CAPACITY = 100_000
+
+
+class Recorder:
+    """Collects this rank's collective records and the CUDA graph tables beside them."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
+        self.run_dir: Path | None = None
+        self.capacity = capacity
+        self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._recorded = 0
+        self.graphs: list[dict[str, Any]] = []
+        self.replays: list[dict[str, Any]] = []
+        self.marks: list[dict[str, Any]] = []
+        self.traces: list[str] = []
+        self.clock: dict[str, Any] = {"offset_ns": 0, "offset_source": "none"}
+        self._groups: dict[str, dict[str, Any]] = {}
+        self._identity: dict[str, Any] = {}
+
+    # -- hot path ---------------------------------------------------------------------------
+    def append(self, record: dict[str, Any]) -> None:
+        self._ring.append(record)
+        with self._lock:
+            self._recorded += 1
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    @property
+    def recorded(self) -> int:
+        return self._recorded
+
+    @property
+    def dropped(self) -> int:
+        return max(0, self._recorded - len(self._ring))
+
+    def records(self) -> list[dict[str, Any]]:
+        """A copy of the records still in the ring, oldest first."""
+        return list(self._ring)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ring.clear()
+            self._recorded = 0
+        self.graphs.clear()
+        self.replays.clear()
+        self.marks.clear()
+        self.traces.clear()
+
+    def resize(self, capacity: int) -> None:
+        with self._lock:
+            self._ring = collections.deque(self._ring, maxlen=capacity)
+            self.capacity = capacity
+
+    def note_groups(self) -> None:
+        """Remember every live process group and this rank's place, so both survive teardown."""
+        if dist.is_available() and dist.is_initialized():
+            self._identity = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                              "backend": str(dist.get_backend())}
+        for info in md.known_groups() + md.seen_groups():
+            self._groups[info.name] = info.table_row()
+
+    def add_trace(self, file_name: str) -> None:
+        if file_name not in self.traces:
+            self.traces.append(file_name)
+
+    # -- output -----------------------------------------------------------------------------
+    def payload(self, exit_reason: str) -> dict[str, Any]:
+        """The versioned record dict (``schema.py``) for this rank."""
+        self.note_groups()
+        rank = self._identity.get("rank", int(os.environ.get("RANK", 0)))
+        world = self._identity.get("world_size", int(os.environ.get("WORLD_SIZE", 1)))
+        nccl = None
+        if torch.cuda.is_available():
+            try:
+                nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+            except Exception:
+                nccl = None
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() and \
+            torch.cuda.is_initialized() else "cpu"
+        backend = self._identity.get("backend", "none")
+        return {
+            "schema": schema.SCHEMA, "version": schema.VERSION,
+            "rank": rank, "world_size": world,
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            "host": socket.gethostname(), "pid": os.getpid(), "device": device,
+            "backend": backend, "torch_version": str(torch.__version__), "nccl_version": nccl,
+            "exit": exit_reason,
+            "clock": dict(self.clock, wall_ns=time.time_ns()),
+            "process_groups": sorted(self._groups.values(),
+                                     key=lambda g: (g["name"] != "0", g["name"])),
+            "collectives": self.records(),
+            "capacity": self.capacity, "recorded": self.recorded, "dropped": self.dropped,
+            "graphs": list(self.graphs), "replays": list(self.replays),
+            "marks": list(self.marks), "traces": list(self.traces),
+        }
+
+    def flush(self, exit_reason: str = "explicit", run_dir: str | os.PathLike[str] | None = None
+              ) -> Path | None:
+        """Write ``RUN_DIR/commviz_rank{R}.pkl`` atomically; returns its path (None: no run dir)."""
+        target = Path(run_dir) if run_dir is not None else self.run_dir
+        if target is None:
+            return None
+        payload = self.payload(exit_reason)
+        path = target / schema.record_name(payload["rank"])
+        store.dump_record(path, payload)
+        return path
+
+
+RECORDER = Recorder(int(os.environ.get("COMMVIZ_CAPACITY", DEFAULT_CAPACITY)))
+
+_installed = False
+_previous: dict[int, Any] = {}
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    try:
+        RECORDER.flush(name)
+    finally:
+        prev = _previous.get(signum, signal.SIG_DFL)
+        if callable(prev):
+            prev(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL if prev is None else prev)
+            os.kill(os.getpid(), signum)
+
+
+def _on_exit() -> None:
+    if RECORDER.run_dir is not None:
+        RECORDER.flush("normal")
+
+
+def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None = None,
+          enabled: bool = True, handle_signals: bool = True) -> Recorder:
+    """Point this rank's recorder at ``run_dir`` (default ``$COMMVIZ_RUN_DIR``) and arm flushing.
+
+    The record is written at normal interpreter exit and when SIGTERM/SIGINT arrive (the
+    previous handlers still run afterwards). Call ``flush()`` yourself before ``os._exit``.
+    """
+    global _installed
+    run_dir = run_dir if run_dir is not None else os.environ.get("COMMVIZ_RUN_DIR")
+    if run_dir is not None:
+        RECORDER.run_dir = Path(run_dir)
+        RECORDER.run_dir.mkdir(parents=True, exist_ok=True)
+    if capacity is not None:
+        RECORDER.resize(capacity)
+    RECORDER.enabled = enabled
+    if not _installed:
+        atexit.register(_on_exit)
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                _previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, _on_signal)
+        _installed = True
+    return RECORDER
+
+
+def flush(exit_reason: str = "explicit") -> Path | None:
+    """Write this rank's record now (also safe to call repeatedly: each write replaces the last)."""
+    return RECORDER.flush(exit_reason)
+
+
+def enable(on: bool = True) -> None:
+    """Turn recording on or off (off: wrappers cost one attribute check)."""
+    RECORDER.enabled = on

@@ -1,0 +1,107 @@
+"""What a GPU kernel's name says: its class, and for NCCL kernels the collective, reduction, dtype.
+
+Handles both NCCL naming schemes, old (``ncclKernel_AllReduce_RING_LL_Sum_float``) and new
+(``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)``), and mangled names from ``cuFuncGetName``
+(``_Z39ncclDevKernel_...``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+COMM, GEMM, MEMORY, OTHER = "communication", "gemm", "memcpy/memset", "other"
+KERNEL_CLASSES = (COMM, GEMM, MEMORY, OTHER)
+
+_NCCL_COLLS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
+               "Generic")
+_REDUCTIONS = {"Sum": "sum", "Prod": "product", "Max": "max", "Min": "min",
+               "PreMulSum": "premul_sum", "SumPostDiv": "avg", "MinMax": "minmax"}
+# NCCL dtype tokens (new and old schemes) -> c10 ScalarType names, the profiler's "dtype".
+_DTYPES = {
+    "f32": "Float", "float": "Float", "f16": "Half", "half": "Half", "bf16": "BFloat16",
+    "__nv_bfloat16": "BFloat16", "f64": "Double", "double": "Double", "i8": "Char",
+    "int8_t": "Char", "u8": "Byte", "uint8_t": "Byte", "i32": "Int", "int32_t": "Int",
+    "u32": "UInt32", "uint32_t": "UInt32", "i64": "Long", "int64_t": "Long", "u64": "UInt64",
+    "uint64_t": "UInt64", "f8e4m3": "Float8_e4m3fn", "f8e5m2": "Float8_e5m2",
+}
+# Which eager "Collective name"s each NCCL kernel type can carry out.
+COLLECTIVES_FOR_KERNEL = {
+    "AllReduce": {"allreduce", "allreduce_coalesced", "barrier"},
+    "AllGather": {"_allgather_base", "all_gather", "allgather_into_tensor_coalesced",
+                  "allgather_coalesced"},
+    "ReduceScatter": {"_reduce_scatter_base", "reduce_scatter",
+                      "reduce_scatter_tensor_coalesced"},
+    "Broadcast": {"broadcast"},
+    "Reduce": {"reduce"},
+    "SendRecv": {"all_to_all", "all_to_allv", "send", "recv", "batch_isend_irecv", "gather",
+                 "scatter"},
+}
+_GEMM_RE = re.compile(r"gemm|nvjet|cutlass|xmma|matmul|cublas|wgmma|sm\d+_.*_tn|_nt_|_tt_",
+                      re.IGNORECASE)
+_MANGLED = re.compile(r"^_Z\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class NcclKernel:
+    """The parts of an NCCL kernel name."""
+
+    collective: str            # "AllReduce", "SendRecv", ...
+    reduction: str | None      # "sum", ... (None where the kernel does not reduce)
+    dtype: str | None          # c10 name ("Float"), None where the name has none
+    algorithm: str | None      # "RING", "TREE", ...
+    protocol: str | None       # "LL", "LL128", "SIMPLE"
+
+    def can_run(self, collective_name: str) -> bool:
+        """Whether an eager "Collective name" can be carried out by this kernel type."""
+        return collective_name in COLLECTIVES_FOR_KERNEL.get(self.collective, ())
+
+
+@lru_cache(maxsize=4096)
+def parse_nccl(name: str) -> NcclKernel | None:
+    """Parse an NCCL kernel name; ``None`` if it is not one."""
+    base = _MANGLED.sub("", name).split("(", 1)[0]
+    if not (base.startswith("ncclDevKernel_") or base.startswith("ncclKernel_")):
+        return None
+    parts = base.split("_")[1:]
+    if not parts or parts[0] not in _NCCL_COLLS:
+        # names like ncclDevKernel_Generic_4 or unknown future kinds
+        return NcclKernel(parts[0] if parts else "Unknown", None, None, None, None)
+    coll, rest = parts[0], parts[1:]
+    reduction = dtype = algorithm = protocol = None
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        two = f"{tok}_{rest[i + 1]}" if i + 1 < len(rest) else None
+        if tok in _REDUCTIONS:
+            reduction = _REDUCTIONS[tok]
+        elif tok in _DTYPES:
+            dtype = _DTYPES[tok]
+        elif two in _DTYPES:
+            dtype = _DTYPES[two]
+            i += 1
+        elif tok in ("RING", "TREE", "NVLS", "PAT", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN"):
+            algorithm = tok
+        elif tok in ("LL", "LL128", "SIMPLE"):
+            protocol = tok
+        elif tok in ("t", "nv") and algorithm is None:
+            pass
+        i += 1
+    return NcclKernel(coll, reduction, dtype, algorithm, protocol)
+
+
+@lru_cache(maxsize=65536)
+def classify(name: str, category: str = "kernel") -> str:
+    """communication | gemm | memcpy/memset | other, for a GPU event's name and category."""
+    if category in ("gpu_memcpy", "gpu_memset") or name.startswith(("Memcpy", "Memset")):
+        return MEMORY
+    if "nccl" in name.lower():
+        return COMM
+    if _GEMM_RE.search(name):
+        return GEMM
+    return OTHER
+
+
+def is_comm_kernel(name: str) -> bool:
+    return parse_nccl(name) is not None

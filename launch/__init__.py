@@ -1,0 +1,1 @@
+"""commviz.launch: start YAML-configured experiments through torchrun."""
