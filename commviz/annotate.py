@@ -13,6 +13,7 @@ wrap their own communication (a custom kernel, a library call) in ``annotate_col
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, Iterable, Sequence
 
@@ -36,6 +37,16 @@ _EXTRA_KEYS = {
 }
 
 _global_rank: int | None = None
+
+
+class _Nesting(threading.local):
+    """Per-thread depth of commviz wrappers: a wrapped function that torch implements through
+    another wrapped one (all_gather_into_tensor -> all_gather_single) is annotated once."""
+
+    depth = 0
+
+
+NESTING = _Nesting()
 
 
 def _rank() -> int:
@@ -135,11 +146,14 @@ def finish(call: Call, error: BaseException | None = None) -> None:
 
 def invoke(call: Call, fn: Any, *args: Any) -> Any:
     """Run the real torch.distributed call between ``begin`` and ``finish``."""
+    NESTING.depth += 1
     try:
         result = fn(*args)
     except BaseException as exc:
+        NESTING.depth -= 1
         finish(call, exc)
         raise
+    NESTING.depth -= 1
     finish(call)
     return result
 

@@ -16,25 +16,27 @@ import torch.distributed.distributed_c10d as _c10d
 from torch.distributed import *  # noqa: F401,F403 - the rest of the API, unchanged
 
 from commviz import metadata as md
-from commviz.annotate import begin, invoke, _profiler_enabled
+from commviz.annotate import NESTING, begin, invoke, _profiler_enabled
 from commviz.record import recorder as _rec
 
 ReduceOp = _td.ReduceOp
 GroupMember = _td.GroupMember
 
-WRAPPED = (
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter",
-    "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier",
-)
+# Newer torch spells two of them *_single (2.13+); wrap whichever this torch has.
+WRAPPED = tuple(n for n in (
+    "all_reduce", "all_reduce_coalesced", "broadcast", "all_gather", "all_gather_into_tensor",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend",
+    "irecv", "batch_isend_irecv", "barrier",
+) if hasattr(_c10d, n))
 # The real functions, taken before any patching.
 RAW: dict[str, Callable[..., Any]] = {name: getattr(_c10d, name) for name in WRAPPED}
 _raw_isend, _raw_irecv = RAW["isend"], RAW["irecv"]
 
 
 def _quiet() -> bool:
-    """Nothing to do: recording off and no profiler running."""
-    return not _rec.RECORDER.enabled and not _profiler_enabled()
+    """Nothing to do: recording off and no profiler running, or already inside a wrapper."""
+    return NESTING.depth > 0 or (not _rec.RECORDER.enabled and not _profiler_enabled())
 
 
 def _mirrors(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -98,13 +100,23 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
                   RAW["all_gather"], tensor_list, tensor, group, async_op)
 
 
+def _gather_into(op: str, output_tensor, input_tensor, group, async_op):
+    if _quiet():
+        return RAW[op](output_tensor, input_tensor, group, async_op)
+    return invoke(begin(op, group, input_tensor, input_tensor.numel(), output_tensor.numel(),
+                        async_op=async_op, depth=3),
+                  RAW[op], output_tensor, input_tensor, group, async_op)
+
+
 @_mirrors("all_gather_into_tensor")
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    if _quiet():
-        return RAW["all_gather_into_tensor"](output_tensor, input_tensor, group, async_op)
-    return invoke(begin("all_gather_into_tensor", group, input_tensor, input_tensor.numel(),
-                        output_tensor.numel(), async_op=async_op),
-                  RAW["all_gather_into_tensor"], output_tensor, input_tensor, group, async_op)
+    return _gather_into("all_gather_into_tensor", output_tensor, input_tensor, group, async_op)
+
+
+if "all_gather_single" in RAW:
+    @_mirrors("all_gather_single")
+    def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+        return _gather_into("all_gather_single", output_tensor, input_tensor, group, async_op)
 
 
 @_mirrors("reduce_scatter")
@@ -117,13 +129,33 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
                   RAW["reduce_scatter"], output, input_list, op, group, async_op)
 
 
+def _scatter_from(name: str, output, input, op, group, async_op):
+    if _quiet():
+        return RAW[name](output, input, op, group, async_op)
+    return invoke(begin(name, group, input, input.numel(), output.numel(), async_op=async_op,
+                        extra={md.REDUCE_OP: md.reduce_op_name(op)}, depth=3),
+                  RAW[name], output, input, op, group, async_op)
+
+
 @_mirrors("reduce_scatter_tensor")
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
-    if _quiet():
-        return RAW["reduce_scatter_tensor"](output, input, op, group, async_op)
-    return invoke(begin("reduce_scatter_tensor", group, input, input.numel(), output.numel(),
-                        async_op=async_op, extra={md.REDUCE_OP: md.reduce_op_name(op)}),
-                  RAW["reduce_scatter_tensor"], output, input, op, group, async_op)
+    return _scatter_from("reduce_scatter_tensor", output, input, op, group, async_op)
+
+
+if "reduce_scatter_single" in RAW:
+    @_mirrors("reduce_scatter_single")
+    def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+        return _scatter_from("reduce_scatter_single", output, input, op, group, async_op)
+
+
+@_mirrors("all_reduce_coalesced")
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    if _quiet() or not tensors:
+        return RAW["all_reduce_coalesced"](tensors, op, group, async_op)
+    n = sum(t.numel() for t in tensors)
+    return invoke(begin("all_reduce_coalesced", group, tensors[0], n, n, async_op=async_op,
+                        extra={md.REDUCE_OP: md.reduce_op_name(op)}),
+                  RAW["all_reduce_coalesced"], tensors, op, group, async_op)
 
 
 @_mirrors("all_to_all")

@@ -70,6 +70,8 @@ def rank_files(run_dir: Path, rank: int, patterns: Iterable[str] = ()) -> list[P
     names = [schema.record_name(rank)]
     found = []
     for p in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        if not p.is_file():
+            continue
         if p.name in names or schema.rank_of_trace(p.name) == rank or any(
                 fnmatch.fnmatch(p.name, pat.format(rank=rank)) for pat in patterns):
             found.append(p)
@@ -77,7 +79,7 @@ def rank_files(run_dir: Path, rank: int, patterns: Iterable[str] = ()) -> list[P
 
 
 def missing_ranks(run_dir: Path, world_size: int) -> list[int]:
-    return [r for r in range(world_size) if not (run_dir / schema.record_name(r)).exists()]
+    return [r for r in range(world_size) if not (run_dir / schema.record_name(r)).is_file()]
 
 
 def gather(run_dir: str | os.PathLike[str] | None = None, *, extra_patterns: Iterable[str] = (),
@@ -98,7 +100,11 @@ def gather(run_dir: str | os.PathLike[str] | None = None, *, extra_patterns: Ite
     rank, world = dist.get_rank(), dist.get_world_size()
     if measure_clock:
         _rec.RECORDER.clock = clock.measure_offsets(group)
-    _rec.RECORDER.flush("gathered", target)
+    try:
+        _rec.RECORDER.flush("gathered", target)
+    except OSError as exc:  # keep taking part, so the other ranks' files still reach rank 0
+        warnings.warn(f"commviz.gather: rank {rank} could not write its record in {target}: {exc}",
+                      stacklevel=2)
 
     token = torch.tensor([uuid.uuid4().int >> 65 if rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(token, 0, group=group)

@@ -157,14 +157,45 @@ def _on_exit() -> None:
         RECORDER.flush("normal")
 
 
+class _PeriodicFlush(threading.Thread):
+    """Rewrites the record every ``interval`` seconds when something new was recorded.
+
+    Signal handlers only run when the main thread is back in Python; a rank stuck inside a
+    blocking collective would lose its records to SIGKILL. This bounds the loss to one interval.
+    """
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="commviz-flush", daemon=True)
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        written = -1
+        while not self._stop_event.wait(self.interval):
+            if RECORDER.recorded != written and RECORDER.run_dir is not None:
+                written = RECORDER.recorded
+                try:
+                    RECORDER.flush("running")
+                except Exception:  # a full disk must not kill the job; the exit flush retries
+                    pass
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+_flusher: _PeriodicFlush | None = None
+
+
 def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None = None,
-          enabled: bool = True, handle_signals: bool = True) -> Recorder:
+          enabled: bool = True, handle_signals: bool = True,
+          flush_interval: float | None = 30.0) -> Recorder:
     """Point this rank's recorder at ``run_dir`` (default ``$COMMVIZ_RUN_DIR``) and arm flushing.
 
-    The record is written at normal interpreter exit and when SIGTERM/SIGINT arrive (the
-    previous handlers still run afterwards). Call ``flush()`` yourself before ``os._exit``.
+    The record is written at normal interpreter exit, when SIGTERM/SIGINT arrive (the previous
+    handlers still run afterwards) and every ``flush_interval`` seconds while new records come
+    in (None: never). Call ``flush()`` yourself before ``os._exit``.
     """
-    global _installed
+    global _installed, _flusher
     run_dir = run_dir if run_dir is not None else os.environ.get("COMMVIZ_RUN_DIR")
     if run_dir is not None:
         RECORDER.run_dir = Path(run_dir)
@@ -179,6 +210,9 @@ def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None
                 _previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, _on_signal)
         _installed = True
+    if flush_interval and _flusher is None:
+        _flusher = _PeriodicFlush(flush_interval)
+        _flusher.start()
     return RECORDER
 
 

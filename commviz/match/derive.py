@@ -1,0 +1,127 @@
+"""CommEvents from the profiler's own collective metadata, for collectives commviz did not record.
+
+A plain profiler directory (no commviz record), or NCCL kernels a record does not cover (DDP's
+reducer, FSDP), still carry the eager keys Kineto copies from ``record_param_comms``. Each
+becomes a CommEvent with commviz's keys derived from them. Its instance key is the profiler's
+``Seq`` where the trace has it, else the k-th collective of its process group in this trace:
+the same on every rank when every rank's trace covers the same steps, as a profiler schedule
+driven by the training loop gives.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from commviz import metadata as md
+from commviz.match.index import NcclSpan, Span, TraceIndex
+from commviz.match.model import CommEvent
+from commviz.match.result import RankMatch, Unmatched
+
+PROFILER_SEQ = "Seq"
+PROFILER_SRC = "Src Rank"
+PROFILER_DST = "Dst Rank"
+_P2P_NAMES = frozenset({"send", "recv"})
+# Eager "Collective name" -> the torch.distributed function that issues it (first one wins).
+_OPS: dict[str, str] = {}
+for _op, _name in md.COLLECTIVE_NAMES.items():
+    _OPS.setdefault(_name, _op)
+
+
+@lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int | None:
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype) and md.dtype_name(value) == dtype:
+            return value.itemsize
+    return None
+
+
+def group_ranks(trace: Any) -> dict[str, str]:
+    """Process group name -> its ranks as the profiler writes them ("[0, 1]"), from distributedInfo."""
+    info = getattr(trace, "distributed_info", None) or {}
+    out = {}
+    for pg in info.get("pg_config") or ():
+        if not isinstance(pg, dict) or pg.get("pg_name") is None:
+            continue
+        ranks = pg.get("ranks")
+        out[str(pg["pg_name"])] = str(list(ranks)) if isinstance(ranks, list) else str(ranks)
+    return out
+
+
+def has_metadata(args: dict[str, Any]) -> bool:
+    return md.COLLECTIVE_NAME in args and md.PG_NAME in args
+
+
+def commviz_args(args: dict[str, Any], *, rank: int, ranks: dict[str, str],
+                 reduction: str | None) -> dict[str, Any]:
+    """The eager keys as the profiler wrote them, plus the commviz keys they imply."""
+    out = {k: args[k] for k in md.EAGER_KEYS if k in args}
+    pg = str(out[md.PG_NAME])
+    listed = str(out.get(md.PG_RANKS, ""))
+    if pg in ranks and (not listed or "..." in listed):     # missing, or truncated past 30 ranks
+        out[md.PG_RANKS] = ranks[pg]
+    name = str(out[md.COLLECTIVE_NAME])
+    out[md.OP] = _OPS.get(name, name)
+    out[md.KIND] = "p2p" if name in _P2P_NAMES else "collective"
+    out[md.RANK] = rank
+    out[md.LANE] = md.lane_id(pg)
+    if reduction is not None:
+        out[md.REDUCE_OP] = reduction
+    size = _itemsize(str(out.get(md.DTYPE)))
+    if size is not None:
+        for nelems, key in ((md.IN_NELEMS, md.BYTES_IN), (md.OUT_NELEMS, md.BYTES_OUT)):
+            if isinstance(out.get(nelems), int):
+                out[key] = out[nelems] * size
+    if PROFILER_SRC in args and PROFILER_DST in args:
+        out[md.SRC], out[md.DST] = args[PROFILER_SRC], args[PROFILER_DST]
+    return out
+
+
+def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, rank: int,
+           offset_ns: int = 0) -> None:
+    """CommEvents for eager NCCL kernels from their own metadata; the rest are Unmatched.
+
+    When the trace has no NCCL kernel at all (a CPU-only profile), ``record_param_comms`` ops
+    stand in for them.
+    """
+    ranks = group_ranks(index.trace)
+    items: list[tuple[int, Span, str | None]] = []     # (launch time, span, reduction)
+    for k in kernels:
+        args = index.args(k.span.index)
+        if not has_metadata(args):
+            result.unmatched.append(Unmatched(
+                f"kernel {index.name(k.span.index)}", k.span.index,
+                "no collective metadata in the trace and no commviz record of it"))
+            continue
+        launch = index.launch_of(k.span.index)
+        items.append(((launch or k.span).start, k.span, k.kernel.reduction))
+    if not index.nccl:
+        for span in index.param_comms.values():
+            if has_metadata(index.args(span.index)):
+                items.append((span.start, span, None))
+    counters: dict[tuple, int] = {}
+    for _, span, reduction in sorted(items, key=lambda item: item[0]):
+        raw = index.args(span.index)
+        args = commviz_args(raw, rank=rank, ranks=ranks, reduction=reduction)
+        pg = str(args[md.PG_NAME])
+        if args[md.KIND] == "p2p":
+            src, dst = args.get(md.SRC), args.get(md.DST)
+            lane = ("nccl-p2p", pg, src, dst)
+        else:
+            lane = ("nccl", pg)
+        n = counters[lane] = counters.get(lane, 0) + 1
+        seq = raw.get(PROFILER_SEQ)
+        known_peers = args[md.KIND] != "p2p" or None not in lane
+        key = (*lane, int(seq) if seq is not None else n) if known_peers else None
+        is_kernel = index.events[span.index].get("cat") == "kernel"
+        result.events.append(CommEvent(
+            rank=rank, pg=pg, op=str(args[md.OP]), start_ns=span.start + offset_ns,
+            end_ns=span.end + offset_ns, args=args, key=key,
+            source="kernel" if is_kernel else "cpu",
+            stream=index.args(span.index).get("stream") if is_kernel else None,
+            extra={"trace_index": span.index,
+                   "key_source": "profiler seq" if seq is not None else "order in trace"}))
+        result.label(span.index, index.events[span.index], args)
+        result.bump("derived_from_profiler")

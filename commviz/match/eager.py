@@ -1,0 +1,147 @@
+"""Eager NCCL kernels <- commviz's record: keep the profiler's metadata, add commviz's keys.
+
+A kernel belongs to the call whose ``commviz::<op>`` range was open on the launching thread
+when its CPU launch ran (runtime/driver event with the kernel's ``correlation``); failing a
+launch event, the ``record_param_comms`` op it is linked to (``External id``) stands in. A
+kernel outside every range is joined to the one recorded call whose ``[t_begin, t_end]`` holds
+its launch, if exactly one of the right kind does. Each join is checked against what the
+kernel's name says (collective type, dtype, reduction); where the profiler wrote an eager key
+and the record says otherwise, the profiler's value stays and the disagreement is reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commviz import metadata as md
+from commviz.match.derive import has_metadata
+from commviz.match.index import NcclSpan, Span, TraceIndex
+from commviz.match.model import CommEvent, instance_key
+from commviz.match.ranges import TOLERANCE_NS, Pairing
+from commviz.match.result import Conflict, RankMatch, Unmatched
+from commviz.trace.kernels import COLLECTIVES_FOR_KERNEL, NcclKernel
+
+_KNOWN_NAMES = frozenset().union(*COLLECTIVES_FOR_KERNEL.values())
+_REDUCTIONS = frozenset({"sum", "product", "max", "min"})
+
+
+def _norm(value: Any) -> str:
+    return str(value).replace(" ", "")
+
+
+def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
+    """Why this kernel cannot be the collective ``meta`` describes, or None if it can."""
+    name = str(meta.get(md.COLLECTIVE_NAME))
+    if name in _KNOWN_NAMES and not kernel.can_run(name):
+        return f"a {kernel.collective} kernel cannot carry out {name!r}"
+    if kernel.dtype is not None and meta.get(md.DTYPE) not in (None, kernel.dtype):
+        return f"kernel dtype {kernel.dtype} but the call's dtype is {meta.get(md.DTYPE)}"
+    op = meta.get(md.REDUCE_OP)
+    if kernel.reduction in _REDUCTIONS and op in _REDUCTIONS and op != kernel.reduction:
+        return f"kernel reduces by {kernel.reduction} but the call by {op}"
+    return None
+
+
+def _owning_range(index: TraceIndex, kernel: Span) -> Span | None:
+    """The innermost commviz range around this kernel's launch (or its record_param_comms op)."""
+    launch = index.launch_of(kernel.index)
+    if launch is not None:
+        return index.enclosing_range(launch.thread, launch.start)
+    comms = index.param_comms.get(index.args(kernel.index).get("External id"))
+    if comms is not None:
+        return index.enclosing_range(comms.thread, comms.start)
+    return None
+
+
+def _by_call_time(index: TraceIndex, k: NcclSpan, collectives: list[dict[str, Any]],
+                  free: list[int]) -> int | None:
+    """The one unmatched recorded call whose time holds this kernel's launch, if exactly one."""
+    launch = index.launch_of(k.span.index)
+    if launch is None:
+        return None
+    args = index.args(k.span.index)
+    found = []
+    for pos in free:
+        meta = collectives[pos]
+        t0, t1 = meta.get(md.T_BEGIN), meta.get(md.T_END)
+        if t0 is None or t1 is None or not t0 - TOLERANCE_NS <= launch.start <= t1 + TOLERANCE_NS:
+            continue
+        if has_metadata(args) and _norm(args[md.PG_NAME]) != _norm(meta.get(md.PG_NAME)):
+            continue
+        if incompatibility(k.kernel, meta) is None:
+            found.append(pos)
+    return found[0] if len(found) == 1 else None
+
+
+def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: Pairing,
+                kernels: list[NcclSpan], result: RankMatch, *, rank: int,
+                offset_ns: int = 0) -> tuple[set[int], list[NcclSpan]]:
+    """Label eager NCCL kernels with their recorded call; one CommEvent per call with kernels.
+
+    Returns the record positions that got kernels, and the kernels no recorded call owns
+    (left for ``derive`` when they carry the profiler's metadata).
+    """
+    owned: dict[int, list[NcclSpan]] = {}
+    strays: list[NcclSpan] = []
+    for k in kernels:
+        rng = _owning_range(index, k.span)
+        pos = pairing.entry_of.get(rng.index) if rng is not None else None
+        if rng is not None and pos is None:
+            result.unmatched.append(Unmatched(
+                f"kernel {index.name(k.span.index)}", k.span.index,
+                f"launched inside {index.name(rng.index)} that no record entry pairs with"))
+            continue
+        if pos is None:
+            strays.append(k)
+            continue
+        owned.setdefault(pos, []).append(k)
+    free = [p for p, meta in enumerate(collectives)
+            if p not in owned and not meta.get(md.CAPTURED)]
+    leftover = []
+    for k in strays:
+        pos = _by_call_time(index, k, collectives, free)
+        if pos is None:
+            leftover.append(k)
+            continue
+        free.remove(pos)
+        owned[pos] = [k]
+        result.bump("joined_by_call_time")
+    matched = set()
+    for pos, ks in owned.items():
+        meta = collectives[pos]
+        good = []
+        for k in ks:
+            why = incompatibility(k.kernel, meta)
+            if why is None:
+                good.append(k)
+            else:
+                result.unmatched.append(Unmatched(f"kernel {index.name(k.span.index)}",
+                                                  k.span.index, why))
+        if good:
+            _emit(index, meta, good, result, rank=rank, offset_ns=offset_ns)
+            matched.add(pos)
+    return matched, leftover
+
+
+def _emit(index: TraceIndex, meta: dict[str, Any], kernels: list[NcclSpan], result: RankMatch,
+          *, rank: int, offset_ns: int) -> None:
+    first = min(kernels, key=lambda k: k.span.start)
+    own = index.args(first.span.index)
+    args = dict(meta)
+    for k in kernels:
+        kargs = index.args(k.span.index)
+        for key in md.EAGER_KEYS:
+            if key in kargs and key in meta and _norm(kargs[key]) != _norm(meta[key]):
+                result.conflicts.append(Conflict(k.span.index, key, kargs[key], meta[key]))
+        result.label(k.span.index, index.events[k.span.index], meta)
+        result.bump("eager_matched")
+        if not has_metadata(kargs):
+            result.bump("eager_filled")       # the profiler left this kernel bare
+    args.update({key: own[key] for key in md.EAGER_KEYS if key in own})
+    result.events.append(CommEvent(
+        rank=rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
+        start_ns=first.span.start + offset_ns,
+        end_ns=max(k.span.end for k in kernels) + offset_ns,
+        args=args, key=instance_key(args), source="kernel", stream=own.get("stream"),
+        extra={"trace_index": first.span.index,
+               "kernel_indices": [k.span.index for k in kernels]}))

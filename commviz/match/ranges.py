@@ -1,0 +1,112 @@
+"""Pair each record entry with the ``commviz::<op>`` range its call opened in the trace.
+
+With ``record_shapes=True`` a range's args are the entry's metadata, so the pair is found by
+identity (op, group, sequence numbers). Without them only the op name and time are left: the
+range opens before the call reads its begin time and closes after it reads its end time, on the
+same thread, so a range encloses exactly its own entry's ``[t_begin, t_end]``; two candidates
+that fit equally well leave the range unpaired rather than guessed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from commviz import metadata as md
+from commviz.match.index import RANGE_PREFIX, Span, TraceIndex
+
+# How far a range's bounds may sit inside its entry's [t_begin, t_end]: the profiler and
+# time.time_ns read the same wall clock through different conversions.
+TOLERANCE_NS = 20_000
+_IDENTITY_KEYS = (md.OP, md.PG_NAME, md.KIND, md.SEQ, md.P2P_SEQ, md.SRC, md.DST, md.PEERS)
+
+
+def identity(meta: dict[str, Any]) -> tuple[str, ...]:
+    """What names one call on one rank, as both the record and the range's args spell it."""
+    return tuple(str(meta.get(k)) for k in _IDENTITY_KEYS)
+
+
+def _times(meta: dict[str, Any]) -> tuple[int, int] | None:
+    t0 = meta.get(md.T_BEGIN)
+    if t0 is None:
+        return None
+    t1 = meta.get(md.T_END)
+    return int(t0), int(t1 if t1 is not None else t0)
+
+
+@dataclass
+class Pairing:
+    """Record positions <-> range spans, and what could not be paired."""
+
+    range_of: dict[int, Span] = field(default_factory=dict)     # record position -> range
+    entry_of: dict[int, int] = field(default_factory=dict)      # range event index -> position
+    unpaired: list[tuple[Span, str]] = field(default_factory=list)   # (range, reason)
+    by_identity: int = 0
+    by_time: int = 0
+    time_mismatch: int = 0      # identity pairs whose times disagree beyond the tolerance
+
+    def add(self, pos: int, span: Span) -> None:
+        self.range_of[pos] = span
+        self.entry_of[span.index] = pos
+
+
+def _encloses(span: Span, times: tuple[int, int], tol: int) -> bool:
+    return span.start - tol <= times[0] and times[1] <= span.end + tol
+
+
+def pair_ranges(index: TraceIndex, collectives: list[dict[str, Any]],
+                tol: int = TOLERANCE_NS) -> Pairing:
+    """Pair ``collectives`` (the record's list, by position) with the trace's commviz ranges."""
+    result = Pairing()
+    by_identity: dict[tuple[str, ...], list[int]] = {}
+    for pos, meta in enumerate(collectives):
+        by_identity.setdefault(identity(meta), []).append(pos)
+    timed: list[Span] = []
+    for span in index.ranges:
+        args = index.args(span.index)
+        if md.OP not in args:
+            timed.append(span)
+            continue
+        free = [p for p in by_identity.get(identity(args), ()) if p not in result.range_of]
+        if not free:
+            result.unpaired.append((span, "no record entry with this range's op, group and "
+                                          "sequence number (recorder off or entry dropped?)"))
+            continue
+        pos = min(free, key=lambda p: abs((_times(collectives[p]) or (0, 0))[0] - span.start))
+        times = _times(collectives[pos])
+        if times is None or not _encloses(span, times, tol):
+            result.time_mismatch += 1
+        result.add(pos, span)
+        result.by_identity += 1
+    if timed:
+        _pair_by_time(index, collectives, timed, result, tol)
+    return result
+
+
+def _pair_by_time(index: TraceIndex, collectives: list[dict[str, Any]], spans: list[Span],
+                  result: Pairing, tol: int) -> None:
+    """Ranges without args: the one entry of the same op whose call the range encloses."""
+    by_op: dict[str, list[tuple[int, int, int]]] = {}      # op -> sorted (t_begin, t_end, pos)
+    for pos, meta in enumerate(collectives):
+        times = _times(meta)
+        if times is not None and pos not in result.range_of:
+            by_op.setdefault(str(meta.get(md.OP)), []).append((times[0], times[1], pos))
+    for items in by_op.values():
+        items.sort()
+    for span in sorted(spans, key=lambda s: s.start):
+        op = index.name(span.index)[len(RANGE_PREFIX):]
+        items = by_op.get(op, [])
+        lo = bisect.bisect_left(items, (span.start - tol,))
+        hi = bisect.bisect_right(items, (span.end + tol + 1,))
+        fits = sorted((abs(t0 - span.start) + abs(span.end - t1), pos)
+                      for t0, t1, pos in items[lo:hi]
+                      if pos not in result.range_of and _encloses(span, (t0, t1), tol))
+        if not fits:
+            result.unpaired.append((span, f"no record entry of {op} inside this range's time"))
+        elif len(fits) > 1 and fits[1][0] - fits[0][0] <= tol:
+            result.unpaired.append((span, f"{len(fits)} record entries of {op} fit this range's "
+                                          "time equally well (no args to tell them apart)"))
+        else:
+            result.add(fits[0][1], span)
+            result.by_time += 1

@@ -1,0 +1,181 @@
+"""Desyncs: collective sequences that differ across the ranks of a process group.
+
+Like the flight recorder's analyzer, each group's collectives are lined up by sequence number
+on every rank that has data, and the first sequence number where the ranks disagree is
+reported, with the ranks on each side. What is compared per collective: its type (the
+torch.distributed function), its sizes (in/out elements; not for ``all_to_allv``, whose
+splits may differ by design), its dtype, and its root and reduction. The kinds:
+
+- ``missing``: some ranks have no collective at that number (they stopped early, hung, or
+  skipped one: then their later collectives line up with the others' one step on);
+- ``order``: the ranks ran the same collectives in a different order;
+- ``type`` / ``size`` / ``dtype`` / ``args``: the first field that differs.
+
+Only the stretch every rank recorded is compared: a ring buffer that dropped its oldest
+entries on one rank is not a desync. p2p transfers are not sequence-numbered per group and
+are left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from commviz import metadata as md
+from commviz.match.model import CommEvent
+from commviz.review.instances import parse_ranks
+
+# How many steps ahead a skip or a reorder is looked for, and confirmed over.
+LOOKAHEAD = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    op: str
+    in_nelems: int | None
+    out_nelems: int | None
+    dtype: str | None
+    root: int | None
+    reduce_op: str | None
+
+    def __str__(self) -> str:
+        parts = [f"{self.dtype}", f"{self.in_nelems}->{self.out_nelems} elems"]
+        if self.root is not None:
+            parts.append(f"root {self.root}")
+        if self.reduce_op is not None:
+            parts.append(self.reduce_op)
+        return f"{self.op}({', '.join(parts)})"
+
+
+def signature(ev: CommEvent) -> Signature:
+    a = ev.args
+    uneven = a.get(md.IN_SPLIT, "[]") not in ("[]", None) or a.get(md.OUT_SPLIT, "[]") not in (
+        "[]", None)
+    return Signature(op=ev.op, in_nelems=None if uneven else a.get(md.IN_NELEMS),
+                     out_nelems=None if uneven else a.get(md.OUT_NELEMS), dtype=a.get(md.DTYPE),
+                     root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP))
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    ranks: tuple[int, ...]
+    signature: Signature | None      # None: nothing at this sequence number
+
+
+@dataclass(frozen=True, slots=True)
+class Desync:
+    pg: str
+    pg_desc: str
+    seq: int
+    kind: str                        # missing | order | type | size | dtype | args
+    sides: tuple[Side, ...]          # largest side first
+    detail: str
+
+    @property
+    def message(self) -> str:
+        sides = "; ".join(f"ranks {list(s.ranks)}: {s.signature or 'nothing'}" for s in self.sides)
+        return (f"process group {self.pg} ({self.pg_desc}) first differs at seq {self.seq} "
+                f"[{self.kind}]: {sides}. {self.detail}")
+
+
+def _first_diff(a: Signature, b: Signature) -> str:
+    if a.op != b.op:
+        return "type"
+    if (a.in_nelems, a.out_nelems) != (b.in_nelems, b.out_nelems):
+        return "size"
+    if a.dtype != b.dtype:
+        return "dtype"
+    return "args"
+
+
+def _agrees(xs: dict[int, Signature], x0: int, ys: dict[int, Signature], y0: int) -> bool:
+    """Whether ``xs`` from ``x0`` and ``ys`` from ``y0`` agree on the next LOOKAHEAD steps
+    (where both have one), and at least one step is compared or both have run out."""
+    compared = 0
+    for i in range(LOOKAHEAD):
+        x, y = xs.get(x0 + i), ys.get(y0 + i)
+        if x is None or y is None:
+            continue
+        if x != y:
+            return False
+        compared += 1
+    return compared > 0 or (x0 not in xs and y0 not in ys)
+
+
+def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signature]]
+              ) -> tuple[str, str]:
+    """Name the mismatch between the two largest sides: the first hypothesis that explains the
+    next LOOKAHEAD steps wins (a reorder, then one side having skipped d collectives)."""
+    a, b = sides[0], sides[1]
+    ra, rb = by_rank[a.ranks[0]], by_rank[b.ranks[0]]
+    la, lb = list(a.ranks), list(b.ranks)
+    if a.signature is None or b.signature is None:
+        gone = la if a.signature is None else lb
+        return "missing", (f"ranks {gone} have no collective numbered {seq} in this group: "
+                           "they stopped, hung or skipped before it")
+    for k in range(1, LOOKAHEAD):
+        window_a = [ra.get(seq + i) for i in range(k + 1)]
+        window_b = [rb.get(seq + i) for i in range(k + 1)]
+        if None in window_a or None in window_b:
+            break
+        if Counter(window_a) == Counter(window_b) and _agrees(ra, seq + k + 1, rb, seq + k + 1):
+            return "order", (f"the same {k + 1} collectives from seq {seq} on, in a different "
+                             f"order: ranks {la} run {a.signature.op} first, ranks {lb} run "
+                             f"{b.signature.op} first")
+    for d in range(1, LOOKAHEAD + 1):
+        if _agrees(rb, seq, ra, seq + d) and (seq + d) in ra:
+            return "missing", (f"ranks {lb} skipped {d} collective(s) from seq {seq} on "
+                               f"({a.signature} on ranks {la}); their later ones line up")
+        if _agrees(ra, seq, rb, seq + d) and (seq + d) in rb:
+            return "missing", (f"ranks {la} skipped {d} collective(s) from seq {seq} on "
+                               f"({b.signature} on ranks {lb}); their later ones line up")
+    kind = _first_diff(a.signature, b.signature)
+    return kind, f"the {kind} differs; later collectives do not line up either"
+
+
+def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
+                 ) -> list[Desync]:
+    """The first mismatch of each process group (groups that agree are left out).
+
+    ``present``: ranks the run has data for (default: those in ``events``); a member of a group
+    that is present but has none of its collectives is "missing" from the first one on.
+    """
+    seqs: dict[str, dict[int, dict[int, Signature]]] = defaultdict(lambda: defaultdict(dict))
+    members: dict[str, set[int]] = defaultdict(set)
+    desc: dict[str, str] = {}
+    seen: set[int] = set()
+    for ev in events:
+        seen.add(ev.rank)
+        if ev.seq is None or ev.args.get(md.KIND, "collective") != "collective":
+            continue
+        seqs[ev.pg][ev.rank].setdefault(int(ev.seq), signature(ev))
+        members[ev.pg].update(parse_ranks(ev.args.get(md.PG_RANKS)))
+        members[ev.pg].add(ev.rank)
+        desc.setdefault(ev.pg, str(ev.args.get(md.PG_DESC, "")))
+    present = seen if present is None else present
+    out = []
+    for pg in sorted(seqs, key=lambda p: (len(p), p)):
+        by_rank = seqs[pg]
+        ranks = sorted(r for r in members[pg] if r in present)
+        for r in ranks:
+            by_rank.setdefault(r, {})
+        lo = max((min(s) for s in by_rank.values() if s), default=None)
+        hi = max((max(s) for s in by_rank.values() if s), default=None)
+        if lo is None or len(ranks) < 2:
+            continue
+        for seq in range(lo, hi + 1):
+            found: dict[Signature | None, list[int]] = defaultdict(list)
+            for r in ranks:
+                found[by_rank[r].get(seq)].append(r)
+            if len(found) == 1 and None not in found:
+                continue
+            sides = sorted((Side(tuple(rs), sig) for sig, rs in found.items()),
+                           key=lambda s: (-len(s.ranks), s.signature is None, s.ranks))
+            if len(sides) == 1:          # every rank lacks it: a hole in all records, not a desync
+                continue
+            kind, detail = _classify(seq, sides, by_rank)
+            out.append(Desync(pg=pg, pg_desc=desc[pg], seq=seq, kind=kind, sides=tuple(sides),
+                              detail=detail))
+            break
+    return out

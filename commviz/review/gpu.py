@@ -1,0 +1,63 @@
+"""A rank's GPU activity from its profiler trace: kernels, memcpys and memsets with their stream.
+
+Times are this rank's wall ns (``Trace.ns``); the per-rank analyses (streams, overlap) never
+compare them across ranks, so no clock offset is applied. A kernel counts as graphed when its
+``correlation`` is that of a ``cudaGraphLaunch`` runtime call or it carries a graph node id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_GRAPH_LAUNCH_CBID = 311
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOp:
+    rank: int
+    stream: int
+    name: str
+    cat: str
+    start_ns: int
+    end_ns: int
+    graphed: bool
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def _graph_launches(events: Iterable[dict]) -> set[Any]:
+    out = set()
+    for ev in events:
+        if ev.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        args = ev.get("args") or {}
+        if args.get("cbid") == _GRAPH_LAUNCH_CBID or str(ev.get("name", "")).startswith(
+                "cudaGraphLaunch"):
+            out.add(args.get("correlation"))
+    out.discard(None)
+    return out
+
+
+def gpu_ops(trace: Any) -> list[GpuOp]:
+    """Every complete GPU event of ``trace`` (a ``commviz.trace.load.Trace``), by start time."""
+    launches = _graph_launches(trace.events)
+    out = []
+    for ev in trace.events:
+        if ev.get("ph") != "X" or ev.get("cat") not in GPU_CATS:
+            continue
+        args = ev.get("args") or {}
+        try:
+            stream = int(args.get("stream", -1))
+            start = trace.ns(float(ev["ts"]))
+            end = start + round(float(ev.get("dur", 0)) * 1000)
+        except (TypeError, ValueError, KeyError):
+            continue
+        graphed = args.get("correlation") in launches or "graph node id" in args
+        out.append(GpuOp(trace.rank, stream, str(ev.get("name", "")), str(ev["cat"]), start, end,
+                         graphed))
+    out.sort(key=lambda o: (o.start_ns, o.end_ns))
+    return out

@@ -1,0 +1,277 @@
+"""Collective instances across ranks: arrival skew, the late rank, waits, stragglers.
+
+An *instance* is one collective as every rank of its group saw it: the ``CommEvent`` s that
+share an instance key (process group + sequence number; p2p: group, src, dst, sequence).
+Times are ns on the merged clock. Per instance:
+
+- ``skew`` = last start - first start: how far apart the ranks arrived;
+- ``late_rank``: the rank that started last; ``wait[r]`` = time rank ``r`` spent in the call
+  before the late rank arrived (``min(last start, r's end) - r's start``: a rank that left
+  before the late one arrived, like a broadcast root, waited only while it was inside);
+- ``span`` = first start -> last end (what the merged trace's summary slice covers);
+- ``comm`` = last start -> last end: the time the collective ran with every rank present, the
+  time the bandwidth is computed over (``bandwidth.py``), free of the waiting;
+- ``straggler``: the late rank, only when the skew stands out (``mark_stragglers``): some rank
+  always arrives last by a few microseconds, and that is noise, not a straggler.
+
+Collectives issued with ``async_op=True`` whose times come from the record alone cover the CPU
+launch only (``launch_only``): their skew is still the arrival skew, but they get no ``comm``
+time and no bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from commviz import metadata as md
+from commviz.match.model import CommEvent
+from commviz.review import bandwidth as bw
+
+# A skew counts as a straggler when it is at least this long ...
+STRAGGLER_MIN_NS = 1_000_000
+# ... and at least this many times the group's median skew.
+STRAGGLER_FACTOR = 5.0
+
+
+def parse_ranks(text: object) -> tuple[int, ...]:
+    """The profiler's "Process Group Ranks" value ("[0, 1]") as a tuple of ints."""
+    if isinstance(text, (list, tuple)):
+        return tuple(int(r) for r in text)
+    body = str(text or "").strip().strip("[]")
+    try:
+        return tuple(int(p) for p in body.split(",") if p.strip())
+    except ValueError:
+        return ()
+
+
+@dataclass(slots=True)
+class Instance:
+    """One collective (or p2p transfer) across the ranks that took part."""
+
+    key: tuple
+    pg: str
+    pg_desc: str
+    seq: int | None
+    op: str
+    ctype: str                           # nccl-tests type (bandwidth.COLLECTIVE_TYPES)
+    kind: str                            # collective | p2p | batch
+    events: dict[int, CommEvent]         # rank -> its event
+    ranks: tuple[int, ...]               # ranks that should take part
+    missing: tuple[int, ...]             # of those, ranks present in the run without this one
+    first_start_ns: int
+    last_start_ns: int
+    last_end_ns: int
+    late_rank: int
+    wait_ns: dict[int, int]
+    launch_only: bool
+    size_bytes: int | None
+    bandwidth: bw.Bandwidth | None
+    straggler: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def skew_ns(self) -> int:
+        return self.last_start_ns - self.first_start_ns
+
+    @property
+    def span_ns(self) -> int:
+        return self.last_end_ns - self.first_start_ns
+
+    @property
+    def comm_ns(self) -> int | None:
+        if self.launch_only:
+            return None
+        return max(0, self.last_end_ns - self.last_start_ns)
+
+    @property
+    def total_wait_ns(self) -> int:
+        return sum(self.wait_ns.values())
+
+    @property
+    def label(self) -> str:
+        if self.seq is not None:
+            return f"{self.op} #{self.seq}"
+        return f"{self.op} {self.key[2:]}"
+
+
+def _expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
+    if key[0] == "p":
+        return tuple(sorted({int(key[2]), int(key[3])}))
+    if key[0] == "b":
+        return tuple(sorted({int(r) for pair in key[2] for r in pair[:2]}))
+    return parse_ranks(args.get(md.PG_RANKS))
+
+
+def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
+    first = next(iter(evs.values()))
+    args = first.args
+    starts = {r: e.start_ns for r, e in evs.items()}
+    late_rank = max(starts, key=lambda r: (starts[r], r))
+    last_start = starts[late_rank]
+    wait = {r: max(0, min(last_start, e.end_ns) - e.start_ns) for r, e in evs.items()}
+    expected = _expected_ranks(key, args) or tuple(sorted(evs))
+    ctype = bw.collective_type(args)
+    launch_only = any(e.source == "record" and e.args.get(md.ASYNC) for e in evs.values())
+    sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
+    size = max(sizes) if sizes else None
+    last_end = max(e.end_ns for e in evs.values())
+    comm = None if launch_only else max(0, last_end - last_start)
+    n = len(expected) if key[0] == "c" else 2
+    return Instance(
+        key=key, pg=first.pg, pg_desc=str(args.get(md.PG_DESC, "")), seq=first.seq,
+        op=first.op, ctype=ctype, kind=str(args.get(md.KIND, "collective")), events=evs,
+        ranks=expected, missing=tuple(r for r in expected if r in present and r not in evs),
+        first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
+        late_rank=late_rank, wait_ns=wait, launch_only=launch_only, size_bytes=size,
+        bandwidth=bw.bandwidth(ctype, size, comm, n))
+
+
+def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None
+                    ) -> list[Instance]:
+    """Group events by instance key, in order of first start.
+
+    ``present``: the ranks the run has data for (default: the ranks seen in ``events``);
+    ``Instance.missing`` lists only those, so a rank with no record at all is one problem
+    reported once, not a "missing" on every collective.
+    """
+    groups: dict[tuple, dict[int, CommEvent]] = defaultdict(dict)
+    ranks_seen: set[int] = set()
+    for ev in events:
+        ranks_seen.add(ev.rank)
+        if ev.key is None:
+            continue
+        groups[ev.key].setdefault(ev.rank, ev)
+    present = ranks_seen if present is None else present
+    out = [_make(key, evs, present) for key, evs in groups.items()]
+    out.sort(key=lambda i: (i.first_start_ns, i.pg, i.seq or 0))
+    mark_stragglers(out)
+    return out
+
+
+def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS,
+                    factor: float = STRAGGLER_FACTOR) -> None:
+    """Set ``straggler`` where the skew is >= ``min_ns`` and >= ``factor`` x the group's median.
+
+    The median of a process group's skews is its normal jitter (launch noise, clock error);
+    a late arrival that is many times that, and long in absolute terms, is a straggler.
+    """
+    by_pg: dict[str, list[Instance]] = defaultdict(list)
+    for inst in instances:
+        if len(inst.events) > 1:
+            by_pg[inst.pg].append(inst)
+    for insts in by_pg.values():
+        threshold = max(min_ns, factor * statistics.median(i.skew_ns for i in insts))
+        for inst in insts:
+            inst.straggler = inst.late_rank if inst.skew_ns >= threshold else None
+
+
+@dataclass(slots=True)
+class GroupSummary:
+    pg: str
+    desc: str
+    ranks: tuple[int, ...]
+    count: int
+    span_ns: int                  # sum of instance spans
+    comm_ns: int                  # sum of comm times (bandwidth time)
+    wait_ns: int                  # sum over instances and ranks of the time spent waiting
+    max_skew_ns: int
+    median_skew_ns: int
+    stragglers: dict[int, tuple[int, int]]   # rank -> (times straggler, skew it caused in ns)
+
+
+@dataclass(slots=True)
+class RankSummary:
+    rank: int
+    count: int
+    busy_ns: int                  # sum of this rank's call durations
+    wait_ns: int                  # of which spent waiting for a later rank
+    late: int                     # times this rank was the straggler
+    caused_ns: int                # skew of the instances it straggled
+    missing: int                  # instances of its groups it did not take part in
+
+
+def group_summaries(instances: list[Instance]) -> list[GroupSummary]:
+    """Per process group, the most waiting first."""
+    by_pg: dict[str, list[Instance]] = defaultdict(list)
+    for inst in instances:
+        by_pg[inst.pg].append(inst)
+    out = []
+    for pg, insts in by_pg.items():
+        strag: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for i in insts:
+            if i.straggler is not None:
+                strag[i.straggler][0] += 1
+                strag[i.straggler][1] += i.skew_ns
+        skews = [i.skew_ns for i in insts]
+        ranks = max((i.ranks for i in insts), key=len)
+        out.append(GroupSummary(
+            pg=pg, desc=insts[0].pg_desc, ranks=ranks, count=len(insts),
+            span_ns=sum(i.span_ns for i in insts), comm_ns=sum(i.comm_ns or 0 for i in insts),
+            wait_ns=sum(i.total_wait_ns for i in insts), max_skew_ns=max(skews),
+            median_skew_ns=int(statistics.median(skews)),
+            stragglers={r: (c, s) for r, (c, s) in sorted(strag.items(),
+                                                          key=lambda kv: -kv[1][1])}))
+    out.sort(key=lambda g: (-g.wait_ns, g.pg))
+    return out
+
+
+def rank_summaries(instances: list[Instance]) -> list[RankSummary]:
+    """Per rank, the rank that made others wait longest first."""
+    rows: dict[int, RankSummary] = {}
+
+    def row(rank: int) -> RankSummary:
+        if rank not in rows:
+            rows[rank] = RankSummary(rank, 0, 0, 0, 0, 0, 0)
+        return rows[rank]
+
+    for inst in instances:
+        for rank, ev in inst.events.items():
+            r = row(rank)
+            r.count += 1
+            r.busy_ns += ev.duration_ns
+            r.wait_ns += inst.wait_ns[rank]
+        if inst.straggler is not None:
+            r = row(inst.straggler)
+            r.late += 1
+            r.caused_ns += inst.skew_ns
+        for rank in inst.missing:
+            row(rank).missing += 1
+    return sorted(rows.values(), key=lambda r: (-r.caused_ns, -r.wait_ns, r.rank))
+
+
+@dataclass(slots=True)
+class CollectiveSummary:
+    """Instances of one type and size in one group: how often, how long, how fast."""
+
+    pg: str
+    ctype: str
+    op: str
+    size_bytes: int | None
+    count: int
+    comm_ns: int
+    wait_ns: int
+    median_comm_ns: int | None
+    median_algbw: float | None
+    median_busbw: float | None
+
+
+def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
+    """Per (group, op, size), the most time (comm + wait) first."""
+    groups: dict[tuple, list[Instance]] = defaultdict(list)
+    for inst in instances:
+        groups[(inst.pg, inst.op, inst.size_bytes)].append(inst)
+    out = []
+    for (pg, op, size), insts in groups.items():
+        comms = [i.comm_ns for i in insts if i.comm_ns is not None]
+        bws = [i.bandwidth for i in insts if i.bandwidth is not None]
+        out.append(CollectiveSummary(
+            pg=pg, ctype=insts[0].ctype, op=op, size_bytes=size, count=len(insts),
+            comm_ns=sum(comms), wait_ns=sum(i.total_wait_ns for i in insts),
+            median_comm_ns=int(statistics.median(comms)) if comms else None,
+            median_algbw=statistics.median(b.algbw_gbps for b in bws) if bws else None,
+            median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None))
+    out.sort(key=lambda c: (-(c.comm_ns + c.wait_ns), c.pg, c.op))
+    return out

@@ -1,0 +1,126 @@
+"""The review's PNG plots: skew over time, bandwidth vs message size, rank x collective waits.
+
+Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot), so plotting never
+touches the process's global backend or opens a window. A plot with nothing to show still
+gets written, saying so, so a run dir always holds the same three files.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from commviz.review.instances import Instance
+
+SKEW_PNG = "skew_over_time.png"
+BANDWIDTH_PNG = "bandwidth_vs_size.png"
+WAIT_PNG = "wait_heatmap.png"
+# Columns of the wait heat map; more instances than this are binned (max wait per bin).
+MAX_COLUMNS = 2000
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_skew(instances: list[Instance], path: Path) -> Path:
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.add_subplot()
+    multi = [i for i in instances if len(i.events) > 1]
+    if not multi:
+        _empty(ax, "no collective ran on more than one rank")
+        return _save(fig, path)
+    t0 = min(i.first_start_ns for i in multi)
+    by_pg: dict[str, list[Instance]] = defaultdict(list)
+    for inst in multi:
+        by_pg[inst.pg].append(inst)
+    for pg, insts in sorted(by_pg.items()):
+        x = [(i.first_start_ns - t0) / 1e9 for i in insts]
+        y = [i.skew_ns / 1e6 for i in insts]
+        desc = insts[0].pg_desc
+        ax.plot(x, y, marker=".", linewidth=0.8, label=f"pg {pg} ({desc})" if desc else f"pg {pg}")
+    strag = [i for i in multi if i.straggler is not None]
+    if strag:
+        ax.scatter([(i.first_start_ns - t0) / 1e9 for i in strag], [i.skew_ns / 1e6 for i in strag],
+                   s=80, facecolors="none", edgecolors="red", label="straggler", zorder=3)
+        for i in strag[:40]:
+            ax.annotate(f"r{i.straggler}", ((i.first_start_ns - t0) / 1e9, i.skew_ns / 1e6),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7, color="red")
+    ax.set_xlabel("time since first collective (s)")
+    ax.set_ylabel("arrival skew (ms)")
+    ax.set_title("Arrival skew per collective (last start - first start)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_bandwidth(instances: list[Instance], path: Path) -> Path:
+    fig = Figure(figsize=(8, 5))
+    ax = fig.add_subplot()
+    by_type: dict[str, list[Instance]] = defaultdict(list)
+    for inst in instances:
+        if inst.bandwidth is not None:
+            by_type[inst.ctype].append(inst)
+    if not by_type:
+        _empty(ax, "no collective with a size and a measured time")
+        return _save(fig, path)
+    for ctype, insts in sorted(by_type.items()):
+        sizes = np.array([i.bandwidth.size_bytes for i in insts], dtype=float)
+        bus = np.array([i.bandwidth.busbw_gbps for i in insts])
+        points = ax.scatter(sizes, bus, s=12, alpha=0.5, label=ctype)
+        uniq = np.unique(sizes)
+        ax.plot(uniq, [np.median(bus[sizes == s]) for s in uniq], color=points.get_facecolor()[0],
+                linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes, nccl-tests definition)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("Bus bandwidth vs message size (line: median)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def plot_waits(instances: list[Instance], path: Path) -> Path:
+    ranks = sorted({r for i in instances for r in i.events})
+    multi = [i for i in instances if len(i.events) > 1]
+    fig = Figure(figsize=(10, 1.5 + 0.35 * max(len(ranks), 2)))
+    ax = fig.add_subplot()
+    if not multi:
+        _empty(ax, "no collective ran on more than one rank")
+        return _save(fig, path)
+    row = {r: k for k, r in enumerate(ranks)}
+    grid = np.full((len(ranks), len(multi)), np.nan)
+    for col, inst in enumerate(multi):
+        for rank, wait in inst.wait_ns.items():
+            grid[row[rank], col] = wait / 1e6
+    binned = len(multi) > MAX_COLUMNS
+    if binned:
+        edges = np.linspace(0, len(multi), MAX_COLUMNS + 1).astype(int)
+        grid = np.stack([np.nanmax(grid[:, a:b], axis=1) if b > a else np.full(len(ranks), np.nan)
+                         for a, b in zip(edges[:-1], edges[1:])], axis=1)
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma_r")
+    fig.colorbar(image, ax=ax, label="wait (ms)")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_xlabel("collective instance, in time order" + (" (binned: max per bin)" if binned else ""))
+    ax.set_title("Time each rank waited for the last rank to arrive")
+    return _save(fig, path)
+
+
+def write_plots(instances: list[Instance], plots_dir: str | Path) -> list[Path]:
+    """Write the three PNGs into ``plots_dir`` (created) and return their paths."""
+    plots_dir = Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    return [plot_skew(instances, plots_dir / SKEW_PNG),
+            plot_bandwidth(instances, plots_dir / BANDWIDTH_PNG),
+            plot_waits(instances, plots_dir / WAIT_PNG)]

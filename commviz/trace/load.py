@@ -1,0 +1,215 @@
+"""Loading one rank's profiler trace (torch.profiler / Kineto Chrome JSON, plain or gzip).
+
+Every shape real jobs write is accepted: compact or pretty JSON, ``ts`` relative to
+``baseTimeNanoseconds`` or absolute, ``distributedInfo`` present, partial or missing (the rank
+then comes from the file name), a bare event array. Anything unusable raises one ``TraceError``
+naming the file. ``read_header`` looks only at the start of a file, so a run dir of many big
+traces can be sorted by rank without parsing them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from commviz.errors import TraceError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+HEADER_BYTES = 1 << 20          # how much of a trace read_header looks at (decompressed)
+
+# Where a file name says the rank: commviz's ``trace_rank3_step2.json.gz``, and the usual
+# ``rank3`` / ``rank_3`` / ``rank-3`` / ``-rank-3`` spellings (not ``rank3`` inside ``crank3``).
+_RANK_NAME_RE = re.compile(r"(?:^|[^a-z0-9])rank[_-]?(\d+)(?![0-9])", re.IGNORECASE)
+_DIST_KEY = '"distributedInfo"'
+_PID_RE = re.compile(r'"pid"\s*:\s*(-?\d+)')
+_HOST_RE = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_TRACE_ID_RE = re.compile(r'"trace_id"\s*:\s*"([^"]*)"')
+_TS_RE = re.compile(r'"ts"\s*:\s*([-+0-9.eE]+)')
+
+
+def rank_from_name(path: str | os.PathLike[str]) -> int | None:
+    """The rank a trace's file name states, or None; two different ranks in one name -> None."""
+    found = {int(m.group(1)) for m in _RANK_NAME_RE.finditer(Path(path).name)}
+    return found.pop() if len(found) == 1 else None
+
+
+@dataclass
+class Trace:
+    """One profiler trace, events exactly as the profiler wrote them."""
+
+    path: Path
+    rank: int
+    events: list[dict]
+    base_ns: int                      # wall ns = base_ns + round(ts_us * 1000)
+    distributed_info: dict | None
+    device_properties: list
+    meta: dict[str, Any] = field(default_factory=dict)   # other top-level keys (host_name, ...)
+
+    def ns(self, ts_us: float) -> int:
+        return self.base_ns + round(ts_us * 1000)
+
+    @property
+    def host(self) -> str | None:
+        host = self.meta.get("host_name")
+        return str(host) if host else None
+
+
+@dataclass
+class TraceHeader:
+    """What the first bytes of a trace say: enough to file it under a rank."""
+
+    path: Path
+    distributed_info: dict | None
+    rank: int | None                  # distributedInfo.rank
+    world_size: int | None            # distributedInfo.world_size
+    host: str | None
+    pid: int | None                   # pid of the first trace event: which process wrote it
+    identity: str | None              # trace_id, else the first event's ts: which trace it is
+    is_trace: bool                    # the start looks like a Chrome trace
+    merged: bool                      # a trace commviz itself wrote (merge --format json)
+
+
+def read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The file's bytes, gunzipped when it is gzip; ``limit`` reads only that much."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+            f.seek(0)
+            if magic == _GZIP_MAGIC:
+                with gzip.GzipFile(fileobj=f) as g:
+                    return g.read(limit) if limit is not None else g.read()
+            return f.read(limit) if limit is not None else f.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(str(path), f"truncated or corrupt gzip ({exc})") from None
+    except OSError as exc:
+        raise TraceError(str(path), f"cannot read: {exc.strerror or exc}") from None
+
+
+def read_header(path: str | os.PathLike[str]) -> TraceHeader:
+    """Look at the start of a trace (at most ``HEADER_BYTES``) without parsing the whole file."""
+    path = Path(path)
+    try:
+        head = read_bytes(path, HEADER_BYTES)
+    except TraceError:
+        # a truncated gzip still has a readable start; fall back to what zlib can give
+        head = _partial_gunzip(path)
+    text = head.decode("utf-8", errors="replace")
+    events_at = text.find('"traceEvents"')
+    info = None
+    at = text.find(_DIST_KEY)
+    if at >= 0:
+        colon = text.find(":", at + len(_DIST_KEY))
+        try:
+            info, _ = json.JSONDecoder().raw_decode(text, colon + 1 + _skip_ws(text, colon + 1))
+        except (ValueError, IndexError):
+            info = None
+        if not isinstance(info, dict):
+            info = None
+    host = _HOST_RE.search(text)
+    pid = _PID_RE.search(text, events_at) if events_at >= 0 else None
+    ident = _TRACE_ID_RE.search(text) or (_TS_RE.search(text, events_at) if events_at >= 0
+                                          else None)
+    return TraceHeader(
+        path=path, distributed_info=info,
+        rank=_int_or_none(info, "rank"), world_size=_int_or_none(info, "world_size"),
+        host=json.loads(f'"{host.group(1)}"') if host else None,
+        pid=int(pid.group(1)) if pid else None, identity=ident.group(1) if ident else None,
+        is_trace=events_at >= 0 or info is not None or '"schemaVersion"' in text[:4096]
+        or text.lstrip().startswith("[{"),
+        merged='"commviz_merged"' in text[:4096])
+
+
+def _skip_ws(text: str, start: int) -> int:
+    n = 0
+    while start + n < len(text) and text[start + n] in " \t\r\n":
+        n += 1
+    return n
+
+
+def _partial_gunzip(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(HEADER_BYTES)
+        if data[:2] != _GZIP_MAGIC:
+            return data
+        return zlib.decompressobj(wbits=31).decompress(data, HEADER_BYTES)
+    except (OSError, zlib.error):
+        return b""
+
+
+def _int_or_none(info: dict | None, key: str) -> int | None:
+    if not info:
+        return None
+    value = info.get(key)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_json(data: bytes, source: str) -> Any:
+    """orjson, with the stdlib as a fallback for what it refuses (NaN / Infinity literals)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        first = exc
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise TraceError(source, f"not valid JSON (truncated or corrupt?): {first}") from None
+
+
+def load_trace(path: str | os.PathLike[str], *, rank: int | None = None) -> Trace:
+    """Load one trace. The rank is ``distributedInfo.rank``, else the file name's, else ``rank``.
+
+    When ``rank`` is given (the caller filed this trace under that rank) and the trace itself
+    says another rank, that is an error, never a silent choice.
+    """
+    path = Path(path)
+    source = str(path)
+    data = read_bytes(path)
+    if not data.strip():
+        raise TraceError(source, "empty file")
+    doc = parse_json(data, source)
+    del data
+    if isinstance(doc, list):                  # Chrome's bare "JSON array" trace format
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict):
+        raise TraceError(source, "not a Chrome trace (top level is neither an object nor a list)")
+    events = doc.pop("traceEvents", None)
+    if not isinstance(events, list):
+        raise TraceError(source, "no traceEvents list: not a profiler trace")
+    if not any(isinstance(e, dict) and e.get("ph") not in (None, "M") for e in events):
+        raise TraceError(source, "empty trace: no events besides metadata")
+    info = doc.pop("distributedInfo", None)
+    info = info if isinstance(info, dict) else None
+    own = _int_or_none(info, "rank")
+    named = rank_from_name(path)
+    if own is not None:
+        if rank is not None and own != rank:
+            raise TraceError(source, f"distributedInfo says rank {own}, but the file was filed "
+                                     f"under rank {rank}")
+        found = own
+    elif rank is not None:
+        found = rank
+    elif named is not None:
+        found = named
+    else:
+        raise TraceError(source, "cannot tell the rank: no distributedInfo.rank and no rank in "
+                                 "the file name (name it like trace_rank3.json)")
+    base = doc.pop("baseTimeNanoseconds", None)
+    try:
+        base_ns = int(base) if base is not None else 0
+    except (TypeError, ValueError):
+        raise TraceError(source, f"baseTimeNanoseconds is not an integer: {base!r}") from None
+    props = doc.pop("deviceProperties", None)
+    return Trace(path=path, rank=found, events=events, base_ns=base_ns, distributed_info=info,
+                 device_properties=props if isinstance(props, list) else [], meta=doc)
