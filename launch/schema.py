@@ -24,7 +24,8 @@ REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scat
 # Ops whose input is split evenly over the group: ``size`` must be a multiple of its size.
 SPLIT_OPS = frozenset({"reduce_scatter", "reduce_scatter_tensor", "all_to_all",
                        "all_to_all_single"})
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPES = (*FLOAT_DTYPES, "int32", "int64", "int8", "uint8")
 REDUCE_OPS = ("sum", "product", "min", "max", "avg")
 WORLD = "world"   # the name of the default (whole-world) process group
 
@@ -104,10 +105,11 @@ class Collective(Strict):
     size: int | str = Field(4096, description="the `tensor`/`input` argument per rank: "
                             "elements (int) or bytes with a unit ('1MiB')")
     dtype: Literal[DTYPES] = Field("float32", description="tensor dtype")
-    reduce_op: Literal[REDUCE_OPS] = Field("sum", description="reduction of all_reduce, reduce, "
-                                           "reduce_scatter(_tensor); avg needs nccl")
-    root: int = Field(0, ge=0, description="broadcast/reduce/gather/scatter root, as a rank "
-                      "within the group (0: its first rank)")
+    reduce_op: Literal[REDUCE_OPS] | None = Field(None, description="reduction of all_reduce, "
+                                                  "reduce, reduce_scatter(_tensor); null: sum; "
+                                                  "avg needs nccl")
+    root: int | None = Field(None, ge=0, description="broadcast/reduce/gather/scatter root, as "
+                             "a rank within the group; null: 0, the group's first rank")
     async_op: bool = Field(False, description="issue with async_op=True; waited at the end of "
                            "the step")
     repeat: int = Field(1, ge=1, description="times this entry is issued per step")
@@ -137,7 +139,7 @@ class Transformer(Strict):
     heads: int = Field(4, ge=1, description="attention heads (split over tp_group)")
     ffn_mult: int = Field(4, ge=1, description="MLP width = ffn_mult * hidden (split over "
                           "tp_group)")
-    dtype: Literal[DTYPES] = Field("float32", description="activations and weights")
+    dtype: Literal[FLOAT_DTYPES] = Field("float32", description="activations and weights")
     tp_group: str = Field(WORLD, description="group whose all_reduce follows attention and MLP "
                           "in every layer")
     dp_group: str | None = Field(None, description="group that all-reduces a gradient-sized "

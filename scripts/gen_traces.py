@@ -349,6 +349,7 @@ def _header(r: _Rank) -> bytes:
         "record_shapes": 1,
         "with_stack": 0,
         "trace_id": f"{r.rank:032X}",
+        "host_name": f"node{r.rank // 8}",
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": BASE_NS,
     }

@@ -1,1 +1,13 @@
-"""capture"""
+"""CUDA graph capture: which graph node is which collective (or marked compute), per replay.
+
+- ``graph(cuda_graph, ...)``: ``torch.cuda.graph`` with commviz's capture records and replay tags.
+- ``mark(name, stream=None)``: label the compute kernels of a block (captured or eager).
+- ``install()`` / ``uninstall()``: the ``torch.cuda.CUDAGraph`` hooks behind both (installed
+  automatically by ``graph`` and by the first annotated collective or mark under capture).
+- ``region.enter`` / ``region.exit``: called by ``commviz.annotate`` for collectives under capture.
+"""
+
+from commviz.capture.hooks import graph, install, installed, uninstall
+from commviz.capture.mark import mark
+
+__all__ = ["graph", "install", "installed", "mark", "uninstall"]

@@ -9,14 +9,18 @@ own metadata is all there is (``derive``). Whatever is not certain is reported, 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from commviz.errors import RecordError, TraceError
+from commviz.match import cpu, derive, eager
+from commviz.match.index import TraceIndex
 from commviz.match.model import CommEvent, InstanceKey, events_from_record, instance_key
+from commviz.match.ranges import pair_ranges
 from commviz.match.result import Conflict, RankMatch, Unmatched
+from commviz.trace.load import load_trace
 
 __all__ = ["CommEvent", "Conflict", "InstanceKey", "RankMatch", "Unmatched",
-           "events_from_record", "instance_key", "match_rank", "match_run"]
+           "events_from_record", "instance_key", "match_rank", "match_run", "match_traces"]
 
 GRAPH_MATCHER = "commviz.match.graphed"
 
@@ -40,16 +44,16 @@ def _check_rank(trace: Any, record: dict | None, rank: int) -> None:
 
 
 def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
-    """Match one rank's trace (a ``commviz.trace.load.Trace``, or None) with its record (or None)."""
-    from commviz.match import cpu, derive, eager
-    from commviz.match.index import TraceIndex
-    from commviz.match.ranges import pair_ranges
-
+    """Match one rank's trace (a ``commviz.trace.load.Trace``) with its record; either may be
+    None."""
     _check_rank(trace, record, rank)
     result = RankMatch(rank=rank, trace_path=getattr(trace, "path", None))
     if trace is None:
         if record is not None:
-            result.events.extend(events_from_record(record))
+            collectives = record["collectives"]
+            offset = int((record.get("clock") or {}).get("offset_ns") or 0)
+            result.events.extend(cpu.recorded_spans(collectives, set(range(len(collectives))),
+                                                    rank=rank, offset_ns=offset))
             result.bump("records_outside_trace", len(result.events))
         return result.finish()
     index = TraceIndex(trace)
@@ -69,17 +73,18 @@ def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
                             range_time_mismatch=pairing.time_mismatch)
         with_kernels, strays = eager.match_eager(index, collectives, pairing, eager_kernels,
                                                  result, rank=rank, offset_ns=offset)
-        derive.derive(index, strays, result, rank=rank, offset_ns=offset)
+        derive.derive(index, strays, result, rank=rank, offset_ns=offset, recorded=True)
         cpu.match_cpu(index, record, pairing, with_kernels, result, rank=rank, offset_ns=offset)
     _match_graphed(trace, record, index, graphed, result)
     return result.finish()
 
 
-def _match_graphed(trace: Any, record: dict | None, index: Any, graphed: list,
+def _match_graphed(trace: Any, record: dict | None, index: TraceIndex, graphed: list,
                    result: RankMatch) -> None:
-    """Hand graph replays to the graph matcher; without it, or a record, graphed kernels stay bare."""
-    matcher = _graph_matcher() if record is not None else None
-    if matcher is not None and (graphed or index.graph_launches or record.get("graphs")):
+    """Graph replays (and ``commviz.mark`` ranges) go to the graph matcher; without it,
+    graphed kernels stay bare."""
+    matcher = _graph_matcher()
+    if matcher is not None:
         result.absorb(matcher(trace, record))
         return
     reason = ("graph matcher unavailable" if record is not None else
@@ -89,40 +94,56 @@ def _match_graphed(trace: Any, record: dict | None, index: Any, graphed: list,
                                           k.span.index, reason))
 
 
-def match_run(run: Any) -> dict[int, RankMatch]:
-    """Match every rank of a ``commviz.trace.run.Run``; a rank with several traces gets one
-    RankMatch per trace in ``per_trace``, and its recorded calls once in ``events``."""
-    from commviz.trace.load import load_trace
+def match_traces(traces: Iterable[Any], record: dict | None, *, rank: int) -> RankMatch:
+    """One rank's traces (profiler steps: any number, matched one at a time) with its record.
 
-    out: dict[int, RankMatch] = {}
-    for rank, item in sorted(run.ranks.items()):
-        paths = list(item.trace_paths)
-        if len(paths) <= 1:
-            trace = load_trace(paths[0], rank=rank) if paths else None
-            out[rank] = match_rank(trace, item.record, rank=rank)
-            continue
-        parts = [match_rank(load_trace(p, rank=rank), item.record, rank=rank) for p in paths]
-        out[rank] = _combine(rank, parts)
-    return out
+    Several traces give one RankMatch per trace in ``per_trace`` and every recorded call once
+    in ``events``; no trace gives the record's own spans.
+    """
+    parts = [match_rank(trace, record, rank=rank) for trace in traces]
+    if not parts:
+        return match_rank(None, record, rank=rank)
+    return parts[0] if len(parts) == 1 else _combine(rank, parts)
+
+
+def match_run(run: Any) -> dict[int, RankMatch]:
+    """Match every rank of a ``commviz.trace.run.Run`` (``match_traces`` per rank).
+
+    A trace that cannot be parsed is added to ``run.problems`` and left out; the rank's record
+    (and its other traces) still count.
+    """
+    def readable(rank: int, paths: list) -> Iterator[Any]:
+        for path in paths:
+            try:
+                yield load_trace(path, rank=rank)
+            except TraceError as exc:
+                run.problems.append(str(exc))
+
+    return {rank: match_traces(readable(rank, item.trace_paths), item.record, rank=rank)
+            for rank, item in sorted(run.ranks.items())}
 
 
 def _combine(rank: int, parts: list[RankMatch]) -> RankMatch:
-    """One rank's matches over several traces: each recorded call once, from a trace if one had it."""
+    """One rank's matches over several traces: each recorded call once, from a trace if one
+    had it."""
     combined = RankMatch(rank=rank, per_trace=parts)
-    seen: set[int] = set()
+    by_record: dict[int, CommEvent] = {}
     for part in parts:
         combined.unmatched.extend(part.unmatched)
         combined.conflicts.extend(part.conflicts)
         for key, n in part.stats.items():
             combined.bump(key, n)
-    for part in sorted(parts, key=lambda p: p.stats.get("records_outside_trace", 0)):
         for ev in part.events:
-            ident = id(ev.args)
-            if ev.source == "record":
-                continue
-            seen.add(ident)
-            combined.events.append(ev)
-    record_events = {id(ev.args): ev for part in parts for ev in part.events
-                     if ev.source == "record"}
-    combined.events.extend(ev for ident, ev in record_events.items() if ident not in seen)
+            pos = ev.extra.get("record_index")
+            if ev.source != "record":
+                ev.extra["trace_path"] = str(part.trace_path)
+            if pos is None:
+                combined.events.append(ev)
+            elif pos not in by_record or by_record[pos].source == "record":
+                by_record[pos] = ev
+    combined.events.extend(by_record.values())
+    if "records" in combined.stats:
+        combined.stats["records"] = parts[0].stats["records"]
+    combined.stats["records_outside_trace"] = sum(ev.source == "record"
+                                                  for ev in by_record.values())
     return combined.finish()

@@ -23,7 +23,7 @@ def match_cpu(index: TraceIndex, record: dict[str, Any], pairing: Pairing, with_
     collectives = record["collectives"]
     for span, reason in pairing.unpaired:
         result.unmatched.append(Unmatched(f"range {index.name(span.index)}", span.index, reason))
-    outside: list[dict[str, Any]] = []
+    outside: set[int] = set()
     for pos, meta in enumerate(collectives):
         span = pairing.range_of.get(pos)
         if span is not None:
@@ -34,17 +34,28 @@ def match_cpu(index: TraceIndex, record: dict[str, Any], pairing: Pairing, with_
         if pos in with_kernels:
             continue
         if span is None:
-            outside.append(meta)
+            outside.add(pos)
             continue
         result.events.append(CommEvent(
             rank=rank, pg=str(meta.get(md.PG_NAME)), op=str(meta.get(md.OP)),
             start_ns=span.start + offset_ns, end_ns=span.end + offset_ns, args=meta,
-            key=instance_key(meta), source="cpu", extra={"trace_index": span.index}))
+            key=instance_key(meta), source="cpu",
+            extra={"trace_index": span.index, "record_index": pos}))
         result.bump("cpu_matched")
         if index.kernels:
             result.bump("records_without_kernel")
     if outside:
-        events = events_from_record({"rank": rank, "clock": {"offset_ns": offset_ns},
-                                     "collectives": outside})
+        events = recorded_spans(collectives, outside, rank=rank, offset_ns=offset_ns)
         result.events.extend(events)
         result.bump("records_outside_trace", len(events))
+
+
+def recorded_spans(collectives: list[dict[str, Any]], positions: set[int], *,
+                   rank: int, offset_ns: int) -> list[CommEvent]:
+    """The recorded CPU spans of the calls at ``positions`` (``events_from_record``)."""
+    chosen = {id(collectives[p]): p for p in positions}
+    events = events_from_record({"rank": rank, "clock": {"offset_ns": offset_ns},
+                                 "collectives": [collectives[p] for p in sorted(positions)]})
+    for ev in events:
+        ev.extra["record_index"] = chosen[id(ev.args)]
+    return events

@@ -30,23 +30,32 @@ for _op, _name in md.COLLECTIVE_NAMES.items():
     _OPS.setdefault(_name, _op)
 
 
+# dtypes collectives carry, by the profiler's name for them ("Float", "BFloat16", ...).
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
+           "int64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
+           "uint16", "uint32", "uint64")
+
+
 @lru_cache(maxsize=None)
 def _itemsize(dtype: str) -> int | None:
-    for value in vars(torch).values():
-        if isinstance(value, torch.dtype) and md.dtype_name(value) == dtype:
+    for name in _DTYPES:
+        value = getattr(torch, name, None)
+        if value is not None and md.dtype_name(value) == dtype:
             return value.itemsize
     return None
 
 
-def group_ranks(trace: Any) -> dict[str, str]:
-    """Process group name -> its ranks as the profiler writes them ("[0, 1]"), from distributedInfo."""
+def group_table(trace: Any) -> dict[str, dict[str, Any]]:
+    """Process group name -> its eager keys (ranks, description, size) from ``distributedInfo``."""
     info = getattr(trace, "distributed_info", None) or {}
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for pg in info.get("pg_config") or ():
         if not isinstance(pg, dict) or pg.get("pg_name") is None:
             continue
         ranks = pg.get("ranks")
-        out[str(pg["pg_name"])] = str(list(ranks)) if isinstance(ranks, list) else str(ranks)
+        row = {md.PG_RANKS: str(list(ranks)) if isinstance(ranks, list) else ranks,
+               md.PG_DESC: pg.get("pg_desc"), md.GROUP_SIZE: pg.get("pg_size")}
+        out[str(pg["pg_name"])] = {k: v for k, v in row.items() if v is not None}
     return out
 
 
@@ -54,14 +63,17 @@ def has_metadata(args: dict[str, Any]) -> bool:
     return md.COLLECTIVE_NAME in args and md.PG_NAME in args
 
 
-def commviz_args(args: dict[str, Any], *, rank: int, ranks: dict[str, str],
+def commviz_args(args: dict[str, Any], *, rank: int, groups: dict[str, dict[str, Any]],
                  reduction: str | None) -> dict[str, Any]:
-    """The eager keys as the profiler wrote them, plus the commviz keys they imply."""
+    """The eager keys as the profiler wrote them (gaps filled from ``distributedInfo``), plus
+    the commviz keys they imply."""
     out = {k: args[k] for k in md.EAGER_KEYS if k in args}
     pg = str(out[md.PG_NAME])
-    listed = str(out.get(md.PG_RANKS, ""))
-    if pg in ranks and (not listed or "..." in listed):     # missing, or truncated past 30 ranks
-        out[md.PG_RANKS] = ranks[pg]
+    known = groups.get(pg, {})
+    for key, value in known.items():
+        out.setdefault(key, value)
+    if md.PG_RANKS in known and "..." in str(out[md.PG_RANKS]):    # truncated past 30 ranks
+        out[md.PG_RANKS] = known[md.PG_RANKS]
     name = str(out[md.COLLECTIVE_NAME])
     out[md.OP] = _OPS.get(name, name)
     out[md.KIND] = "p2p" if name in _P2P_NAMES else "collective"
@@ -80,31 +92,34 @@ def commviz_args(args: dict[str, Any], *, rank: int, ranks: dict[str, str],
 
 
 def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, rank: int,
-           offset_ns: int = 0) -> None:
+           offset_ns: int = 0, recorded: bool = False) -> None:
     """CommEvents for eager NCCL kernels from their own metadata; the rest are Unmatched.
 
-    When the trace has no NCCL kernel at all (a CPU-only profile), ``record_param_comms`` ops
-    stand in for them.
+    Without a record, in a trace with no NCCL kernel at all (a CPU-only profile),
+    ``record_param_comms`` ops stand in for them. ``recorded``: a record exists, and these are
+    the kernels none of its calls owns.
     """
-    ranks = group_ranks(index.trace)
+    bare = ("launched outside every recorded call, and the profiler wrote no collective "
+            "metadata for it" if recorded else
+            "no commviz record, and the profiler wrote no collective metadata for it")
+    groups = group_table(index.trace)
     items: list[tuple[int, Span, str | None]] = []     # (launch time, span, reduction)
     for k in kernels:
         args = index.args(k.span.index)
         if not has_metadata(args):
-            result.unmatched.append(Unmatched(
-                f"kernel {index.name(k.span.index)}", k.span.index,
-                "no collective metadata in the trace and no commviz record of it"))
+            result.unmatched.append(Unmatched(f"kernel {index.name(k.span.index)}",
+                                              k.span.index, bare))
             continue
         launch = index.launch_of(k.span.index)
         items.append(((launch or k.span).start, k.span, k.kernel.reduction))
-    if not index.nccl:
+    if not index.nccl and not recorded:
         for span in index.param_comms.values():
             if has_metadata(index.args(span.index)):
                 items.append((span.start, span, None))
     counters: dict[tuple, int] = {}
     for _, span, reduction in sorted(items, key=lambda item: item[0]):
         raw = index.args(span.index)
-        args = commviz_args(raw, rank=rank, ranks=ranks, reduction=reduction)
+        args = commviz_args(raw, rank=rank, groups=groups, reduction=reduction)
         pg = str(args[md.PG_NAME])
         if args[md.KIND] == "p2p":
             src, dst = args.get(md.SRC), args.get(md.DST)

@@ -15,7 +15,7 @@ from typing import Any
 
 from commviz import metadata as md
 from commviz.match.derive import has_metadata
-from commviz.match.index import NcclSpan, Span, TraceIndex
+from commviz.match.index import Intervals, NcclSpan, Span, TraceIndex
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.ranges import TOLERANCE_NS, Pairing
 from commviz.match.result import Conflict, RankMatch, Unmatched
@@ -23,10 +23,27 @@ from commviz.trace.kernels import COLLECTIVES_FOR_KERNEL, NcclKernel
 
 _KNOWN_NAMES = frozenset().union(*COLLECTIVES_FOR_KERNEL.values())
 _REDUCTIONS = frozenset({"sum", "product", "max", "min"})
+# The NCCL dtype ProcessGroupNCCL hands a tensor of this dtype to (bytes or the real part).
+_SENT_AS = {"Bool": "Byte", "ComplexFloat": "Float", "ComplexDouble": "Double",
+            "ComplexHalf": "Half", "Float8_e4m3fn": "Byte", "Float8_e5m2": "Byte"}
 
 
 def _norm(value: Any) -> str:
     return str(value).replace(" ", "")
+
+
+def _truncated(value: Any) -> bool:
+    """The profiler writes "[0, 1, ..., 63]" for a group of more than 30 ranks."""
+    return "..." in str(value)
+
+
+def agrees(profiler: Any, record: Any) -> bool:
+    """Whether an eager key's profiler value and record value say the same."""
+    p, r = _norm(profiler), _norm(record)
+    if _truncated(p):
+        head, _, tail = p.partition("...")
+        return r.startswith(head) and r.endswith(tail)
+    return p == r
 
 
 def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
@@ -34,8 +51,10 @@ def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
     name = str(meta.get(md.COLLECTIVE_NAME))
     if name in _KNOWN_NAMES and not kernel.can_run(name):
         return f"a {kernel.collective} kernel cannot carry out {name!r}"
-    if kernel.dtype is not None and meta.get(md.DTYPE) not in (None, kernel.dtype):
-        return f"kernel dtype {kernel.dtype} but the call's dtype is {meta.get(md.DTYPE)}"
+    dtype = meta.get(md.DTYPE)
+    if kernel.dtype is not None and dtype is not None and kernel.dtype not in (
+            dtype, _SENT_AS.get(dtype)):
+        return f"kernel dtype {kernel.dtype} but the call's dtype is {dtype}"
     op = meta.get(md.REDUCE_OP)
     if kernel.reduction in _REDUCTIONS and op in _REDUCTIONS and op != kernel.reduction:
         return f"kernel reduces by {kernel.reduction} but the call by {op}"
@@ -54,22 +73,20 @@ def _owning_range(index: TraceIndex, kernel: Span) -> Span | None:
 
 
 def _by_call_time(index: TraceIndex, k: NcclSpan, collectives: list[dict[str, Any]],
-                  free: list[int]) -> int | None:
+                  calls: Intervals, free: set[int]) -> int | None:
     """The one unmatched recorded call whose time holds this kernel's launch, if exactly one."""
     launch = index.launch_of(k.span.index)
     if launch is None:
         return None
     args = index.args(k.span.index)
     found = []
-    for pos in free:
+    for pos in calls.holding(launch.start, TOLERANCE_NS):
         meta = collectives[pos]
-        t0, t1 = meta.get(md.T_BEGIN), meta.get(md.T_END)
-        if t0 is None or t1 is None or not t0 - TOLERANCE_NS <= launch.start <= t1 + TOLERANCE_NS:
+        if pos not in free or incompatibility(k.kernel, meta) is not None:
             continue
         if has_metadata(args) and _norm(args[md.PG_NAME]) != _norm(meta.get(md.PG_NAME)):
             continue
-        if incompatibility(k.kernel, meta) is None:
-            found.append(pos)
+        found.append(pos)
     return found[0] if len(found) == 1 else None
 
 
@@ -86,20 +103,18 @@ def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: P
     for k in kernels:
         rng = _owning_range(index, k.span)
         pos = pairing.entry_of.get(rng.index) if rng is not None else None
-        if rng is not None and pos is None:
-            result.unmatched.append(Unmatched(
-                f"kernel {index.name(k.span.index)}", k.span.index,
-                f"launched inside {index.name(rng.index)} that no record entry pairs with"))
-            continue
-        if pos is None:
+        if pos is None:               # outside every range, or in one no recorded call pairs
             strays.append(k)
-            continue
-        owned.setdefault(pos, []).append(k)
-    free = [p for p, meta in enumerate(collectives)
-            if p not in owned and not meta.get(md.CAPTURED)]
+        else:
+            owned.setdefault(pos, []).append(k)
+    free = {p for p, meta in enumerate(collectives)
+            if p not in owned and not meta.get(md.CAPTURED)}
+    calls = Intervals([(meta[md.T_BEGIN], meta[md.T_END], p) for p, meta in enumerate(collectives)
+                       if meta.get(md.T_BEGIN) is not None and meta.get(md.T_END) is not None]
+                      if strays else [])
     leftover = []
     for k in strays:
-        pos = _by_call_time(index, k, collectives, free)
+        pos = _by_call_time(index, k, collectives, calls, free)
         if pos is None:
             leftover.append(k)
             continue
@@ -118,30 +133,32 @@ def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: P
                 result.unmatched.append(Unmatched(f"kernel {index.name(k.span.index)}",
                                                   k.span.index, why))
         if good:
-            _emit(index, meta, good, result, rank=rank, offset_ns=offset_ns)
+            _emit(index, pos, meta, good, result, rank=rank, offset_ns=offset_ns)
             matched.add(pos)
     return matched, leftover
 
 
-def _emit(index: TraceIndex, meta: dict[str, Any], kernels: list[NcclSpan], result: RankMatch,
-          *, rank: int, offset_ns: int) -> None:
+def _emit(index: TraceIndex, pos: int, meta: dict[str, Any], kernels: list[NcclSpan],
+          result: RankMatch, *, rank: int, offset_ns: int) -> None:
     first = min(kernels, key=lambda k: k.span.start)
     own = index.args(first.span.index)
     args = dict(meta)
     for k in kernels:
         kargs = index.args(k.span.index)
         for key in md.EAGER_KEYS:
-            if key in kargs and key in meta and _norm(kargs[key]) != _norm(meta[key]):
+            if key in kargs and key in meta and not agrees(kargs[key], meta[key]):
                 result.conflicts.append(Conflict(k.span.index, key, kargs[key], meta[key]))
         result.label(k.span.index, index.events[k.span.index], meta)
         result.bump("eager_matched")
         if not has_metadata(kargs):
             result.bump("eager_filled")       # the profiler left this kernel bare
-    args.update({key: own[key] for key in md.EAGER_KEYS if key in own})
+    # the profiler's values, except a rank list it truncated: the event needs every member
+    args.update({key: own[key] for key in md.EAGER_KEYS if key in own
+                 and not (key == md.PG_RANKS and _truncated(own[key]))})
     result.events.append(CommEvent(
         rank=rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
         start_ns=first.span.start + offset_ns,
         end_ns=max(k.span.end for k in kernels) + offset_ns,
         args=args, key=instance_key(args), source="kernel", stream=own.get("stream"),
-        extra={"trace_index": first.span.index,
+        extra={"trace_index": first.span.index, "record_index": pos,
                "kernel_indices": [k.span.index for k in kernels]}))

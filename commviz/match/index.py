@@ -3,22 +3,30 @@
 Kineto links the two sides of a GPU launch by ``args.correlation`` (the CPU runtime/driver call
 and the kernel it launched) and an eager NCCL kernel to its ``record_param_comms`` CPU op by
 ``External id``. A kernel whose correlation is that of a ``cudaGraphLaunch`` (runtime cbid 311)
-or that carries ``"graph node id"`` ran inside a CUDA graph replay.
+or that carries a non-zero ``"graph node id"`` (torch >= 2.12) ran inside a CUDA graph replay.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from commviz.capture.hooks import REPLAY_RANGE
+from commviz.capture.mark import RANGE_PREFIX as MARK_PREFIX
 from commviz.trace.kernels import NcclKernel, parse_nccl
 
-RANGE_PREFIX = "commviz::"
+RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
 PARAM_COMMS = "record_param_comms"
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
-GRAPH_LAUNCH_CBID = 311
+GRAPH_LAUNCH_CBIDS = frozenset({311, 312})   # runtime API: cudaGraphLaunch(_ptsz)_v10000
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
 GRAPH_NODE_ID = "graph node id"
+
+
+def is_other_range(name: str) -> bool:
+    """commviz ranges that are not a call: graph replay tags and ``commviz.mark`` regions."""
+    return name == REPLAY_RANGE or name.startswith(MARK_PREFIX)
 
 
 @dataclass(slots=True)
@@ -40,13 +48,29 @@ class NcclSpan:
     graphed: bool
 
 
-@dataclass
-class _Thread:
-    """commviz ranges of one CPU thread sorted by start, with a running max of their ends."""
+class Intervals:
+    """Intervals sorted by start, with a running max of their ends: which ones hold a time.
 
-    starts: list[int] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
-    max_end: list[int] = field(default_factory=list)
+    A query costs a bisect plus the intervals still open at that time, never a scan of all.
+    """
+
+    def __init__(self, items: list[tuple[int, int, Any]]) -> None:
+        items = sorted(items, key=lambda it: (it[0], -it[1]))
+        self._starts = [it[0] for it in items]
+        self._items = items
+        self._max_end: list[int] = []
+        for _, end, _ in items:
+            self._max_end.append(max(end, self._max_end[-1]) if self._max_end else end)
+
+    def holding(self, t: int, tol: int = 0) -> list[Any]:
+        """Payloads of the intervals with ``start - tol <= t <= end + tol``, latest start first."""
+        out = []
+        j = bisect.bisect_right(self._starts, t + tol) - 1
+        while j >= 0 and self._max_end[j] + tol >= t:
+            if self._items[j][1] + tol >= t:
+                out.append(self._items[j][2])
+            j -= 1
+        return out
 
 
 class TraceIndex:
@@ -61,7 +85,6 @@ class TraceIndex:
         self.graph_launches: set[Any] = set()         # correlations of cudaGraphLaunch calls
         self.nccl: list[NcclSpan] = []
         self.kernels = 0
-        self.start = self.end = None
         ns = trace.ns
         kernels: list[tuple[Span, dict, NcclKernel]] = []
         for i, ev in enumerate(self.events):
@@ -72,8 +95,6 @@ class TraceIndex:
                 t1 = t0 + round(float(ev.get("dur") or 0) * 1000)
             except (KeyError, TypeError, ValueError):
                 continue
-            self.start = t0 if self.start is None else min(self.start, t0)
-            self.end = t1 if self.end is None else max(self.end, t1)
             cat, name = ev.get("cat"), ev.get("name", "")
             args = ev.get("args") or {}
             if cat == "kernel":
@@ -87,22 +108,22 @@ class TraceIndex:
                 corr = args.get("correlation")
                 if corr is not None:
                     self.launches[corr] = span
-                    if args.get("cbid") == GRAPH_LAUNCH_CBID or name.startswith("cudaGraphLaunch"):
+                    if name.startswith(GRAPH_LAUNCH_NAMES) or (
+                            cat == "cuda_runtime" and args.get("cbid") in GRAPH_LAUNCH_CBIDS):
                         self.graph_launches.add(corr)
-            elif name.startswith(RANGE_PREFIX):
+            elif name.startswith(RANGE_PREFIX) and not is_other_range(name):
                 self.ranges.append(span)
             elif name == PARAM_COMMS and args.get("External id") is not None:
                 self.param_comms[args["External id"]] = span
         for span, ev, nccl in kernels:
             args = ev.get("args") or {}
-            graphed = GRAPH_NODE_ID in args or args.get("correlation") in self.graph_launches
+            graphed = (args.get(GRAPH_NODE_ID) not in (None, 0)       # 0: not a graph kernel
+                       or args.get("correlation") in self.graph_launches)
             self.nccl.append(NcclSpan(span, nccl, graphed))
-        self._threads: dict[tuple[Any, Any], _Thread] = {}
-        for span in sorted(self.ranges, key=lambda s: (s.start, -s.end)):
-            th = self._threads.setdefault(span.thread, _Thread())
-            th.starts.append(span.start)
-            th.spans.append(span)
-            th.max_end.append(max(span.end, th.max_end[-1]) if th.max_end else span.end)
+        by_thread: dict[tuple[Any, Any], list[tuple[int, int, Span]]] = {}
+        for span in self.ranges:
+            by_thread.setdefault(span.thread, []).append((span.start, span.end, span))
+        self._open = {thread: Intervals(items) for thread, items in by_thread.items()}
 
     def args(self, index: int) -> dict:
         return self.events[index].get("args") or {}
@@ -112,15 +133,9 @@ class TraceIndex:
 
     def enclosing_range(self, thread: tuple[Any, Any], t: int) -> Span | None:
         """The innermost commviz range on ``thread`` that is open at time ``t``."""
-        th = self._threads.get(thread)
-        if th is None:
-            return None
-        j = bisect.bisect_right(th.starts, t) - 1
-        while j >= 0 and th.max_end[j] >= t:
-            if th.spans[j].end >= t:
-                return th.spans[j]
-            j -= 1
-        return None
+        ranges = self._open.get(thread)
+        held = ranges.holding(t) if ranges is not None else []
+        return held[0] if held else None
 
     def launch_of(self, kernel_index: int) -> Span | None:
         """The CPU runtime/driver call that launched a kernel (same ``correlation``)."""

@@ -56,9 +56,10 @@ class RankMatch:
         self.stats[key] = self.stats.get(key, 0) + n
 
     def label(self, index: int, event: dict, meta: dict[str, Any]) -> None:
-        """Add to trace event ``index`` the keys of ``meta`` it does not carry yet."""
+        """Add to trace event ``index`` the keys of ``meta`` it does not carry yet (and has a
+        value for)."""
         own = event.get("args") or {}
-        add = {k: v for k, v in meta.items() if k not in own}
+        add = {k: v for k, v in meta.items() if k not in own and v is not None}
         if add:
             self.kernel_args.setdefault(index, {}).update(add)
 

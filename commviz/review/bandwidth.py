@@ -42,10 +42,11 @@ GB = 1e9
 COLLECTIVE_TYPES = {
     "all_reduce": "all_reduce", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
     "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
-    "_allgather_base": "all_gather", "allgather": "all_gather",
+    "_allgather_base": "all_gather", "allgather": "all_gather", "all_gather_single": "all_gather",
     "allgather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
     "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all", "all_to_allv": "all_to_all",
     "alltoall": "all_to_all", "alltoall_base": "all_to_all",
     "gather": "gather", "scatter": "scatter",

@@ -106,7 +106,7 @@ def _agrees(xs: dict[int, Signature], x0: int, ys: dict[int, Signature], y0: int
 def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signature]]
               ) -> tuple[str, str]:
     """Name the mismatch between the two largest sides: the first hypothesis that explains the
-    next LOOKAHEAD steps wins (a reorder, then one side having skipped d collectives)."""
+    next LOOKAHEAD steps wins (one collective differs, a reorder, one side skipped d)."""
     a, b = sides[0], sides[1]
     ra, rb = by_rank[a.ranks[0]], by_rank[b.ranks[0]]
     la, lb = list(a.ranks), list(b.ranks)
@@ -114,6 +114,9 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
         gone = la if a.signature is None else lb
         return "missing", (f"ranks {gone} have no collective numbered {seq} in this group: "
                            "they stopped, hung or skipped before it")
+    if _agrees(ra, seq + 1, rb, seq + 1):
+        kind = _first_diff(a.signature, b.signature)
+        return kind, f"the {kind} differs; the collectives after it line up again"
     for k in range(1, LOOKAHEAD):
         window_a = [ra.get(seq + i) for i in range(k + 1)]
         window_b = [rb.get(seq + i) for i in range(k + 1)]
@@ -121,8 +124,8 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
             break
         if Counter(window_a) == Counter(window_b) and _agrees(ra, seq + k + 1, rb, seq + k + 1):
             return "order", (f"the same {k + 1} collectives from seq {seq} on, in a different "
-                             f"order: ranks {la} run {a.signature.op} first, ranks {lb} run "
-                             f"{b.signature.op} first")
+                             f"order: ranks {la} run {a.signature} first, ranks {lb} run "
+                             f"{b.signature} first")
     for d in range(1, LOOKAHEAD + 1):
         if _agrees(rb, seq, ra, seq + d) and (seq + d) in ra:
             return "missing", (f"ranks {lb} skipped {d} collective(s) from seq {seq} on "
@@ -131,7 +134,7 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
             return "missing", (f"ranks {la} skipped {d} collective(s) from seq {seq} on "
                                f"({b.signature} on ranks {lb}); their later ones line up")
     kind = _first_diff(a.signature, b.signature)
-    return kind, f"the {kind} differs; later collectives do not line up either"
+    return kind, f"the {kind} differs, and the collectives after it do not line up either"
 
 
 def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None

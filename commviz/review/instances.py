@@ -14,16 +14,16 @@ Times are ns on the merged clock. Per instance:
 - ``straggler``: the late rank, only when the skew stands out (``mark_stragglers``): some rank
   always arrives last by a few microseconds, and that is noise, not a straggler.
 
-Collectives issued with ``async_op=True`` whose times come from the record alone cover the CPU
-launch only (``launch_only``): their skew is still the arrival skew, but they get no ``comm``
-time and no bandwidth.
+Collectives issued with ``async_op=True`` whose times are a CPU span (the record or the profiler
+range, not a GPU kernel) cover the launch only (``launch_only``): their skew is still the
+arrival skew, but they get no ``comm`` time, no bandwidth and no wait (all 0).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from commviz import metadata as md
@@ -70,7 +70,6 @@ class Instance:
     size_bytes: int | None
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def skew_ns(self) -> int:
@@ -92,9 +91,11 @@ class Instance:
 
     @property
     def label(self) -> str:
-        if self.seq is not None:
-            return f"{self.op} #{self.seq}"
-        return f"{self.op} {self.key[2:]}"
+        if self.key[0] == "p":
+            return f"{self.op} {self.key[2]}->{self.key[3]} #{self.key[4]}"
+        if self.key[0] == "b":
+            return f"{self.op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in self.key[2])
+        return f"{self.op} #{self.seq}"
 
 
 def _expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
@@ -111,10 +112,11 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
     starts = {r: e.start_ns for r, e in evs.items()}
     late_rank = max(starts, key=lambda r: (starts[r], r))
     last_start = starts[late_rank]
-    wait = {r: max(0, min(last_start, e.end_ns) - e.start_ns) for r, e in evs.items()}
+    launch_only = any(e.source != "kernel" and e.args.get(md.ASYNC) for e in evs.values())
+    wait = {r: 0 if launch_only else max(0, min(last_start, e.end_ns) - e.start_ns)
+            for r, e in evs.items()}
     expected = _expected_ranks(key, args) or tuple(sorted(evs))
     ctype = bw.collective_type(args)
-    launch_only = any(e.source == "record" and e.args.get(md.ASYNC) for e in evs.values())
     sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
     size = max(sizes) if sizes else None
     last_end = max(e.end_ns for e in evs.values())
@@ -129,8 +131,9 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
         bandwidth=bw.bandwidth(ctype, size, comm, n))
 
 
-def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None
-                    ) -> list[Instance]:
+def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,
+                    straggler_min_ns: int = STRAGGLER_MIN_NS,
+                    straggler_factor: float = STRAGGLER_FACTOR) -> list[Instance]:
     """Group events by instance key, in order of first start.
 
     ``present``: the ranks the run has data for (default: the ranks seen in ``events``);
@@ -147,7 +150,7 @@ def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = N
     present = ranks_seen if present is None else present
     out = [_make(key, evs, present) for key, evs in groups.items()]
     out.sort(key=lambda i: (i.first_start_ns, i.pg, i.seq or 0))
-    mark_stragglers(out)
+    mark_stragglers(out, min_ns=straggler_min_ns, factor=straggler_factor)
     return out
 
 

@@ -7,10 +7,12 @@ gets written, saying so, so a run dir always holds the same three files.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from commviz.review.instances import Instance
@@ -20,6 +22,10 @@ BANDWIDTH_PNG = "bandwidth_vs_size.png"
 WAIT_PNG = "wait_heatmap.png"
 # Columns of the wait heat map; more instances than this are binned (max wait per bin).
 MAX_COLUMNS = 2000
+# Waits spanning more than this ratio get a log colour scale.
+LOG_RANGE = 100
+# Up to this many instances, each column is labelled with its group and collective.
+LABELLED_COLUMNS = 40
 
 
 def _empty(ax, text: str) -> None:
@@ -94,7 +100,8 @@ def plot_bandwidth(instances: list[Instance], path: Path) -> Path:
 def plot_waits(instances: list[Instance], path: Path) -> Path:
     ranks = sorted({r for i in instances for r in i.events})
     multi = [i for i in instances if len(i.events) > 1]
-    fig = Figure(figsize=(10, 1.5 + 0.35 * max(len(ranks), 2)))
+    labelled = len(multi) <= LABELLED_COLUMNS
+    fig = Figure(figsize=(10, 2.2 + 0.35 * max(len(ranks), 2) + (1.6 if labelled else 0)))
     ax = fig.add_subplot()
     if not multi:
         _empty(ax, "no collective ran on more than one rank")
@@ -107,11 +114,23 @@ def plot_waits(instances: list[Instance], path: Path) -> Path:
     binned = len(multi) > MAX_COLUMNS
     if binned:
         edges = np.linspace(0, len(multi), MAX_COLUMNS + 1).astype(int)
-        grid = np.stack([np.nanmax(grid[:, a:b], axis=1) if b > a else np.full(len(ranks), np.nan)
-                         for a, b in zip(edges[:-1], edges[1:])], axis=1)
-    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma_r")
-    fig.colorbar(image, ax=ax, label="wait (ms)")
+        with warnings.catch_warnings():          # a bin where a rank took no part is all-NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            grid = np.stack([np.nanmax(grid[:, a:b], axis=1) for a, b in
+                             zip(edges[:-1], edges[1:])], axis=1)
+    norm, label = None, "wait (ms)"
+    positive = grid[np.isfinite(grid) & (grid > 0)]
+    if positive.size and positive.max() / positive.min() > LOG_RANGE:
+        # one long wait would wash out the rest on a linear scale
+        low = max(positive.min(), positive.max() / 1e5)
+        norm, label = LogNorm(vmin=low, vmax=positive.max()), "wait (ms, log scale)"
+        grid = np.where(np.isfinite(grid), np.maximum(grid, low), grid)
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma_r", norm=norm)
+    fig.colorbar(image, ax=ax, label=label)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    if labelled:
+        ax.set_xticks(range(len(multi)), [f"{i.pg}:{i.label}"[:28] for i in multi], rotation=60,
+                      ha="right", fontsize=7)
     ax.set_xlabel("collective instance, in time order" + (" (binned: max per bin)" if binned else ""))
     ax.set_title("Time each rank waited for the last rank to arrive")
     return _save(fig, path)

@@ -32,6 +32,7 @@ _DIST_KEY = '"distributedInfo"'
 _PID_RE = re.compile(r'"pid"\s*:\s*(-?\d+)')
 _HOST_RE = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TRACE_ID_RE = re.compile(r'"trace_id"\s*:\s*"([^"]*)"')
+_BASE_RE = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _TS_RE = re.compile(r'"ts"\s*:\s*([-+0-9.eE]+)')
 
 
@@ -73,6 +74,7 @@ class TraceHeader:
     host: str | None
     pid: int | None                   # pid of the first trace event: which process wrote it
     identity: str | None              # trace_id, else the first event's ts: which trace it is
+    base_ns: int | None               # baseTimeNanoseconds, when the start of the file has it
     is_trace: bool                    # the start looks like a Chrome trace
     merged: bool                      # a trace commviz itself wrote (merge --format json)
 
@@ -114,6 +116,7 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
         if not isinstance(info, dict):
             info = None
     host = _HOST_RE.search(text)
+    base = _BASE_RE.search(text)
     pid = _PID_RE.search(text, events_at) if events_at >= 0 else None
     ident = _TRACE_ID_RE.search(text) or (_TS_RE.search(text, events_at) if events_at >= 0
                                           else None)
@@ -122,6 +125,7 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
         rank=_int_or_none(info, "rank"), world_size=_int_or_none(info, "world_size"),
         host=json.loads(f'"{host.group(1)}"') if host else None,
         pid=int(pid.group(1)) if pid else None, identity=ident.group(1) if ident else None,
+        base_ns=int(base.group(1)) if base else None,
         is_trace=events_at >= 0 or info is not None or '"schemaVersion"' in text[:4096]
         or text.lstrip().startswith("[{"),
         merged='"commviz_merged"' in text[:4096])

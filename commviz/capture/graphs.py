@@ -1,0 +1,317 @@
+"""Capture records: one per CUDA graph capture, telling which graph node is which collective or mark.
+
+A capture gets a small commviz graph id (``commviz.graph``, 1, 2, ... per process). Each region
+(one annotated collective, one ``commviz.mark`` block) snapshots the capturing stream's frontier
+on entry and, on exit, walks only the dependent edges added since: the cost is proportional to
+the nodes the region added, never to the graph. Every kernel node found is described by its
+CUPTI node id, its toolsId where the driver has one, its kernel and launch dims.
+
+When the capture ends (``capture_end`` of ``torch.cuda.CUDAGraph``, still inside the capture),
+``finalize`` reads the whole graph once: every kernel's name (the replay fingerprint) and, for
+the kernels the matcher has to tell apart, the nearest such kernels each one depends on. After
+instantiation the exec graph's CUPTI id is added: replayed kernels carry it (torch >= 2.12).
+
+The record (``RECORDER.graphs``) is a plain dict::
+
+    {"graph": 1, "capture_id": int|None, "cupti_graph_id": int|None, "exec_ids": [int],
+     "tools_exec_ids": [int], "t_begin_ns": int, "t_end_ns": int|None,
+     "complete": bool,                  # finalize ran: "after", "kernel_names" are whole-graph
+     "kernel_count": int|None, "kernel_names": {kernel key: count},
+     "replays": int,                    # replays seen by the replay hook so far
+     "nodes": [{"index": i,             # position in this list (topological order once complete)
+                "node": int|None,       # CUPTI node id (capture graph id << 32 | node index)
+                "local": int|None,      # the node's index in its graph (low 32 bits)
+                "tools": int|None,      # cudaGraphNodeGetToolsId, CUDA >= 13.1 drivers
+                "kernel": str,          # commviz.capture.names.kernel_key of the kernel
+                "dims": [gx, gy, gz, bx, by, bz],
+                "after": [i, ...],      # nearest listed nodes it depends on
+                "lane": int|None, "ordinal": int|None, "op": str|None,   # a collective's kernel
+                "marks": [str], "mark_lane": int|str|None}]}             # commviz.mark labels
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from commviz import metadata as md
+from commviz.capture import bindings as cb
+from commviz.capture import cupti
+from commviz.capture.names import kernel_key
+from commviz.record import recorder as _rec
+from commviz.trace.kernels import parse_nccl
+
+log = logging.getLogger("commviz.capture")
+
+_lock = threading.Lock()
+_gids = itertools.count(1)
+_by_capture: dict[int, "GraphState"] = {}
+_local = threading.local()          # .current: the capture this thread began (no cuda-bindings)
+_warned: set[str] = set()
+
+
+def warn_once(what: str, exc: BaseException | None = None) -> None:
+    """Capture problems must never break the user's capture: say it once, carry on."""
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("commviz capture: %s%s", what, f" ({exc!r})" if exc else "")
+
+
+def _current_stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+class Node:
+    """What commviz knows of one kernel node of a capture."""
+
+    __slots__ = ("handle", "entry")
+
+    def __init__(self, handle: int, entry: dict[str, Any]) -> None:
+        self.handle = handle
+        self.entry = entry
+
+
+class GraphState:
+    """One capture: its record dict, its known kernel nodes, per-lane ordinals."""
+
+    def __init__(self, capture_id: int | None, graph: int | None) -> None:
+        self.gid = next(_gids)
+        self.capture_id = capture_id
+        self.graph = graph
+        self.nodes: dict[int, Node] = {}
+        self.ordinals: Counter = Counter()
+        self.replays = 0
+        self.exec_pending = True
+        self.record: dict[str, Any] = {
+            "graph": self.gid, "capture_id": capture_id,
+            "cupti_graph_id": cupti.graph_id(graph) if graph else None,
+            "exec_ids": [], "tools_exec_ids": [], "t_begin_ns": time.time_ns(), "t_end_ns": None,
+            "complete": False, "kernel_count": None, "kernel_names": {}, "replays": 0,
+            "nodes": [],
+        }
+        _rec.RECORDER.graphs.append(self.record)
+
+    def next_ordinal(self, lane: Any) -> int:
+        self.ordinals[lane] += 1
+        return self.ordinals[lane]
+
+    # -- nodes --------------------------------------------------------------------------------
+    def node(self, handle: int) -> Node | None:
+        """The kernel node ``handle`` (described and listed on first sight), None if no kernel."""
+        known = self.nodes.get(handle)
+        if known is not None:
+            return known
+        desc = _describe(handle)
+        return None if desc is None else self._add(handle, *desc)
+
+    def _add(self, handle: int, key: str, dims: list[int]) -> Node:
+        cid = cupti.node_id(handle)
+        entry = {"index": len(self.record["nodes"]), "node": cid,
+                 "local": cid & 0xFFFFFFFF if cid is not None else None,
+                 "tools": cb.tools_id(handle), "kernel": key, "dims": dims,
+                 "after": [], "lane": None, "ordinal": None, "op": None, "marks": [],
+                 "mark_lane": None}
+        self.record["nodes"].append(entry)
+        node = self.nodes[handle] = Node(handle, entry)
+        return node
+
+    # -- end of capture -----------------------------------------------------------------------
+    def finalize(self) -> None:
+        """Read the whole graph once (still capturing): fingerprint and dependency order."""
+        if self.graph is None or not cb.available() or self.record["complete"]:
+            return
+        all_nodes = cb.nodes(self.graph)
+        names: Counter = Counter()
+        keys: dict[int, tuple[str, list[int]]] = {}
+        for handle in all_nodes:
+            known = self.nodes.get(handle)
+            desc = (known.entry["kernel"], known.entry["dims"]) if known else _describe(handle)
+            if desc is not None:
+                keys[handle] = desc
+                names[desc[0]] += 1
+        labelled = {n.entry["kernel"] for n in self.nodes.values()
+                    if n.entry["ordinal"] is not None or n.entry["marks"]}
+        relevant = {h for h, (key, _) in keys.items() if key in labelled}
+        for h in relevant:
+            if h not in self.nodes:
+                self._add(h, *keys[h])
+        preds: dict[int, list[int]] = {h: [] for h in all_nodes}
+        succs: dict[int, list[int]] = {h: [] for h in all_nodes}
+        for a, b in cb.edges(self.graph):
+            if a in preds and b in preds:
+                preds[b].append(a)
+                succs[a].append(b)
+        order = _topological(all_nodes, preds, succs)
+        nearest: dict[int, frozenset[int]] = {}
+        for h in order:
+            acc: set[int] = set()
+            for p in preds[h]:
+                if p in relevant:
+                    acc.add(p)
+                else:
+                    acc |= nearest[p]
+            nearest[h] = frozenset(acc)
+        listed = [h for h in order if h in relevant]
+        position = {h: i for i, h in enumerate(listed)}
+        entries = []
+        for h in listed:
+            entry = self.nodes[h].entry
+            entry["index"] = position[h]
+            entry["after"] = sorted(position[p] for p in nearest[h])
+            entries.append(entry)
+        self.record["nodes"] = entries
+        self.record["kernel_count"] = sum(names.values())
+        self.record["kernel_names"] = dict(names)
+        self.record["complete"] = True
+
+    def note_exec(self, cuda_graph: Any) -> None:
+        """Add the exec graph's ids once ``cuda_graph`` is instantiated."""
+        try:
+            handle = int(cuda_graph.raw_cuda_graph_exec())
+        except Exception:  # not instantiated yet (keep_graph=True), or an older torch
+            return
+        if not handle:
+            return
+        self.exec_pending = False
+        eid = cupti.exec_id(handle)
+        if eid is not None and eid not in self.record["exec_ids"]:
+            self.record["exec_ids"].append(eid)
+        if cb.available():
+            tid = cb.exec_tools_id(handle)
+            if tid is not None and tid not in self.record["tools_exec_ids"]:
+                self.record["tools_exec_ids"].append(tid)
+
+
+def _describe(handle: int) -> tuple[str, list[int]] | None:
+    """(kernel key, launch dims) of a kernel node; None for any other node."""
+    if not cb.is_kernel(handle):
+        return None
+    desc = cb.kernel(handle)
+    return None if desc is None else (kernel_key(desc[0]), desc[1])
+
+
+def _topological(all_nodes: list[int], preds: dict[int, list[int]],
+                 succs: dict[int, list[int]]) -> list[int]:
+    """Kahn's order, ties broken by the graph's own node order (creation order)."""
+    waiting = {h: len(preds[h]) for h in all_nodes}
+    ready = [h for h in all_nodes if waiting[h] == 0]
+    rank = {h: i for i, h in enumerate(all_nodes)}
+    out: list[int] = []
+    heap = [(rank[h], h) for h in ready]
+    heapq.heapify(heap)
+    while heap:
+        _, h = heapq.heappop(heap)
+        out.append(h)
+        for s in succs[h]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(heap, (rank[s], s))
+    return out
+
+
+# -- which capture is this? -------------------------------------------------------------------
+def state_for(info: cb.CaptureInfo | None) -> GraphState:
+    """The state of the capture ``info`` describes (created on first sight)."""
+    if info is None:                       # no cuda-bindings: the capture this thread began
+        state = getattr(_local, "current", None)
+        if state is None:
+            state = _local.current = GraphState(None, None)
+        return state
+    with _lock:
+        state = _by_capture.get(info.capture_id)
+        if state is None:
+            state = _by_capture[info.capture_id] = GraphState(info.capture_id, info.graph)
+        return state
+
+
+def current_capture() -> tuple[GraphState, cb.CaptureInfo | None]:
+    info = cb.capture_info(_current_stream()) if cb.available() else None
+    return state_for(info), info
+
+
+def forget(state: GraphState) -> None:
+    with _lock:
+        if state.capture_id is not None:
+            _by_capture.pop(state.capture_id, None)
+    if getattr(_local, "current", None) is state:
+        _local.current = None
+
+
+# -- regions: the frontier walk ---------------------------------------------------------------
+class Region:
+    """A frontier snapshot: the capturing stream's last nodes and their dependents at entry."""
+
+    __slots__ = ("state", "frontier", "known", "roots")
+
+    def __init__(self, state: GraphState, info: cb.CaptureInfo | None) -> None:
+        self.state = state
+        self.frontier = info.frontier if info is not None else []
+        self.known = {n: set(cb.dependents(n)) for n in self.frontier}
+        # first work of the capture: nothing to walk from, new roots are the new nodes
+        self.roots = set(cb.roots(state.graph)) if info is not None and not self.frontier \
+            else None
+
+    def new_kernels(self) -> list[Node]:
+        """Kernel nodes added since the snapshot, in discovery order."""
+        state = self.state
+        if state.graph is None:
+            return []
+        if self.roots is not None:
+            start = [n for n in cb.roots(state.graph) if n not in self.roots]
+            seen = set(start)
+            stack = list(start)
+            found = list(start)
+        else:
+            seen = set(self.frontier)
+            stack = list(self.frontier)
+            found = []
+        known = self.known
+        while stack:
+            n = stack.pop()
+            old = known.get(n)
+            for d in cb.dependents(n):
+                if d in seen or (old is not None and d in old):
+                    continue
+                seen.add(d)
+                found.append(d)
+                stack.append(d)
+        out = []
+        for handle in found:
+            node = state.node(handle)
+            if node is not None:
+                out.append(node)
+        return out
+
+
+def open_region() -> Region:
+    state, info = current_capture()
+    return Region(state, info)
+
+
+def label_collective(region: Region, meta: dict[str, Any], lane: Any, ordinal: int
+                     ) -> list[Node]:
+    """Label the region's NCCL kernels (all its kernels when it has none) as this collective."""
+    kernels = region.new_kernels()
+    nccl = [n for n in kernels if parse_nccl(n.entry["kernel"]) is not None]
+    chosen = nccl or kernels
+    for n in chosen:
+        n.entry["lane"] = lane
+        n.entry["ordinal"] = ordinal
+        n.entry["op"] = meta.get(md.OP)
+    return chosen
+
+
+def label_mark(region: Region, name: str, lane: Any) -> list[Node]:
+    kernels = region.new_kernels()
+    for n in kernels:
+        n.entry["marks"].insert(0, name)         # outer marks close last: they go first
+        if lane is not None and n.entry["mark_lane"] is None:   # the innermost lane wins
+            n.entry["mark_lane"] = lane
+    return kernels

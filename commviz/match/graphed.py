@@ -1,0 +1,476 @@
+"""Graphed collectives: give every NCCL kernel of every CUDA graph replay its collective's metadata.
+
+A replay is one ``cudaGraphLaunch``: every kernel it ran carries that launch's ``correlation``.
+Which graph it replayed comes from, in order: the ``commviz::graph_replay`` range around the
+launch (its ``commviz.graph`` arg), the recorded replay whose time window holds the launch, or
+the replay's kernel fingerprint (the multiset of its kernels equals exactly one captured graph's).
+
+Which kernel is which captured node:
+
+- exact, when the trace carries ``"graph node id"`` (torch >= 2.12): CUPTI's node id of the
+  instantiated graph, ``(exec graph id << 32) | node index``; the record holds the capture ids, so
+  they are mapped through the exec ids noted at instantiation (capture ids are accepted too);
+- otherwise by order: a replayed kernel can only start once every kernel it depends on has run,
+  so the replay's kernels, taken by start time, are assigned to captured nodes of the same kernel
+  and launch dims whose recorded predecessors are all assigned. When several such nodes would
+  give different labels, the stream the same node ran on in other replays decides; failing that
+  the kernel is reported, not guessed.
+
+Each assignment is then checked against the collective: the kernel's type must be able to carry
+the recorded collective, and its reduction and dtype must agree. Anything uncertain becomes an
+``Unmatched`` with the reason; nothing is mislabelled.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from commviz import metadata as md
+from commviz.capture.hooks import GRAPH_ARG, REPLAY_ARG, REPLAY_RANGE
+from commviz.capture.mark import MARK, MARK_LANE, RANGE_PREFIX as MARK_PREFIX
+from commviz.capture.names import kernel_key
+from commviz.match.index import Intervals
+from commviz.match.model import CommEvent, instance_key
+from commviz.match.result import Unmatched
+from commviz.trace.kernels import parse_nccl
+
+REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number, per graph
+MATCHED_BY = "commviz.matched_by"        # "graph node id" | "order"
+GRAPH_NODE_ID = "graph node id"
+GRAPH_ID = "graph id"
+_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+_GRAPH_LAUNCH_CBIDS = frozenset({311, 312})     # cudaGraphLaunch(_ptsz)_v10000
+_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_DROP = frozenset({md.T_BEGIN, md.T_END, md.GRAPH_NODES})
+# recorded reduction -> reductions an NCCL kernel may run it with (avg: PreMulSum for floats,
+# SumPostDiv for integers)
+_REDUCTIONS = {"avg": {"avg", "premul_sum", "sum"}, "premul_sum": {"premul_sum"}}
+
+
+@dataclass
+class GraphMatch:
+    """The graph matcher's share of a ``RankMatch`` (same fields, minus the rank)."""
+
+    events: list[CommEvent] = field(default_factory=list)
+    kernel_args: dict[int, dict] = field(default_factory=dict)
+    marks: dict[int, dict] = field(default_factory=dict)
+    unmatched: list[Unmatched] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    graphed: set[int] = field(default_factory=set)    # trace indices of all replayed GPU work
+
+    def bump(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+
+@dataclass(slots=True)
+class _Kernel:
+    index: int
+    ts: float
+    dur: float
+    name: str
+    key: str
+    dims: tuple | None
+    stream: Any
+    node_id: int | None
+
+
+@dataclass
+class _Replay:
+    launch: int                       # trace index of the graph launch
+    correlation: Any
+    thread: tuple[Any, Any]
+    ts: float
+    kernels: list[_Kernel] = field(default_factory=list)
+    graph: int | None = None
+    number: int | None = None
+    how: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    """A replay's number: the hook's count when tagged (same on every rank), else its place
+    among this trace's replays of the graph, which only goes into the instance key."""
+
+    number: int | None
+    in_trace: int | None
+
+    @property
+    def key(self) -> Any:
+        return self.number if self.number is not None else ("in trace", self.in_trace)
+
+
+class _Graph:
+    """A captured graph from the record, indexed for matching."""
+
+    def __init__(self, rec: dict[str, Any]) -> None:
+        self.gid = rec["graph"]
+        self.rec = rec
+        self.nodes: list[dict[str, Any]] = list(rec.get("nodes") or [])
+        self.complete = bool(rec.get("complete"))
+        self.by_key: dict[str, list[int]] = defaultdict(list)
+        for i, n in enumerate(self.nodes):
+            self.by_key[n["kernel"]].append(i)
+        self.after = [self._after(i) for i in range(len(self.nodes))]
+        self.counts = Counter(n["kernel"] for n in self.nodes)
+        self.fingerprint = Counter(rec.get("kernel_names") or {}) if self.complete else None
+
+    def _after(self, i: int) -> tuple[int, ...]:
+        node = self.nodes[i]
+        if self.complete:
+            return tuple(node.get("after") or ())
+        # no whole-graph pass: only a lane's own order is known (its kernels are serialised)
+        lane, ordinal = node.get("lane"), node.get("ordinal")
+        if lane is None or ordinal is None:
+            return ()
+        return tuple(j for j, other in enumerate(self.nodes)
+                     if other.get("lane") == lane and (other.get("ordinal") or 0) < ordinal)
+
+    def label(self, i: int) -> tuple:
+        n = self.nodes[i]
+        return (n.get("lane"), n.get("ordinal"), tuple(n.get("marks") or ()), n.get("mark_lane"))
+
+
+def _dims(args: dict[str, Any]) -> tuple | None:
+    grid, block = args.get("grid"), args.get("block")
+    if not (isinstance(grid, list) and isinstance(block, list)):
+        return None
+    return tuple(int(v) for v in grid + block)
+
+
+def _reduction_ok(recorded: str | None, kernel: str | None) -> bool:
+    if recorded is None or kernel is None:
+        return True
+    return kernel == recorded or kernel in _REDUCTIONS.get(recorded, ())
+
+
+def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
+    """Why an NCCL kernel named ``name`` cannot be the collective ``meta`` (None: it can)."""
+    nk = parse_nccl(name)
+    if nk is None:
+        return None
+    coll = meta.get(md.COLLECTIVE_NAME)
+    if coll is not None and nk.collective in ("AllReduce", "AllGather", "ReduceScatter",
+                                              "Broadcast", "Reduce", "SendRecv") \
+            and not nk.can_run(str(coll)):
+        return f"a {nk.collective} kernel cannot carry collective {coll!r}"
+    dtype = meta.get(md.DTYPE)
+    if dtype != "Bool":               # torch reduces bools as bytes with max/min
+        if nk.dtype is not None and dtype is not None and nk.dtype != dtype:
+            return f"kernel dtype {nk.dtype} but the collective's dtype is {dtype}"
+        if not _reduction_ok(meta.get(md.REDUCE_OP), nk.reduction):
+            return (f"kernel reduction {nk.reduction} but the collective reduces with "
+                    f"{meta.get(md.REDUCE_OP)}")
+    return None
+
+
+class _Index:
+    """The parts of a trace the graph matcher needs, in one pass."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.replays: dict[Any, _Replay] = {}
+        self.tags: dict[tuple, list[tuple[float, float, dict]]] = defaultdict(list)
+        self.mark_ranges: dict[tuple, list[tuple[float, float, str, Any]]] = defaultdict(list)
+        self.launches: dict[Any, tuple[int, tuple, float]] = {}   # eager launches: corr -> ...
+        self.node_kernels: list[_Kernel] = []                      # kernels with graph node ids
+        work: list[tuple[int, dict]] = []
+        for i, ev in enumerate(events):
+            if not isinstance(ev, dict) or ev.get("ph") != "X":
+                continue
+            cat, name = ev.get("cat"), str(ev.get("name", ""))
+            args = ev.get("args") or {}
+            if cat in _WORK_CATS:
+                work.append((i, ev))
+                continue
+            thread = (ev.get("pid"), ev.get("tid"))
+            try:
+                ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if cat in _LAUNCH_CATS:
+                corr = args.get("correlation")
+                if corr is None:
+                    continue
+                if name.startswith(("cudaGraphLaunch", "cuGraphLaunch")) or \
+                        args.get("cbid") in _GRAPH_LAUNCH_CBIDS:
+                    self.replays[corr] = _Replay(i, corr, thread, ts)
+                else:
+                    self.launches[corr] = (i, thread, ts)
+            elif name == REPLAY_RANGE:
+                self.tags[thread].append((ts, ts + dur, args))
+            elif name.startswith(MARK_PREFIX):
+                self.mark_ranges[thread].append((ts, ts + dur, name[len(MARK_PREFIX):],
+                                                 args.get(MARK_LANE)))
+        self.work_by_corr: dict[Any, list[int]] = defaultdict(list)
+        self.graphed: set[int] = set()
+        for i, ev in work:
+            args = ev.get("args") or {}
+            corr = args.get("correlation")
+            node_id = args.get(GRAPH_NODE_ID)
+            graphed = bool(node_id) or corr in self.replays
+            if not graphed:
+                if corr is not None:
+                    self.work_by_corr[corr].append(i)
+                continue
+            self.graphed.add(i)
+            if ev.get("cat") != "kernel":
+                continue
+            try:
+                ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
+            except (KeyError, TypeError, ValueError):
+                continue
+            name = str(ev.get("name", ""))
+            k = _Kernel(i, ts, dur, name, kernel_key(name), _dims(args),
+                        args.get("stream", ev.get("tid")), int(node_id) if node_id else None)
+            if corr in self.replays:
+                self.replays[corr].kernels.append(k)
+            elif k.node_id:
+                self.node_kernels.append(k)
+        for rep in self.replays.values():
+            rep.kernels.sort(key=lambda k: (k.ts, k.index))
+        self.tag_spans = _by_thread(self.tags)
+        self.mark_spans = _by_thread(self.mark_ranges)
+
+
+def _by_thread(spans: dict[tuple, list[tuple]]) -> dict[tuple, Intervals]:
+    return {thread: Intervals([(s[0], s[1], s) for s in items]) for thread, items in spans.items()}
+
+
+class _Matcher:
+    def __init__(self, trace: Any, record: dict[str, Any], idx: _Index, out: GraphMatch) -> None:
+        self.trace = trace
+        self.idx = idx
+        self.out = out
+        self.rank = int(record.get("rank", getattr(trace, "rank", 0)))
+        self.offset = int((record.get("clock") or {}).get("offset_ns") or 0)
+        self.graphs = {g["graph"]: _Graph(g) for g in record.get("graphs") or []
+                       if isinstance(g, dict) and "graph" in g}
+        self.metas: dict[tuple, dict] = {}
+        for meta in record.get("collectives") or []:
+            gid = meta.get(md.GRAPH)
+            if gid is not None and meta.get(md.ORDINAL) is not None:
+                self.metas[(gid, meta.get(md.LANE), meta[md.ORDINAL])] = meta
+        self.windows = [(r["t_begin_ns"], r["t_end_ns"], r) for r in record.get("replays") or []
+                        if isinstance(r, dict) and "t_begin_ns" in r and "t_end_ns" in r]
+        self.by_node_id: dict[int, tuple[_Graph, int]] = {}
+        for g in self.graphs.values():
+            execs = list(g.rec.get("exec_ids") or [])
+            for i, n in enumerate(g.nodes):
+                if n.get("node") is None:
+                    continue
+                self.by_node_id[int(n["node"])] = (g, i)
+                for e in execs:
+                    self.by_node_id[(int(e) << 32) | int(n["local"])] = (g, i)
+        self.evidence: dict[tuple[int, int], set] = defaultdict(set)   # (gid, node) -> streams
+
+    # -- which graph ----------------------------------------------------------------------------
+    def identify(self, rep: _Replay) -> None:
+        spans = self.idx.tag_spans.get(rep.thread)
+        for _, _, args in spans.holding(rep.ts) if spans is not None else ():
+            if args.get(GRAPH_ARG) in self.graphs:
+                rep.graph, rep.number, rep.how = args[GRAPH_ARG], args.get(REPLAY_ARG), "tag"
+                return
+        if self.windows:
+            wall = self.trace.ns(rep.ts)
+            hits = [r for t0, t1, r in self.windows
+                    if t0 <= wall <= t1 and r.get("graph") in self.graphs]
+            if len(hits) == 1:
+                rep.graph, rep.number, rep.how = hits[0]["graph"], hits[0].get("replay"), "time"
+                return
+        names = Counter(k.key for k in rep.kernels)
+        fits = [g.gid for g in self.graphs.values() if g.fingerprint == names]
+        if len(fits) == 1:
+            rep.graph, rep.how = fits[0], "fingerprint"
+
+    # -- which node ---------------------------------------------------------------------------
+    def by_order(self, g: _Graph, rep: _Replay, use_evidence: bool
+                 ) -> tuple[dict[int, int], dict[int, str]]:
+        """kernel trace index -> node position, and kernel trace index -> why it is unmatched."""
+        assigned: set[int] = set()
+        tainted: set[int] = set()
+        got: dict[int, int] = {}
+        why: dict[int, str] = {}
+        for k in rep.kernels:
+            pool = g.by_key.get(k.key)
+            if not pool:
+                continue
+            cands = [i for i in pool if i not in assigned
+                     and (k.dims is None or not g.nodes[i].get("dims")
+                          or tuple(g.nodes[i]["dims"]) == k.dims)
+                     and all(p in assigned for p in g.after[i])]
+            if not cands:
+                why[k.index] = ("its kernel and launch dims fit no captured node due at this "
+                                "point of the replay")
+                continue
+            choice = cands[0]
+            if len({g.label(i) for i in cands}) > 1:
+                decided = None
+                if use_evidence:
+                    seen = [self.evidence.get((g.gid, i), set()) for i in cands]
+                    yes = [i for i, s in zip(cands, seen) if k.stream in s]
+                    if len(yes) == 1 and all(s and k.stream not in s
+                                             for i, s in zip(cands, seen) if i != yes[0]):
+                        decided = yes[0]
+                if decided is None:
+                    tainted.update(cands)
+                    assigned.add(choice)
+                    why[k.index] = (f"{len(cands)} captured nodes running this kernel were due "
+                                    "at once and nothing tells them apart")
+                    continue
+                choice = decided
+            assigned.add(choice)
+            if choice in tainted:
+                why[k.index] = "an earlier ambiguous kernel may have taken its node"
+                continue
+            got[k.index] = choice
+        return got, why
+
+    def by_ids(self, kernels: list[_Kernel], number: _Number) -> None:
+        """Exact matching by CUPTI graph node id (traces of torch >= 2.12)."""
+        for k in kernels:
+            hit = self.by_node_id.get(k.node_id) if k.node_id else None
+            if hit is None:
+                if parse_nccl(k.name) is not None:
+                    self.unmatched(k, f"graph node id {k.node_id} is not in the record")
+                continue
+            g, i = hit
+            node = g.nodes[i]
+            if node["kernel"] != k.key or (k.dims is not None and node.get("dims")
+                                          and tuple(node["dims"]) != k.dims):
+                if parse_nccl(k.name) is not None:
+                    self.unmatched(k, f"graph node id {k.node_id} is kernel {node['kernel']} "
+                                      f"in the record, not {k.key}")
+                continue
+            self.apply(k, g, i, number, "graph node id")
+
+    # -- labels -------------------------------------------------------------------------------
+    def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
+        node = g.nodes[i]
+        if node.get("marks"):
+            mark = {MARK: "/".join(node["marks"]), md.GRAPH: g.gid, REPLAY: number.number}
+            if node.get("mark_lane") is not None:
+                mark[MARK_LANE] = node["mark_lane"]
+            self.out.marks[k.index] = mark
+            self.out.bump("graph_marked_kernels")
+        if node.get("ordinal") is None:
+            if parse_nccl(k.name) is not None:
+                self.unmatched(k, "its captured node belongs to no annotated collective "
+                                  "(issued without commviz?)")
+            return
+        meta = self.metas.get((g.gid, node.get("lane"), node["ordinal"]))
+        if meta is None:
+            self.unmatched(k, f"collective {node.get('op')} (graph {g.gid}, ordinal "
+                              f"{node['ordinal']}) is missing from the record (dropped from "
+                              "its ring buffer?)")
+            return
+        bad = check_kernel(k.name, meta)
+        if bad is not None:
+            self.unmatched(k, f"matched by {how}, but {bad}")
+            return
+        args = {key: v for key, v in meta.items() if key not in _DROP}
+        args[REPLAY] = number.number
+        args[MATCHED_BY] = how
+        self.out.kernel_args[k.index] = args
+        start = self.trace.ns(k.ts) + self.offset
+        base = instance_key(args)
+        self.out.events.append(CommEvent(
+            rank=self.rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
+            start_ns=start, end_ns=start + round(k.dur * 1000), args=args,
+            key=(*base, "replay", number.key) if base is not None else None, source="kernel",
+            stream=k.stream if isinstance(k.stream, int) else None, graphed=True,
+            extra={"trace_index": k.index, "graph": g.gid, "replay": number.number}))
+        self.out.bump("graph_matched")
+        self.out.bump("graph_matched_by_node_id" if how == "graph node id"
+                      else "graph_matched_by_order")
+
+    def unmatched(self, k: _Kernel, reason: str) -> None:
+        self.out.unmatched.append(Unmatched(f"graphed kernel {k.name}", k.index, reason))
+        self.out.bump("graph_unmatched")
+
+    # -- driver -------------------------------------------------------------------------------
+    def run(self) -> None:
+        per_graph: Counter = Counter()
+        ordered: list[tuple[_Replay, _Graph, _Number]] = []
+        for rep in sorted(self.idx.replays.values(), key=lambda r: r.ts):
+            if not rep.kernels:
+                continue
+            self.out.bump("graph_replays")
+            self.identify(rep)
+            if rep.graph is not None:
+                per_graph[rep.graph] += 1
+                self.out.bump(f"graph_replays_by_{rep.how}")
+            number = _Number(rep.number, per_graph[rep.graph] if rep.graph is not None else None)
+            if any(k.node_id for k in rep.kernels):
+                self.by_ids(rep.kernels, number)
+                continue
+            if rep.graph is None:
+                self.out.bump("graph_replays_unidentified")
+                for k in rep.kernels:
+                    if parse_nccl(k.name) is not None:
+                        self.unmatched(k, "its replay matches no captured graph (no replay tag, "
+                                          "no recorded replay at that time, and its kernels fit "
+                                          "no single graph's fingerprint)")
+                continue
+            g = self.graphs[rep.graph]
+            seen = Counter(k.key for k in rep.kernels if k.key in g.by_key)
+            if seen != g.counts:          # a kernel missing would shift every later label
+                for k in rep.kernels:
+                    if parse_nccl(k.name) is not None:
+                        self.unmatched(k, f"the trace shows {sum(seen.values())} of the "
+                                          f"{sum(g.counts.values())} kernels graph {g.gid} "
+                                          "has to match: replay incomplete in the trace")
+                continue
+            ordered.append((rep, g, number))
+        for rep, g, _ in ordered:                        # pass 1: each node's stream
+            got, _ = self.by_order(g, rep, use_evidence=False)
+            streams = {k.index: k.stream for k in rep.kernels}
+            for kidx, i in got.items():
+                self.evidence[(g.gid, i)].add(streams[kidx])
+        for rep, g, number in ordered:                   # pass 2: label, with that evidence
+            got, why = self.by_order(g, rep, use_evidence=True)
+            for k in rep.kernels:
+                if k.index in got:
+                    self.apply(k, g, got[k.index], number, "order")
+                elif parse_nccl(k.name) is not None:
+                    self.unmatched(k, why.get(k.index, "no annotated collective of graph "
+                                                       f"{g.gid} ran this kernel"))
+        if self.idx.node_kernels:                         # node ids without a launch in view
+            self.by_ids(self.idx.node_kernels, _Number(None, None))
+
+
+def _eager_marks(idx: _Index, out: GraphMatch) -> None:
+    """Kernels launched inside ``commviz::mark::<name>`` ranges (eager marks)."""
+    if not idx.mark_spans:
+        return
+    for corr, (i, thread, ts) in idx.launches.items():
+        spans = idx.mark_spans.get(thread)
+        held = sorted(spans.holding(ts), key=lambda s: (s[0], -s[1])) if spans else None
+        if not held:
+            continue
+        label = {MARK: "/".join(s[2] for s in held)}
+        lane = next((s[3] for s in reversed(held) if s[3] is not None), None)
+        if lane is not None:
+            label[MARK_LANE] = lane
+        for k in idx.work_by_corr.get(corr, ()):
+            out.marks[k] = dict(label)
+            out.bump("eager_marked_kernels")
+
+
+def match_graphed(trace: Any, record: dict[str, Any] | None) -> GraphMatch:
+    """Label one rank's graphed kernels (and marked kernels) from its commviz record."""
+    out = GraphMatch()
+    idx = _Index(trace.events)
+    out.graphed = set(idx.graphed)
+    _eager_marks(idx, out)
+    if record is None:
+        for rep in idx.replays.values():
+            for k in rep.kernels:
+                if parse_nccl(k.name) is not None:
+                    out.unmatched.append(Unmatched(f"graphed kernel {k.name}", k.index,
+                                                   "no commviz record for this rank"))
+        return out
+    matcher = _Matcher(trace, record, idx, out)
+    matcher.run()
+    out.bump("graphs_recorded", len(matcher.graphs))
+    return out

@@ -1,0 +1,80 @@
+"""Putting every rank on one clock: rank 0's wall clock (the merged clock).
+
+Ranks on one host share the wall clock: no shift. Across hosts a rank's shift is the offset
+commviz measured over the process group when it recorded (``record["clock"]``). A rank on
+another host without a measured offset (a plain profiler directory, an old record) gets one
+derived from collective end times: the ranks of a collective leave it at about the same moment
+(the last arrival releases everyone), so the median difference of end times of the instances
+it shares with an aligned rank is its offset. What was used for each rank is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from commviz.trace.run import Run
+
+SAME_HOST, MEASURED, DERIVED, NONE = "same-host", "measured", "derived", "none"
+
+
+@dataclass
+class ClockPlan:
+    offsets: dict[int, int] = field(default_factory=dict)      # ns added to the rank's times
+    sources: dict[int, str] = field(default_factory=dict)      # how each offset was found
+    record_offsets: dict[int, int] = field(default_factory=dict)  # what the matcher adds itself
+    pending: list[int] = field(default_factory=list)           # ranks still to derive
+
+    def describe(self) -> str:
+        groups: dict[str, list[int]] = {}
+        for rank, source in sorted(self.sources.items()):
+            groups.setdefault(source, []).append(rank)
+        return "; ".join(f"{source}: ranks {ranks}" for source, ranks in groups.items())
+
+
+def plan_clock(run: Run) -> ClockPlan:
+    """Offsets from hosts and records; ranks that need deriving are left in ``pending``."""
+    plan = ClockPlan()
+    hosts = {rank: inp.host for rank, inp in run.ranks.items()}
+    ref = min(run.ranks) if run.ranks else 0
+    for rank, inp in sorted(run.ranks.items()):
+        clock = (inp.record or {}).get("clock") or {}
+        recorded = int(clock.get("offset_ns") or 0)
+        plan.record_offsets[rank] = recorded if inp.record is not None else 0
+        if len({h for h in hosts.values() if h}) <= 1 or hosts[rank] == hosts.get(ref):
+            plan.offsets[rank], plan.sources[rank] = recorded, SAME_HOST
+        elif clock.get("offset_source") in (MEASURED, SAME_HOST):
+            plan.offsets[rank], plan.sources[rank] = recorded, clock["offset_source"]
+        else:
+            plan.pending.append(rank)
+    return plan
+
+
+def derive(plan: ClockPlan, ends: dict[int, dict[tuple, int]]) -> list[str]:
+    """Fill the pending ranks from collective end times (``ends[rank][instance key]``, ns on
+    the rank's own clock for pending ranks and on the merged clock for the others).
+
+    Returns one problem per rank no offset could be derived for (it keeps offset 0).
+    """
+    problems = []
+    todo = list(plan.pending)
+    while todo:
+        progress = False
+        for rank in list(todo):
+            mine = ends.get(rank, {})
+            diffs = [ends[other][key] - end
+                     for other in plan.offsets if other in ends
+                     for key, end in mine.items() if key in ends[other]]
+            if diffs:
+                plan.offsets[rank] = int(statistics.median(diffs))
+                plan.sources[rank] = f"{DERIVED} ({len(diffs)} collective ends)"
+                todo.remove(rank)
+                progress = True
+        if not progress:
+            break
+    for rank in todo:
+        plan.offsets[rank], plan.sources[rank] = 0, NONE
+        problems.append(f"rank {rank}: on another host with no measured clock offset and no "
+                        "collective shared with an aligned rank; its times are left as recorded")
+    plan.pending = []
+    return problems

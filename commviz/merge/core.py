@@ -1,0 +1,263 @@
+"""``merge_run`` and ``write_shard``: every rank's trace and record into one multi-rank trace.
+
+Ranks are converted in parallel worker processes, each writing its piece to a file; the merged
+trace is the cross-rank piece followed by the rank pieces, concatenated (a Perfetto trace is a
+stream of packets, and pieces never share sequence ids, track uuids, pids or flow ids). Memory
+therefore grows with the largest rank, not with the number of ranks. A rank that converted its
+own trace at the end of the job (``write_shard``, on its own node) is not converted again when
+its shard matches its inputs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from commviz.errors import CommvizError, SourceError
+from commviz.merge import clock as clk
+from commviz.merge.cross import write_cross
+from commviz.merge.piece import RankJob, RankResult, comm_events, convert_rank, load_traces
+from commviz.merge.shard import fingerprint, read_shard, shard_path
+from commviz.trace.run import RankInput, Run, load_run
+from commviz.write.chrome import join as join_json
+
+FORMATS = ("pftrace", "json")
+PROGRESS_MIN_RANKS = 4
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+@dataclass
+class MergeResult:
+    out: Path | None
+    problems: list[str]
+    stats: dict[str, Any] = field(default_factory=dict)   # totals, per rank and per lane
+
+
+def _default_out(run_dir: Path, fmt: str) -> Path:
+    return run_dir / ("merged.pftrace" if fmt == "pftrace" else "merged.json")
+
+
+def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,
+         json_base_ns: int = 0) -> RankJob:
+    offset = plan.offsets.get(rank, 0)
+    shard = shard_path(run.run_dir, rank)
+    return RankJob(rank=rank, out=tmp / f"rank{rank}.{'pftrace' if fmt == 'pftrace' else 'json'}",
+                   record=inp.record, trace_paths=list(inp.trace_paths), offset_ns=offset,
+                   record_offset_ns=plan.record_offsets.get(rank, 0), host=inp.host, fmt=fmt,
+                   fingerprint=fingerprint(inp.record, list(inp.trace_paths), offset)
+                   if fmt == "pftrace" else None, json_base_ns=json_base_ns,
+                   shard=shard if fmt == "pftrace" and shard.exists() else None)
+
+
+def _run_job(job: RankJob) -> RankResult:
+    """A worker's task: reuse the rank's shard when it matches, else convert."""
+    try:
+        if job.shard is not None and job.fingerprint:
+            seen, events = read_shard(job.shard)
+            if seen == job.fingerprint:
+                return RankResult(rank=job.rank, out=job.shard, events=events,
+                                  stats={"rank": job.rank, "reused_shard": job.shard.name,
+                                         "comm_events": len(events)})
+        return convert_rank(job)
+    except CommvizError as exc:
+        return RankResult(rank=job.rank, out=None, problems=[str(exc)])
+    except Exception as exc:  # a malformed trace must not stop the other ranks
+        where = ", ".join(str(p) for p in job.trace_paths) or f"rank {job.rank}"
+        return RankResult(rank=job.rank, out=None, problems=[
+            f"{where}: conversion failed ({type(exc).__name__}: {exc}); rank left out"])
+
+
+def _collect_ends(job: RankJob) -> tuple[int, dict[tuple, int], list[str]]:
+    """Collective end times of one rank (for clock derivation), on its own clock."""
+    problems: list[str] = []
+    traces = load_traces(job, problems)
+    events, _ = comm_events(traces, job.record, job.rank, problems)
+    return job.rank, {ev.key: ev.end_ns for ev in events if ev.key is not None}, problems
+
+
+class _Pool:
+    """Runs per-rank tasks in worker processes (inline for one worker), with a progress bar."""
+
+    def __init__(self, workers: int | None, tasks: int, progress: bool) -> None:
+        self.workers = max(1, min(workers or os.cpu_count() or 1, tasks))
+        self.progress = progress
+
+    def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str) -> list[Any]:
+        bar = _progress(label, len(jobs)) if self.progress else None
+        try:
+            if self.workers == 1:
+                out = []
+                for job in jobs:
+                    out.append(fn(job))
+                    if bar:
+                        bar.advance()
+                return out
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            with ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
+                futures: list[Future] = [pool.submit(fn, job) for job in jobs]
+                if bar:
+                    for fut in futures:
+                        fut.add_done_callback(lambda _: bar.advance())
+                return [fut.result() for fut in futures]
+        finally:
+            if bar:
+                bar.close()
+
+
+class _Bar:
+    def __init__(self, progress: Any, task: Any) -> None:
+        self._progress, self._task = progress, task
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _progress(label: str, total: int) -> _Bar | None:
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    progress.start()
+    return _Bar(progress, progress.add_task(label, total=total))
+
+
+def _input_bytes(run: Run) -> int:
+    return sum(p.stat().st_size for inp in run.ranks.values() for p in inp.trace_paths
+               if p.exists())
+
+
+def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
+              fmt: str = "pftrace", strict: bool = False, workers: int | None = None,
+              progress: bool = True) -> MergeResult:
+    """Merge a run dir (or a plain directory of profiler traces) into one trace.
+
+    Every bad input is one problem naming its file, and the other ranks are still merged;
+    ``strict`` raises on the first problem instead, and then nothing is written.
+    """
+    started = time.perf_counter()
+    if fmt not in FORMATS:
+        raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    run = load_run(run_dir, strict=strict)
+    if not run.ranks:
+        raise SourceError(str(run.run_dir), "no profiler traces and no commviz records found")
+    target = Path(out) if out is not None else _default_out(run.run_dir, fmt)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    problems = list(run.problems)
+    show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS
+                         or _input_bytes(run) >= PROGRESS_MIN_BYTES)
+    pool = _Pool(workers, len(run.ranks), show)
+    plan = clk.plan_clock(run)
+    with tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name:
+        tmp = Path(tmp_name)
+        if plan.pending:
+            jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt) for r in sorted(run.ranks)]
+            ends = {}
+            for rank, rank_ends, found in pool.map(_collect_ends, jobs, "clock offsets"):
+                ends[rank] = rank_ends
+                problems.extend(found)
+            problems.extend(clk.derive(plan, ends))
+        base = _json_base(run, plan) if fmt == "json" else 0
+        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base) for r in sorted(run.ranks)]
+        results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks")
+        for res in results:
+            problems.extend(p for p in res.problems if p not in problems)
+        if strict and problems:
+            raise SourceError(str(run.run_dir), "; ".join(problems))
+        stats = _stats(run, plan, results)
+        partial = target.with_name(f".{target.name}.partial")
+        with open(partial, "wb") as f:
+            if fmt == "pftrace":
+                cross = tmp / "cross.pftrace"
+                events = [ev for res in results for ev in res.events]
+                pgs: dict[str, dict] = {}
+                for res in results:
+                    for pg, info in res.pgs.items():
+                        pgs.setdefault(pg, info)
+                stats.update(write_cross(cross, events, pgs, problems))
+                _concat(f, [cross] + [res.out for res in results if res.out is not None])
+            else:
+                join_json(f, [res.out for res in results if res.out is not None], base_ns=base,
+                          meta={"commviz": {"ranks": sorted(run.ranks),
+                                            "clock": plan.describe()}})
+        os.replace(partial, target)
+    stats["bytes"] = target.stat().st_size
+    stats["seconds"] = round(time.perf_counter() - started, 3)
+    return MergeResult(out=target, problems=problems, stats=stats)
+
+
+def _json_base(run: Run, plan: clk.ClockPlan) -> int:
+    """The wall time the merged JSON's ``ts`` count from: the earliest trace base (0 when a
+    trace has absolute times)."""
+    bases = []
+    for rank, inp in run.ranks.items():
+        for path in inp.trace_paths:
+            header = run.headers.get(path)
+            if header is None or header.base_ns is None:
+                return 0
+            bases.append(header.base_ns + plan.offsets.get(rank, 0))
+    return min(bases) if bases else 0
+
+
+def _concat(out: Any, paths: Iterable[Path]) -> None:
+    for path in paths:
+        with open(path, "rb") as f:
+            shutil.copyfileobj(f, out, 1 << 20)
+
+
+def _stats(run: Run, plan: clk.ClockPlan, results: list[RankResult]) -> dict[str, Any]:
+    per_rank = {res.rank: res.stats for res in results}
+    lanes: dict[str, int] = {}
+    for res in results:
+        for pg, n in (res.stats.get("lanes") or {}).items():
+            lanes[pg] = lanes.get(pg, 0) + n
+    return {
+        "ranks": len(results), "world_size": run.world_size,
+        "merged_ranks": sum(res.out is not None for res in results),
+        "reused_shards": sum("reused_shard" in res.stats for res in results),
+        "profiler_events": sum(res.stats.get("profiler_events", 0) for res in results),
+        "comm_events": sum(res.stats.get("comm_events", 0) for res in results),
+        "slices": sum(res.stats.get("slices", 0) for res in results),
+        "lanes": lanes, "clock": plan.describe(),
+        "clock_sources": dict(plan.sources), "per_rank": per_rank,
+    }
+
+
+def write_shard(run_dir: str | os.PathLike[str], rank: int,
+                out: str | os.PathLike[str] | None = None) -> Path:
+    """Convert one rank's trace into ``RUN_DIR/shard_rank{R}.pftrace`` (on the rank's own node).
+
+    The clock offset is the one in the rank's record (measured by ``commviz.gather``: call it
+    first). Problems are warned about; the shard holds whatever could be read.
+    """
+    run = load_run(run_dir)
+    inp = run.ranks.get(rank)
+    if inp is None:
+        raise SourceError(str(Path(run_dir)), f"no record and no trace of rank {rank}")
+    plan = clk.ClockPlan()
+    recorded = int(((inp.record or {}).get("clock") or {}).get("offset_ns") or 0)
+    plan.offsets[rank] = plan.record_offsets[rank] = recorded if inp.record is not None else 0
+    target = Path(out) if out is not None else shard_path(run.run_dir, rank)
+    with tempfile.TemporaryDirectory(prefix=".commviz-shard-", dir=target.parent) as tmp:
+        job = _job(run, rank, inp, plan, Path(tmp), "pftrace")
+        result = convert_rank(job)
+        os.replace(job.out, target)
+    if result.problems:
+        warnings.warn(f"commviz shard of rank {rank}: " + "; ".join(result.problems),
+                      stacklevel=2)
+    return target

@@ -1,0 +1,473 @@
+"""One rank's piece of the merged trace: its process, CPU threads, GPU streams and comm lanes.
+
+Runs in a worker process, one rank at a time, and writes the piece to a file (workers hand back
+paths, never trace data). Layout of the process "rank R · host · device":
+
+- one comm lane per process group ("PG tp · ranks [0, 1]"), ordered by group name on every
+  rank, holding the rank's collectives (CommEvents) with their metadata as args, and a flow
+  whose id comes from the collective's instance key, so the same collective on every rank of
+  the group is chained without any rank knowing the others;
+- each GPU stream, then each CPU thread, with every profiler event at its own time; events
+  that cross (do not nest) go to extra backing tracks with the same name and merge key, so the
+  UI shows one row and nothing is moved;
+- CPU launch -> GPU kernel flows from the profiler's own flow events (``ac2g``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from commviz import metadata as md
+from commviz.errors import CommvizError, TraceError
+from commviz.match.model import CommEvent, events_from_record
+from commviz.trace.load import Trace, load_trace
+from commviz.write.chrome import write_rank_fragment
+from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
+                                   track_descriptor)
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+PID_BASE = 1_000_000                  # synthetic pid of rank R: PID_BASE + R (OS pids repeat)
+ORDER_LANE, ORDER_STREAM, ORDER_THREAD, ORDER_OTHER = 0, 100_000, 200_000, 300_000
+CROSS_FLOW_BIT = 1 << 63
+MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
+LANE_CAT = "commviz"
+INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
+
+
+def cross_flow_id(key: tuple) -> int:
+    """The flow id of a collective instance, the same on every rank (top bit set)."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return CROSS_FLOW_BIT | int.from_bytes(digest, "little") >> 1
+
+
+def instance_text(key: tuple) -> str:
+    return orjson.dumps(key).decode()
+
+
+def instance_from_text(text: str) -> tuple:
+    def tup(v: Any) -> Any:
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+    return tup(orjson.loads(text))
+
+
+def local_flow_base(rank: int) -> int:
+    return (rank + 1) << 40
+
+
+def lane_order(pg: str) -> int:
+    """A lane's place among the lanes: by group name, numerically, the same on every rank."""
+    if pg.isdigit() and int(pg) < 50_000:
+        return int(pg)
+    return 50_000 + zlib.crc32(pg.encode()) % 50_000
+
+
+@dataclass
+class RankJob:
+    """What a worker needs to convert one rank (small and picklable)."""
+
+    rank: int
+    out: Path
+    record: dict | None
+    trace_paths: list[Path]
+    offset_ns: int = 0                  # added to this rank's trace times (merged clock)
+    record_offset_ns: int = 0           # what the matcher already added to CommEvent times
+    host: str | None = None
+    fmt: str = "pftrace"
+    fingerprint: str | None = None      # of the inputs, written into the piece
+    shard: Path | None = None           # the rank's own shard, reused if its fingerprint matches
+    json_base_ns: int = 0               # --format json: ts are µs after this wall time
+
+
+@dataclass
+class RankResult:
+    rank: int
+    out: Path | None
+    stats: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    events: list[CommEvent] = field(default_factory=list)   # for the cross-rank summary
+    pgs: dict[str, dict] = field(default_factory=dict)       # pg name -> desc, ranks
+
+
+def _match(traces: list[Trace], record: dict | None, rank: int, problems: list[str]) -> Any:
+    """The matcher's result for this rank (several traces combined), or None without one."""
+    try:
+        import commviz.match as match
+    except ImportError as exc:          # the matcher is another helper's module
+        problems.append(f"rank {rank}: matcher unavailable ({exc}); lanes come from the record")
+        return None
+    if not hasattr(match, "match_rank"):
+        return None
+    try:
+        parts = [match.match_rank(t, record, rank=rank) for t in traces] or [
+            match.match_rank(None, record, rank=rank)]
+        if len(parts) == 1:
+            return parts[0]
+        return match._combine(rank, parts)
+    except CommvizError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def comm_events(traces: list[Trace], record: dict | None, rank: int,
+                problems: list[str]) -> tuple[list[CommEvent], Any]:
+    """This rank's collectives on the merged clock, and the matcher's result (or None)."""
+    result = _match(traces, record, rank, problems)
+    if result is not None:
+        return list(result.events), result
+    if record is not None:
+        return events_from_record(record), None
+    return [], None
+
+
+def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
+    traces = []
+    for path in job.trace_paths:
+        try:
+            traces.append(load_trace(path, rank=job.rank))
+        except TraceError as exc:
+            problems.append(str(exc))
+    return traces
+
+
+def _device(job: RankJob, gpu_pids: set) -> str:
+    device = (job.record or {}).get("device")
+    if device:
+        return str(device)
+    ints = sorted(p for p in gpu_pids if isinstance(p, int))
+    return f"cuda:{ints[0]}" if ints else "cpu"
+
+
+def _pg_table(job: RankJob, traces: list[Trace], events: list[CommEvent]) -> dict[str, dict]:
+    """pg name -> {"desc", "ranks"}: from the record, else distributedInfo, else the events."""
+    table: dict[str, dict] = {}
+    for g in (job.record or {}).get("process_groups") or []:
+        table.setdefault(str(g.get("name")), {"desc": g.get("desc"), "ranks": g.get("ranks")})
+    for t in traces:
+        for g in (t.distributed_info or {}).get("pg_config") or []:
+            if isinstance(g, dict):
+                table.setdefault(str(g.get("pg_name")), {"desc": g.get("pg_desc"),
+                                                         "ranks": g.get("ranks")})
+    for ev in events:
+        if ev.pg not in table:
+            table[ev.pg] = {"desc": ev.args.get(md.PG_DESC), "ranks": ev.args.get(md.PG_RANKS)}
+    return table
+
+
+def lane_name(pg: str, info: dict | None) -> str:
+    info = info or {}
+    desc = info.get("desc")
+    label = f"PG {desc}" if desc and desc != "undefined" else f"PG {pg}"
+    ranks = info.get("ranks")
+    if isinstance(ranks, str):
+        return f"{label} · ranks {ranks}"
+    return f"{label} · ranks {list(ranks)}" if ranks is not None else label
+
+
+def lane_events(events: list[CommEvent]) -> tuple[list[dict], dict[str, list]]:
+    """Chrome-style event dicts for the comm lanes, and per pg the (start, -end, index) items."""
+    out: list[dict] = []
+    items: dict[str, list] = defaultdict(list)
+    for ev in events:
+        args = dict(ev.args)
+        args["commviz.source"] = ev.source
+        if ev.stream is not None:
+            args["commviz.stream"] = ev.stream
+        if ev.graphed:
+            args["commviz.graphed"] = True
+        if ev.key is not None:
+            args[INSTANCE] = instance_text(ev.key)
+        start, end = ev.start_ns, max(ev.end_ns, ev.start_ns)
+        items[ev.pg].append((start, -end, len(out)))
+        out.append({"name": ev.op, "cat": LANE_CAT, "args": args, "key": ev.key})
+    for lst in items.values():
+        lst.sort()
+    return out, items
+
+
+class _Layout:
+    """One pass over the profiler events: per (pid, tid) track the sorted slice items."""
+
+    def __init__(self, events: list[dict], segments: list[tuple[int, int, int]]) -> None:
+        self.items: dict[tuple, list] = defaultdict(list)
+        self.gpu: set[tuple] = set()
+        self.flows: list[tuple[int, Any, Any, str, tuple, int]] = []  # (trace, cat, id, ph, key, ns)
+        self.counters: dict[tuple, list] = defaultdict(list)      # (pid, name, arg) -> [(ns, v)]
+        self.process_names: dict[Any, str] = {}
+        self.thread_names: dict[tuple, str] = {}
+        self.skipped: dict[str, int] = defaultdict(int)
+        gpu_cats = GPU_CATS
+        for seg, (lo, hi, base) in enumerate(segments):
+            for i in range(lo, hi):
+                ev = events[i]
+                ph = ev.get("ph")
+                if ph == "X":
+                    key = (ev.get("pid"), ev.get("tid"))
+                    start = base + round(ev["ts"] * 1000)
+                    self.items[key].append((start, -(start + round((ev.get("dur") or 0) * 1000)), i))
+                    if ev.get("cat") in gpu_cats:
+                        self.gpu.add(key)
+                elif ph in ("s", "t", "f"):
+                    self.flows.append((seg, ev.get("cat"), ev.get("id"), ph,
+                                       (ev.get("pid"), ev.get("tid")),
+                                       base + round(ev["ts"] * 1000)))
+                elif ph == "M":
+                    self._meta(ev)
+                elif ph in ("i", "I"):
+                    start = base + round(ev["ts"] * 1000)
+                    self.items[(ev.get("pid"), ev.get("tid"))].append((start, -start, i))
+                elif ph == "C":
+                    ts = base + round(ev["ts"] * 1000)
+                    for arg, value in (ev.get("args") or {}).items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            self.counters[(ev.get("pid"), ev.get("name"), arg)].append((ts, value))
+                else:
+                    self.skipped[str(ph)] += 1
+        for lst in self.items.values():
+            lst.sort()
+
+    def _meta(self, ev: dict) -> None:
+        name = (ev.get("args") or {}).get("name")
+        if name is None:
+            return
+        if ev.get("name") == "process_name":
+            self.process_names[ev.get("pid")] = str(name)
+        elif ev.get("name") == "thread_name":
+            self.thread_names[(ev.get("pid"), ev.get("tid"))] = str(name).strip()
+
+    def track_name(self, key: tuple) -> str:
+        pid, tid = key
+        name = self.thread_names.get(key)
+        if key in self.gpu:
+            proc = self.process_names.get(pid) or f"GPU {pid}"
+            return f"{proc} · {name or f'stream {tid}'}"
+        if name:
+            return name
+        if pid in ("Spans", "Traces", ""):
+            return f"{pid or 'global'} · {tid or 'profiler'}".strip(" ·")
+        return f"thread {tid}"
+
+    def track_order(self, key: tuple, os_pids: set) -> tuple:
+        pid, tid = key
+        if key in self.gpu:
+            return (ORDER_STREAM, _num(pid), _num(tid), str(key))
+        if pid in os_pids:
+            return (ORDER_THREAD, tid != pid, _num(tid), str(key))
+        return (ORDER_OTHER, 0, 0, str(key))
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def _bind_flows(layout: _Layout, rank: int) -> tuple[dict[int, bytes], dict[str, int]]:
+    """Profiler flow events -> flow ids on the slices they start and end at.
+
+    A flow point binds to the innermost slice of its track that starts at its time, else to the
+    innermost one holding that time. One id per edge, so a launch with many kernels (a graph
+    replay) fans out instead of chaining the kernels.
+    """
+    by_id: dict[tuple, list] = defaultdict(list)
+    for seg, cat, fid, ph, key, ns in layout.flows:
+        by_id[(seg, cat, fid)].append((ph, key, ns))
+    starts: dict[tuple, tuple[list[int], list]] = {}
+    flows: dict[int, bytes] = defaultdict(bytes)
+    stats = {"flows": 0, "flow_points_unbound": 0}
+    next_id = local_flow_base(rank)
+
+    def bind(key: tuple, ns: int) -> int | None:
+        items = layout.items.get(key)
+        if not items:
+            return None
+        if key not in starts:
+            starts[key] = ([it[0] for it in items], items)
+        keys, lst = starts[key]
+        j = bisect.bisect_right(keys, ns) - 1
+        while j >= 0:                      # latest start first: the innermost that holds ns
+            start, neg_end, index = lst[j]
+            if -neg_end >= ns:
+                return index
+            if ns - start > MAX_FLOW_REACH_NS:
+                break
+            j -= 1
+        return None
+
+    for points in by_id.values():
+        bound = [(ph, bind(key, ns)) for ph, key, ns in points]
+        stats["flow_points_unbound"] += sum(index is None for _, index in bound)
+        sources = [index for ph, index in bound if ph == "s" and index is not None]
+        targets = [index for ph, index in bound if ph != "s" and index is not None]
+        if not sources or not targets:
+            continue
+        for target in targets:
+            if target == sources[0]:
+                continue
+            fid = next_id
+            next_id += 1
+            flows[sources[0]] += flow_field(fid)
+            flows[target] += flow_field(fid)
+            stats["flows"] += 1
+    return dict(flows), stats
+
+
+def _concat(traces: list[Trace], match: Any, offset_ns: int
+            ) -> tuple[list[dict], list[tuple[int, int, int]], dict[int, dict]]:
+    """All traces' events in one list, each trace's (lo, hi, time base) and the args to add."""
+    combined = traces[0].events if len(traces) == 1 else [e for t in traces for e in t.events]
+    parts = match.per_trace if match is not None and match.per_trace else [match] * len(traces)
+    segments: list[tuple[int, int, int]] = []
+    extra: dict[int, dict] = {}
+    lo = 0
+    for trace, part in zip(traces, parts):
+        hi = lo + len(trace.events)
+        segments.append((lo, hi, trace.base_ns + offset_ns))
+        if part is not None:
+            for index, args in part.kernel_args.items():
+                extra.setdefault(index + lo, {}).update(args)
+            for index, labels in part.marks.items():
+                extra.setdefault(index + lo, {}).update(labels)
+        lo = hi
+    return combined, segments, extra
+
+
+@dataclass
+class _Rank:
+    """Everything known about one rank once its inputs are read."""
+
+    job: RankJob
+    events: list[dict]                   # profiler events, all traces
+    segments: list[tuple[int, int, int]]
+    extra: dict[int, dict]
+    layout: _Layout
+    lanes: list[dict]
+    lane_items: dict[str, list]
+    pgs: dict[str, dict]
+    name: str                            # "rank R · host · device"
+
+    def tracks(self) -> list[tuple[tuple, str, int]]:
+        """(pid, tid) tracks in display order, with their names and order ranks."""
+        layout = self.layout
+        os_pids = {k[0] for k in layout.items if k not in layout.gpu and isinstance(k[0], int)}
+        keys = sorted(layout.items, key=lambda k: layout.track_order(k, os_pids))
+        return [(key, layout.track_name(key), layout.track_order(key, os_pids)[0] + n)
+                for n, key in enumerate(keys)]
+
+    def lane_order(self) -> list[str]:
+        return sorted(self.lane_items, key=lambda g: (lane_order(g), g))
+
+
+def convert_rank(job: RankJob) -> RankResult:
+    """Convert one rank into its piece file (pftrace, or a Chrome JSON fragment)."""
+    problems: list[str] = []
+    traces = load_traces(job, problems)
+    events, match = comm_events(traces, job.record, job.rank, problems)
+    shift = job.offset_ns - job.record_offset_ns       # the matcher applied the record's offset
+    for ev in events:
+        ev.start_ns += shift
+        ev.end_ns += shift
+    combined, segments, extra = _concat(traces, match, job.offset_ns)
+    layout = _Layout(combined, segments)
+    for ph, n in sorted(layout.skipped.items()):
+        problems.append(f"rank {job.rank}: {n} profiler events of phase {ph!r} were not "
+                        "converted (commviz converts X, i, s/t/f, C and M events)")
+    lanes, lane_items = lane_events(events)
+    device = _device(job, {k[0] for k in layout.gpu})
+    host = job.host or next((t.host for t in traces if t.host), None) or "?"
+    rank = _Rank(job, combined, segments, extra, layout, lanes, lane_items,
+                 _pg_table(job, traces, events), process_name(job.rank, host, device))
+    result = RankResult(rank=job.rank, out=job.out, problems=problems, events=events,
+                        pgs=rank.pgs)
+    result.stats.update(rank=job.rank, host=host, device=device, traces=len(traces),
+                        profiler_events=len(combined), comm_events=len(events),
+                        lanes={pg: len(v) for pg, v in lane_items.items()})
+    if match is not None:
+        result.stats["unmatched"] = len(match.unmatched)
+    if job.fmt == "json":
+        _write_json(rank, result)
+    else:
+        _write_pftrace(rank, result)
+    return result
+
+
+def process_name(rank: int, host: str, device: str) -> str:
+    return f"rank {rank} · {host} · {device}"
+
+
+def _write_pftrace(r: _Rank, result: RankResult) -> None:
+    job = r.job
+    flows, flow_stats = _bind_flows(r.layout, job.rank)
+    lane_flows = {i: flow_field(cross_flow_id(ev["key"])) for i, ev in enumerate(r.lanes)
+                  if ev["key"] is not None}
+    result.stats.update(flow_stats, cross_flows=len(lane_flows))
+    os_pids = sorted({k[0] for k in r.layout.items
+                      if k not in r.layout.gpu and isinstance(k[0], int)})
+    sources = ", ".join(p.name for p in job.trace_paths) or "its record"
+    desc = f"converted by commviz from {sources}"
+    if job.fingerprint:
+        desc += f" (inputs {job.fingerprint})"
+    with open(job.out, "wb") as f:
+        piece = Piece(f, job.rank + 1)
+        proc = piece.new_uuid()
+        piece.descriptor(track_descriptor(
+            proc, name=r.name, pid=PID_BASE + job.rank, process_name=r.name,
+            labels=[f"os pid {p}" for p in os_pids], explicit_children=True,
+            order_rank=job.rank, description=desc))
+        plan: list[tuple[int, list, list[dict], dict, dict]] = []
+        backing = 0
+
+        def add(name: str, order: int, merge_key: str, items: list, events: list[dict],
+                extra: dict, flows: dict) -> None:
+            nonlocal backing
+            backs = split(items)
+            backing += len(backs) - 1
+            for back in backs:
+                uuid = piece.new_uuid()
+                piece.descriptor(track_descriptor(uuid, name=name, parent=proc,
+                                                  order_rank=order, merge_key=merge_key))
+                plan.append((uuid, back, events, extra, flows))
+
+        for pg in r.lane_order():
+            add(lane_name(pg, r.pgs.get(pg)), ORDER_LANE + lane_order(pg), f"lane {pg}",
+                r.lane_items[pg], r.lanes, {}, lane_flows)
+        for key, name, order in r.tracks():
+            add(name, order, f"track {key[0]}:{key[1]}", r.layout.items[key], r.events,
+                r.extra, flows)
+        counters = []
+        for (pid, cname, arg), samples in sorted(r.layout.counters.items(), key=str):
+            uuid = piece.new_uuid()
+            piece.descriptor(track_descriptor(uuid, name=f"{cname} {arg}", parent=proc,
+                                              order_rank=ORDER_OTHER, counter=True))
+            counters.append((uuid, sorted(samples)))
+        slices = 0
+        for uuid, items, events, extra, fl in plan:
+            seq = piece.sequence(uuid)
+            piece.buf += seq.start(items[0][0])
+            slices += emit_slices(seq, piece.buf, items, events, extra, fl)
+            piece.maybe_flush()
+        for uuid, samples in counters:
+            seq = piece.sequence(uuid)
+            piece.buf += seq.start(samples[0][0])
+            for ts, value in samples:
+                piece.buf += seq.event(ts, counter_event(value))
+        piece.flush()
+    result.stats.update(slices=slices, backing_tracks=backing, bytes=piece.packets_bytes)
+
+
+def _write_json(r: _Rank, result: RankResult) -> None:
+    count = write_rank_fragment(
+        r.job.out, rank=r.job.rank, name=r.name, events=r.events, segments=r.segments,
+        extra=r.extra, lanes=r.lanes, lane_items=r.lane_items,
+        lane_names={pg: lane_name(pg, r.pgs.get(pg)) for pg in r.lane_items},
+        lane_orders={pg: lane_order(pg) for pg in r.lane_items}, base_ns=r.job.json_base_ns)
+    result.stats.update(json_events=count, bytes=os.path.getsize(r.job.out))

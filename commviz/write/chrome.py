@@ -1,0 +1,108 @@
+"""The merged trace as one Chrome JSON file (chrome://tracing, Perfetto's JSON import, HTA).
+
+Each rank's events keep their phases, names and args; what changes so ranks can share a file:
+pids are made rank-unique (``(rank + 1) * 10**7 + pid``), flow ids are offset by rank, ``ts``
+is microseconds after one common ``baseTimeNanoseconds`` on the merged clock, and process names
+say the rank. Each rank also gets a "comm lanes" process with one thread per process group.
+Ranks are written as fragments (by the workers) and joined into one file by ``join``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+PID_SPAN = 10_000_000
+LANES_PID = PID_SPAN - 1
+FLOW_SHIFT = 40
+
+
+def rank_pid(rank: int, pid: Any) -> int:
+    if isinstance(pid, int) and 0 <= pid < LANES_PID:
+        return (rank + 1) * PID_SPAN + pid
+    return (rank + 1) * PID_SPAN + zlib.crc32(str(pid).encode()) % LANES_PID
+
+
+def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
+                        segments: list[tuple[int, int, int]], extra: dict[int, dict],
+                        lanes: list[dict], lane_items: dict[str, list], lane_names: dict[str, str],
+                        lane_orders: dict[str, int], base_ns: int) -> int:
+    """Write one rank's events as comma-separated JSON objects; return how many."""
+    dumps = orjson.dumps
+    flow_offset = (rank + 1) << FLOW_SHIFT
+    count = 0
+    with open(out, "wb") as f:
+        buf = bytearray()
+
+        def put(ev: dict) -> None:
+            nonlocal count
+            if count:
+                buf.extend(b",")
+            buf.extend(dumps(ev, option=orjson.OPT_NON_STR_KEYS))
+            count += 1
+
+        for lo, hi, seg_base in segments:
+            shift_us = (seg_base - base_ns) / 1000
+            for i in range(lo, hi):
+                ev = dict(events[i])
+                ev["pid"] = rank_pid(rank, ev.get("pid"))
+                if "ts" in ev:
+                    ev["ts"] = round(ev["ts"] + shift_us, 3)
+                if "id" in ev and isinstance(ev["id"], int):
+                    ev["id"] = ev["id"] + flow_offset
+                more = extra.get(i)
+                if more:
+                    ev["args"] = {**(ev.get("args") or {}), **more}
+                if ev.get("ph") == "M":
+                    _rename(ev, rank, name)
+                put(ev)
+                if len(buf) > 1 << 22:
+                    f.write(buf)
+                    buf.clear()
+        lanes_pid = (rank + 1) * PID_SPAN + LANES_PID
+        put({"ph": "M", "name": "process_name", "pid": lanes_pid, "tid": 0,
+             "args": {"name": f"{name} · comm lanes"}})
+        put({"ph": "M", "name": "process_sort_index", "pid": lanes_pid, "tid": 0,
+             "args": {"sort_index": rank * 1000}})
+        for pg, items in lane_items.items():
+            tid = lane_orders[pg]
+            put({"ph": "M", "name": "thread_name", "pid": lanes_pid, "tid": tid,
+                 "args": {"name": lane_names[pg]}})
+            for start, neg_end, index in items:
+                lane = lanes[index]
+                put({"ph": "X", "cat": lane["cat"], "name": lane["name"], "pid": lanes_pid,
+                     "tid": tid, "ts": round((start - base_ns) / 1000, 3),
+                     "dur": round((-neg_end - start) / 1000, 3), "args": lane["args"]})
+        f.write(buf)
+    return count
+
+
+def _rename(ev: dict, rank: int, name: str) -> None:
+    args = dict(ev.get("args") or {})
+    if ev.get("name") == "process_name":
+        args["name"] = f"{name} · {args.get('name', '')}".rstrip(" ·")
+    elif ev.get("name") == "process_sort_index":
+        args["sort_index"] = rank * 1000 + 1 + (args.get("sort_index", 0) % 999
+                                                if isinstance(args.get("sort_index"), int) else 0)
+    ev["args"] = args
+
+
+def join(out: BinaryIO, fragments: list[Path], *, base_ns: int, meta: dict[str, Any]) -> None:
+    """One Chrome trace from the ranks' fragments, streamed (never all in memory)."""
+    head = {"schemaVersion": 1, "commviz_merged": True, "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": base_ns, **meta}
+    out.write(orjson.dumps(head)[:-1] + b',"traceEvents":[')
+    first = True
+    for path in fragments:
+        if path.stat().st_size == 0:
+            continue
+        if not first:
+            out.write(b",")
+        with open(path, "rb") as f:
+            shutil.copyfileobj(f, out, 1 << 20)
+        first = False
+    out.write(b"]}")

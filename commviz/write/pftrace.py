@@ -1,0 +1,387 @@
+"""Writing Perfetto TrackEvent traces fast: one packet sequence per track, everything interned.
+
+Each (backing) track gets its own ``trusted_packet_sequence_id``. Its first packet clears the
+sequence's incremental state and sets two defaults, as Perfetto's own SDK does: the track uuid
+(so events carry none) and a sequence-scoped incremental clock (so each timestamp is the small
+delta from the previous packet on the track). Event names, categories, debug-annotation names
+and string values are interned per sequence; the encoded bytes of repeated annotations are
+cached. Events of one track are written in nesting order (an END before a BEGIN at the same
+time, a parent's BEGIN before its child's), which also keeps the deltas non-negative.
+
+A piece (one rank, or the cross-rank part) owns a range of sequence ids and track uuids, so
+pieces written separately can be concatenated into one valid trace.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, BinaryIO, Iterable
+
+import orjson
+
+from commviz.write.proto import (
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, F, INSTANT, MERGE_BY_KEY, ORDER_EXPLICIT,
+    PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END, SMALL, f_bytes,
+    f_double, f_str, f_varint, packet, varint)
+
+FLUSH_BYTES = 4 << 20
+INT_CACHE_LIMIT = 2048        # past this many distinct values of one key, ints are not cached
+_pack_double = struct.Struct("<d").pack
+_pack_u64 = struct.Struct("<Q").pack
+
+_ANN = b"\x22"                # TrackEvent.debug_annotations
+_TE_BEGIN = f_varint(F.TYPE, SLICE_BEGIN)
+_TE_INSTANT = f_varint(F.TYPE, INSTANT)
+_FLOW = b"\xf9\x02"           # TrackEvent.flow_ids (fixed64, field 47)
+_A_INT = b"\x20"
+_A_DOUBLE = b"\x29"
+_A_STRING_IID = b"\x88\x01"
+_TS = b"\x40"                 # TracePacket.timestamp
+_INTERNED = b"\x62"
+_TRACK_EVENT = b"\x5a"
+
+
+def flow_field(flow_id: int) -> bytes:
+    """The bytes that attach one flow id to an event (append to its ``flows`` entry)."""
+    return _FLOW + _pack_u64(flow_id)
+
+
+def _wrap(inner: bytes) -> bytes:
+    return _ANN + varint(len(inner)) + inner
+
+
+class Sequence:
+    """One track's packet sequence: its interning tables, caches and running clock."""
+
+    __slots__ = ("seq_id", "uuid", "last_ts", "head", "end_hdr", "end_tail", "names", "cats",
+                 "keys", "strings", "next_iid", "pending")
+
+    def __init__(self, seq_id: int, uuid: int) -> None:
+        self.seq_id = seq_id
+        self.uuid = uuid
+        self.last_ts: int | None = None
+        self.head = f_varint(F.SEQ_ID, seq_id) + f_varint(F.FLAGS, SEQ_NEEDS)
+        self.end_tail = self.head + f_bytes(F.TRACK_EVENT, f_varint(F.TYPE, SLICE_END))
+        # END packet header for each length of the timestamp delta varint (1..10 bytes)
+        self.end_hdr = [b""] + [b"\x0a" + varint(1 + n + len(self.end_tail)) + _TS
+                                for n in range(1, 11)]
+        self.names: dict[str, bytes] = {}          # event name -> name_iid field bytes
+        self.cats: dict[str, bytes] = {}           # category -> category_iids field bytes
+        self.keys: dict[str, list] = {}            # annotation key -> [name part, str/json cache, int cache]
+        self.strings: dict[Any, int] = {}          # interned string values (str or JSON bytes)
+        self.next_iid = 1
+        self.pending = bytearray()                 # InternedData entries not yet written
+
+    # -- interning (cache misses only) ----------------------------------------------------------
+    def _iid(self) -> int:
+        iid = self.next_iid
+        self.next_iid += 1
+        return iid
+
+    def _define(self, field: int, iid: int, text: str | bytes, str_field: int = 2) -> None:
+        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+        self.pending += f_bytes(field, f_varint(1, iid) + f_bytes(str_field, data))
+
+    def name(self, name: str) -> bytes:
+        iid = self._iid()
+        self._define(F.I_NAMES, iid, name)
+        out = self.names[name] = f_varint(F.NAME_IID, iid)
+        return out
+
+    def cat(self, cat: str) -> bytes:
+        iid = self._iid()
+        self._define(F.I_CATEGORIES, iid, cat)
+        out = self.cats[cat] = f_varint(F.CATEGORY_IIDS, iid)
+        return out
+
+    def key(self, key: str) -> list:
+        iid = self._iid()
+        self._define(F.I_ANNOTATION_NAMES, iid, key)
+        entry = self.keys[key] = [f_varint(F.A_NAME_IID, iid), {}, {}]
+        return entry
+
+    def ann_str(self, entry: list, value: str | bytes) -> bytes:
+        """Annotation with an interned string value (``value`` bytes = JSON text of a list)."""
+        iid = self.strings.get(value)
+        if iid is None:
+            iid = self.strings[value] = self._iid()
+            self._define(F.I_STRINGS, iid, value)
+        out = entry[1][value] = _wrap(entry[0] + _A_STRING_IID + varint(iid))
+        return out
+
+    def ann_int(self, entry: list, value: int) -> bytes:
+        out = _wrap(entry[0] + _A_INT + varint(value))
+        cache = entry[2]
+        if cache is not None:
+            if len(cache) < INT_CACHE_LIMIT:
+                cache[value] = out
+            else:
+                entry[2] = None            # a key of mostly unique values (ids): stop caching
+        return out
+
+    def ann_value(self, entry: list, value: Any) -> bytes:
+        """Any other value: bools, floats, big ints, None, lists and dicts (as JSON strings)."""
+        t = type(value)
+        if t is bool:
+            return _wrap(entry[0] + f_varint(F.A_BOOL, int(value)))
+        if t is float:
+            return _wrap(entry[0] + _A_DOUBLE + _pack_double(value))
+        if t is int:
+            if -(1 << 63) <= value < (1 << 63):
+                return _wrap(entry[0] + _A_INT + varint(value))
+            return self.ann_str(entry, str(value))
+        if t is str:
+            return self.ann_str(entry, value)
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:
+            text = orjson.dumps(str(value))
+        cached = entry[1].get(text)
+        return cached if cached is not None else self.ann_str(entry, text)
+
+    def interned_part(self) -> bytes:
+        """The TracePacket.interned_data field for what is pending (and clear it)."""
+        if not self.pending:
+            return b""
+        out = _INTERNED + varint(len(self.pending)) + bytes(self.pending)
+        self.pending.clear()
+        return out
+
+    # -- packets ----------------------------------------------------------------------------
+    def start(self, ts: int) -> bytes:
+        """First packet: clear state, default track + incremental clock, clock snapshot."""
+        self.last_ts = ts
+        clocks = (f_bytes(F.CS_CLOCKS, f_varint(F.CL_ID, CLOCK_BOOTTIME) + f_varint(F.CL_TIMESTAMP, ts))
+                  + f_bytes(F.CS_CLOCKS, f_varint(F.CL_ID, CLOCK_INCREMENTAL)
+                            + f_varint(F.CL_TIMESTAMP, ts) + f_varint(F.CL_INCREMENTAL, 1)))
+        defaults = (f_varint(F.PD_CLOCK_ID, CLOCK_INCREMENTAL)
+                    + f_bytes(F.PD_TRACK_EVENT_DEFAULTS, f_varint(F.TD_TRACK_UUID, self.uuid)))
+        return packet(f_varint(F.TIMESTAMP, ts) + f_varint(F.CLOCK_ID, CLOCK_BOOTTIME)
+                      + f_varint(F.SEQ_ID, self.seq_id)
+                      + f_varint(F.FLAGS, SEQ_CLEARED | SEQ_NEEDS)
+                      + f_bytes(F.CLOCK_SNAPSHOT, clocks) + f_bytes(F.DEFAULTS, defaults))
+
+    def event(self, ts: int, track_event: bytes) -> bytes:
+        """Any TrackEvent packet (counters, summary slices): not the hot path."""
+        delta = ts - self.last_ts
+        if delta < 0:
+            raise ValueError(f"track {self.uuid}: events must be written in time order")
+        self.last_ts = ts
+        return packet(_TS + varint(delta) + self.head + self.interned_part()
+                      + f_bytes(F.TRACK_EVENT, track_event))
+
+
+def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, int]],
+                events: list[dict], extra: dict[int, dict] | None = None,
+                flows: dict[int, bytes] | None = None) -> int:
+    """Write one backing track's slices; return how many.
+
+    ``items`` are ``(start_ns, -end_ns, index)`` sorted, already known to nest (``split``);
+    ``events[index]`` gives ``name``, ``cat`` and ``args`` (Chrome trace event layout).
+    ``extra[index]``: args to add; ``flows[index]``: encoded flow ids (``flow_field``).
+    A zero-duration slice is an INSTANT. This is the hot loop: everything is inlined.
+    """
+    names, cats, keys = seq.names, seq.cats, seq.keys
+    head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
+    pending = seq.pending
+    small, big = SMALL, varint
+    extra = extra or {}
+    flows = flows or {}
+    last = seq.last_ts
+    stack: list[int] = []
+    count = 0
+    for start, neg_end, index in items:
+        while stack and stack[-1] <= start:
+            t = stack.pop()
+            d = t - last
+            last = t
+            vd = small[d] if d < 16384 else big(d)
+            out += end_hdr[len(vd)]
+            out += vd
+            out += end_tail
+        ev = events[index]
+        name = ev.get("name", "")
+        nb = names.get(name)
+        if nb is None:
+            nb = seq.name(str(name))
+        parts = [_TE_INSTANT if start == -neg_end else _TE_BEGIN, nb]
+        cat = ev.get("cat")
+        if cat:
+            cb = cats.get(cat)
+            if cb is None:
+                cb = seq.cat(str(cat))
+            parts.append(cb)
+        args = ev.get("args")
+        more = extra.get(index)
+        if more:
+            args = {**args, **more} if args else more
+        if args:
+            for k, v in args.items():
+                entry = keys.get(k)
+                if entry is None:
+                    entry = seq.key(str(k))
+                t = type(v)
+                if t is str:
+                    b = entry[1].get(v)
+                    if b is None:
+                        b = seq.ann_str(entry, v)
+                elif t is int and 0 <= v < 1 << 62:
+                    cache = entry[2]
+                    if cache is None:
+                        inner = entry[0] + _A_INT + (small[v] if v < 16384 else big(v))
+                        b = _ANN + small[len(inner)] + inner
+                    else:
+                        b = cache.get(v)
+                        if b is None:
+                            b = seq.ann_int(entry, v)
+                else:
+                    b = seq.ann_value(entry, v)
+                parts.append(b)
+        f = flows.get(index)
+        if f:
+            parts.append(f)
+        te = b"".join(parts)
+        d = start - last
+        last = start
+        vd = small[d] if d < 16384 else big(d)
+        if pending:
+            body = b"".join((_TS, vd, head, _INTERNED, big(len(pending)), pending, _TRACK_EVENT,
+                             big(len(te)), te))
+            pending.clear()
+        else:
+            body = b"".join((_TS, vd, head, _TRACK_EVENT, big(len(te)), te))
+        out += b"\x0a"
+        out += big(len(body))
+        out += body
+        if start != -neg_end:
+            stack.append(-neg_end)
+        count += 1
+    while stack:
+        t = stack.pop()
+        d = t - last
+        last = t
+        vd = small[d] if d < 16384 else big(d)
+        out += end_hdr[len(vd)]
+        out += vd
+        out += end_tail
+    seq.last_ts = last
+    return count
+
+
+def split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Spread sorted ``(start, -end, index)`` items over the fewest backing tracks that nest.
+
+    A slice goes on the first backing track where it fits inside the innermost open slice (or
+    where nothing is open); crossing slices open another. No time is moved.
+    """
+    backs: list[list[tuple[int, int, int]]] = []
+    stacks: list[list[int]] = []
+    for item in items:
+        start, neg_end = item[0], item[1]
+        end = -neg_end
+        for back, stack in zip(backs, stacks):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or stack[-1] >= end:
+                back.append(item)
+                stack.append(end)
+                break
+        else:
+            backs.append([item])
+            stacks.append([end])
+    return backs
+
+
+def track_descriptor(uuid: int, *, name: str | None = None, parent: int | None = None,
+                     pid: int | None = None, process_name: str | None = None,
+                     labels: Iterable[str] = (), explicit_children: bool = False,
+                     order_rank: int | None = None, merge_key: str | None = None,
+                     description: str | None = None, counter: bool = False,
+                     counter_unit: int | None = None, counter_unit_name: str | None = None,
+                     y_axis_key: str | None = None, explicit_processes: bool = False) -> bytes:
+    """A TrackDescriptor message (only the fields commviz uses)."""
+    out = f_varint(F.D_UUID, uuid)
+    if name is not None:
+        out += f_str(F.D_NAME, name)
+    if pid is not None:
+        proc = f_varint(F.P_PID, pid)
+        if process_name is not None:
+            proc += f_str(F.P_NAME, process_name)
+        for label in labels:
+            proc += f_str(F.P_LABELS, label)
+        out += f_bytes(F.D_PROCESS, proc)
+    if parent is not None:
+        out += f_varint(F.D_PARENT, parent)
+    if counter:
+        spec = f_varint(F.C_UNIT, counter_unit) if counter_unit is not None else b""
+        if counter_unit_name is not None:
+            spec += f_str(F.C_UNIT_NAME, counter_unit_name)
+        if y_axis_key is not None:
+            spec += f_str(F.C_Y_AXIS_SHARE_KEY, y_axis_key)
+        out += f_bytes(F.D_COUNTER, spec)
+    if explicit_children:
+        out += f_varint(F.D_CHILD_ORDERING, ORDER_EXPLICIT)
+    if order_rank is not None:
+        out += f_varint(F.D_ORDER_RANK, order_rank)
+    if description is not None:
+        out += f_str(F.D_DESCRIPTION, description)
+    if merge_key is not None:
+        out += f_varint(F.D_MERGE_BEHAVIOR, MERGE_BY_KEY) + f_str(F.D_MERGE_KEY, merge_key)
+    if explicit_processes:
+        out += f_varint(F.D_PROCESS_ORDERING, PROCESS_ORDERING_EXPLICIT)
+    return out
+
+
+def counter_event(value: float) -> bytes:
+    """A TYPE_COUNTER TrackEvent (double value)."""
+    return f_varint(F.TYPE, COUNTER) + f_double(F.DOUBLE_COUNTER_VALUE, float(value))
+
+
+class Piece:
+    """A range of sequence ids and track uuids, written to one file: a rank or the cross part.
+
+    ``piece_id`` 0 is the cross-rank piece, rank R is piece R + 1. Track uuids are
+    ``piece_id << 32 | n`` and sequence ids ``piece_id << 12 | n`` (n >= 1), so pieces never
+    collide and the root track (uuid 0) is never taken.
+    """
+
+    MAX_SEQUENCES = (1 << 12) - 1
+
+    def __init__(self, out: BinaryIO, piece_id: int) -> None:
+        if piece_id >= 1 << 20:
+            raise ValueError(f"piece {piece_id}: commviz writes at most 2**20 - 1 ranks")
+        self.file = out
+        self.piece_id = piece_id
+        self.buf = bytearray()
+        self._uuids = 0
+        self._seqs = 0
+        self.descriptor_seq = self._next_seq()
+        self._desc_head = f_varint(F.SEQ_ID, self.descriptor_seq)
+        self.packets_bytes = 0
+
+    def _next_seq(self) -> int:
+        self._seqs += 1
+        if self._seqs > self.MAX_SEQUENCES:
+            raise ValueError(f"piece {self.piece_id}: more than {self.MAX_SEQUENCES} tracks")
+        return self.piece_id << 12 | self._seqs
+
+    def new_uuid(self) -> int:
+        self._uuids += 1
+        return self.piece_id << 32 | self._uuids
+
+    def sequence(self, uuid: int) -> Sequence:
+        return Sequence(self._next_seq(), uuid)
+
+    def descriptor(self, desc: bytes) -> None:
+        self.buf += packet(self._desc_head + f_bytes(F.TRACK_DESCRIPTOR, desc))
+
+    def maybe_flush(self) -> None:
+        if len(self.buf) >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.file.write(self.buf)
+            self.packets_bytes += len(self.buf)
+            self.buf.clear()
+

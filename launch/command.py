@@ -1,0 +1,211 @@
+"""``commviz launch [CONFIG.yaml] [--set key.path=value ...] [--dry-run] [--node-rank N]``.
+
+Loads and checks the config (one clear error before any process starts), writes the resolved
+config to ``RUN_DIR/config.yaml``, runs this node's torchrun, then on the node that holds
+rank 0's files merges the run (``commviz.merge.merge_run``) and writes the report
+(``commviz.review.report.write_report``), and prints a short summary. A failed rank makes the
+launch exit 1 naming the rank and why, after merging what the other ranks recorded.
+
+Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
+(``configs/default.yaml`` is the same text for people browsing the repo; a test keeps the two
+identical). It is package data rather than a path into the repo so a plain, non-editable
+install still has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from commviz.errors import CommvizError, ConfigError
+from commviz.launch import config as C
+from commviz.launch import groups, outcome, torchrun
+from commviz.launch.schema import Config
+from commviz.record.store import write_atomic
+
+CONFIG_NAME = "config.yaml"
+
+
+def log_name(cfg: Config, node_rank: int) -> str:
+    """``launch.log``; one per node in a multi-node job (their run dirs may be one shared dir)."""
+    return "launch.log" if cfg.job.nnodes == 1 else f"launch_node{node_rank}.log"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "launch", help="run a YAML-configured experiment through torchrun and merge its trace",
+        description="Run an experiment described by a YAML config through torchrun, record it "
+                    "with commviz, gather, merge and report. Without CONFIG: the embedded "
+                    "default (CPU, gloo, 2 ranks).")
+    p.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the experiment config")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE",
+                   help="override a key, value read as YAML (e.g. --set job.nproc_per_node=4 "
+                        "--set workload.collectives[0].size=1MiB); repeatable")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config and print each node's torchrun command; run nothing")
+    p.add_argument("--node-rank", type=int, default=0, metavar="N",
+                   help="this node's rank in a multi-node job (run one launch per node)")
+    p.set_defaults(func=handle)
+
+
+def resolve(loaded: C.Loaded, now: datetime.datetime | None = None) -> Config:
+    """The config the ranks run: absolute paths, the run name filled, a rendezvous endpoint."""
+    cfg = loaded.config.model_copy(deep=True)
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    cfg.output.run_name = C.render_run_name(cfg, time=stamp)
+    cfg.output.dir = str(Path(cfg.output.dir).expanduser().resolve())
+    cfg.workload.pythonpath = [str((loaded.base_dir / p).resolve()) for p in cfg.workload.pythonpath]
+    if cfg.job.rdzv_endpoint is None:
+        cfg.job.rdzv_endpoint = torchrun.free_endpoint()
+    return cfg
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.output.dir) / cfg.output.run_name
+
+
+def _plan(loaded: C.Loaded, cfg: Config, out: TextIO) -> None:
+    """What --dry-run prints: the layout, then each node's launch and torchrun command."""
+    job, run_dir = cfg.job, run_dir_of(cfg)
+    out.write(f"commviz launch (dry run): {cfg.name}: {cfg.world_size} ranks = {job.nnodes} "
+              f"node(s) × {job.nproc_per_node}, backend {job.backend}, rendezvous c10d at "
+              f"{job.rdzv_endpoint} (id {job.rdzv_id})\n")
+    out.write(f"run dir: {run_dir}\n")
+    for name, lists in groups.layouts(cfg).items():
+        out.write(f"group {name}: {lists}\n")
+    again = ["commviz", "launch"] + ([loaded.source] if loaded.source != C.DEFAULT_SOURCE else [])
+    for o in loaded.overrides:
+        again += ["--set", o]
+    for node in range(job.nnodes):
+        out.write(f"# node {node}: {shlex.join(again + ['--node-rank', str(node)])}\n")
+        out.write(torchrun.shell_line(cfg, node, run_dir / CONFIG_NAME, run_dir) + "\n")
+
+
+def _merge(run_dir: Path, cfg: Config, out: TextIO) -> tuple[Path | None, bool]:
+    """Merge through MERGE's ``merge_run`` (CONTRACTS 3); (merged path, ok)."""
+    try:
+        from commviz.merge import merge_run
+    except ImportError:
+        out.write("merge: skipped: commviz.merge.merge_run is not available in this "
+                  "installation; run `commviz merge RUN_DIR` once it is\n")
+        return None, True
+    try:
+        result = merge_run(run_dir, fmt=cfg.output.format, progress=sys.stderr.isatty())
+    except CommvizError as exc:
+        out.write(f"merge: failed: {exc}\n")
+        return None, False
+    for problem in result.problems:
+        out.write(f"merge: problem: {problem}\n")
+    return result.out, result.out is not None
+
+
+def _report(run_dir: Path, out: TextIO) -> bool:
+    """The review through REVIEW's ``write_report`` (CONTRACTS 5), as RUN_DIR/report.md."""
+    try:
+        from commviz.review.report import write_report
+    except ImportError:
+        out.write("report: skipped: commviz.review.report.write_report is not available\n")
+        return True
+    try:
+        result = write_report(run_dir, fmt="markdown")
+    except CommvizError as exc:
+        out.write(f"report: failed: {exc}\n")
+        return False
+    for problem in result.problems:
+        out.write(f"report: problem: {problem}\n")
+    out.write(f"report:  {result.out}\n")
+    return True
+
+
+def _merges_here(run_dir: Path, cfg: Config, node_rank: int) -> bool:
+    """Merge on the node whose run dir received the gather (rank 0's node)."""
+    marker = torchrun_log_dir(run_dir) / "rank0_node"
+    if marker.exists():
+        return marker.read_text().strip() == str(node_rank)
+    return cfg.job.nnodes == 1 or node_rank == 0
+
+
+def torchrun_log_dir(run_dir: Path) -> Path:
+    return run_dir / torchrun.LOG_DIR
+
+
+def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
+                     out: TextIO) -> None:
+    found = outcome.failures(torchrun_log_dir(run_dir), log_text)
+    if not found:
+        out.write(f"FAILED: torchrun exited with code {code} and no rank reported why; see "
+                  f"{log_path}\n")
+        return
+    first, *rest = found
+    where = f" on {first.host}" if first.host else ""
+    out.write(f"FAILED: rank {first.rank}{where}: {first.reason}\n")
+    if first.detail is not None:
+        out.write(f"  traceback: {first.detail}\n")
+    for f in rest:
+        verb = "was stopped" if f.stopped else "failed too"
+        out.write(f"  rank {f.rank} {verb}: {f.reason}\n")
+
+
+def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: bool,
+             out: TextIO) -> None:
+    have = outcome.contents(run_dir)
+    world = cfg.world_size
+    out.write(f"run dir: {run_dir}\n")
+    out.write(f"records: {len(have.records)}/{world} ranks, "
+              f"{sum(have.records.values())} collectives; traces: {sum(have.traces.values())} "
+              f"from {len(have.traces)} rank(s)\n")
+    missing = sorted(set(range(world)) - set(have.records))
+    if missing and gathered_here:
+        out.write(f"missing records: ranks {missing}\n")
+    for bad in have.unreadable:
+        out.write(f"unreadable: {bad}\n")
+    if merged is not None:
+        out.write(f"merged:  {merged}  (open it in https://ui.perfetto.dev)\n")
+
+
+def handle(args: argparse.Namespace) -> int:
+    loaded = C.load(args.config, args.overrides)
+    cfg = resolve(loaded)
+    node_rank = args.node_rank
+    if not 0 <= node_rank < cfg.job.nnodes:
+        raise ConfigError("--node-rank", f"{node_rank} is not a node of this job (job.nnodes is "
+                          f"{cfg.job.nnodes}: 0-{cfg.job.nnodes - 1})")
+    out = sys.stdout
+    if args.dry_run:
+        _plan(loaded, cfg, out)
+        return 0
+    C.check_environment(loaded)
+    run_dir = run_dir_of(cfg)
+    if any(run_dir.glob("commviz_rank*.pkl")):
+        raise ConfigError(loaded.where(("output", "run_name")),
+                          f"{run_dir} already holds a run; choose another run_name (or remove it)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / CONFIG_NAME, C.dump(cfg).encode())
+    out.write(f"commviz launch: {cfg.name}: {cfg.world_size} ranks ({cfg.job.nnodes} × "
+              f"{cfg.job.nproc_per_node}, {cfg.job.backend}), node {node_rank}, run dir "
+              f"{run_dir}\n")
+    out.flush()
+    log_path = run_dir / log_name(cfg, node_rank)
+    with open(log_path, "a") as log:
+        start = log.tell()
+        code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=out)
+    with open(log_path) as log:
+        log.seek(start)
+        log_text = log.read()
+    if code != 0:
+        _report_failures(run_dir, code, log_path, log_text, out)
+    merged, ok = None, True
+    here = _merges_here(run_dir, cfg, node_rank)
+    if not here:
+        out.write("rank 0 ran on another node: the run is gathered (and merged) there\n")
+    if here and cfg.output.merge:
+        merged, ok = _merge(run_dir, cfg, out)
+    if here and cfg.output.report:
+        ok = _report(run_dir, out) and ok
+    _summary(run_dir, cfg, merged, here, out)
+    return 1 if code != 0 or not ok else 0

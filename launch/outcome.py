@@ -1,0 +1,124 @@
+"""After torchrun returns: which rank failed and why, and what the run dir now holds.
+
+Two sources say why ranks failed: the worker's own ``logs/failed_rank{R}.json`` (written for
+every Python-level failure, with a nanosecond timestamp) and torchrun's failure summary in its
+output (which also lists ranks that died without running Python's handlers: a signal, a
+crash). torchrun's own "Root Cause" compares timestamps of one-second resolution and often
+blames a rank that only saw its peer disappear, so the root cause is chosen here: a rank that
+died without a word first, else the earliest failure that was not a stop request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from commviz.record import schema
+from commviz.record.store import load_record
+
+_BLOCK = re.compile(r"^\[\d+\]:\s*$")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
+_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
+
+
+@dataclass
+class Failure:
+    """One rank that did not finish."""
+
+    rank: int
+    reason: str                      # one line: "RuntimeError: ..." or "exit code -9 (SIGKILL ...)"
+    host: str | None = None
+    stopped: bool = False            # it was told to stop (SIGTERM) rather than failing itself
+    time_ns: int | None = None       # from the worker's file; None when it left none
+    detail: Path | None = None       # the worker's failure file (full traceback)
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def torchrun_failures(output: str) -> dict[int, Failure]:
+    """Ranks listed in torchrun's failure summary (``rank : R (local_rank: L)`` blocks)."""
+    out: dict[int, Failure] = {}
+    current: dict[str, str] = {}
+
+    def close() -> None:
+        if "rank" in current:
+            rank = int(current["rank"])
+            code = current.get("exit", "?")
+            why = current.get("trace", "")
+            reason = f"exit code {code}" + (f" ({_first_line(why)})" if why and
+                                            why != "<N/A>" else "")
+            out.setdefault(rank, Failure(rank, reason, current.get("host")))
+        current.clear()
+
+    for line in output.splitlines():
+        if _BLOCK.match(line) or line.startswith("====") or line.startswith("----"):
+            close()
+        for key, pattern in (("rank", _RANK), ("exit", _EXIT), ("host", _HOST),
+                             ("trace", _TRACE)):
+            m = pattern.match(line)
+            if m and key not in current:
+                current[key] = m.group(1)
+    close()
+    return out
+
+
+def worker_failures(log_dir: Path) -> dict[int, Failure]:
+    """The failure files the workers wrote (unreadable ones are skipped: torchrun names them)."""
+    out: dict[int, Failure] = {}
+    for path in sorted(log_dir.glob("failed_rank*.json")):
+        try:
+            data = json.loads(path.read_text())
+            rank = int(data["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out[rank] = Failure(rank, _first_line(str(data.get("error", "unknown error"))),
+                            data.get("host"), bool(data.get("stopped")),
+                            data.get("time_ns"), path)
+    return out
+
+
+def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
+    """Every failed rank, the root cause first."""
+    files = worker_failures(log_dir)
+    listed = torchrun_failures(torchrun_output)
+    silent = sorted(r for r in listed if r not in files)
+    merged = {**listed, **files}
+
+    def order(f: Failure) -> tuple[int, int, int]:
+        if f.rank in silent:
+            return (0, 0, f.rank)
+        return (1 + f.stopped, f.time_ns if f.time_ns is not None else 2**63, f.rank)
+    return sorted(merged.values(), key=order)
+
+
+@dataclass
+class RunContents:
+    """What the run dir holds after the job: per rank, its record's collectives and traces."""
+
+    records: dict[int, int] = field(default_factory=dict)   # rank -> collectives recorded
+    traces: dict[int, int] = field(default_factory=dict)    # rank -> trace files
+    unreadable: list[str] = field(default_factory=list)
+
+
+def contents(run_dir: Path) -> RunContents:
+    out = RunContents()
+    for path in sorted(run_dir.glob(schema.RECORD_GLOB)):
+        rank = schema.rank_of_record(path.name)
+        if rank is None:
+            continue
+        try:
+            out.records[rank] = len(load_record(path).get("collectives", []))
+        except Exception as exc:  # a bad record is named, the others still count
+            out.unreadable.append(f"{path.name}: {exc}")
+    for path in sorted(run_dir.glob(schema.TRACE_GLOB)):
+        rank = schema.rank_of_trace(path.name)
+        if rank is not None:
+            out.traces[rank] = out.traces.get(rank, 0) + 1
+    return out

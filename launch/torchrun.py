@@ -1,0 +1,87 @@
+"""The torchrun command and environment of each node, and running it as a subprocess.
+
+Nothing home-made spawns processes: every node runs ``python -m torch.distributed.run`` with
+the c10d rendezvous, which starts ``commviz.launch.worker`` on each of its ranks. The launcher
+tees torchrun's output into ``RUN_DIR/launch.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from commviz.launch.config import MULTICAST_OFF
+from commviz.launch.schema import Config
+
+WORKER = "commviz.launch.worker"
+LOG_DIR = "logs"          # under the run dir: torchrun's per-rank logs and error files
+
+
+def free_endpoint() -> str:
+    """A free local port for a single-node rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def command(config: Config, node_rank: int, config_path: Path, run_dir: Path) -> list[str]:
+    """The exact torchrun command line for ``node_rank`` (``rdzv_endpoint`` already resolved)."""
+    job = config.job
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(job.nnodes),
+        "--nproc_per_node", str(job.nproc_per_node),
+        "--node_rank", str(node_rank),
+        "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", str(job.rdzv_endpoint),
+        "--rdzv_id", job.rdzv_id,
+        "--max_restarts", "0",
+        "--log_dir", str(run_dir / LOG_DIR),
+        "--tee", "3",
+        "-m", WORKER, "--config", str(config_path),
+    ]
+
+
+def environment(config: Config, node_rank: int) -> dict[str, str]:
+    """What the launcher adds to torchrun's environment (and so to every rank's)."""
+    env = {"OMP_NUM_THREADS": "1", **config.job.env, "COMMVIZ_NODE_RANK": str(node_rank),
+           "PYTHONUNBUFFERED": "1"}
+    env.update(MULTICAST_OFF)   # NVLink multicast stays off, whatever else is set
+    return env
+
+
+def shell_line(config: Config, node_rank: int, config_path: Path, run_dir: Path) -> str:
+    """One node's command as a shell line, its environment in front."""
+    env = environment(config, node_rank)
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()),
+                     shlex.join(command(config, node_rank, config_path, run_dir))])
+
+
+def run(config: Config, node_rank: int, config_path: Path, run_dir: Path, log: TextIO,
+        echo: TextIO | None = None) -> int:
+    """Run torchrun for this node; its output goes to ``log`` and ``echo``. Returns its exit code.
+
+    Ctrl-C reaches torchrun too (same process group); we wait for it to stop its workers.
+    """
+    cmd = command(config, node_rank, config_path, run_dir)
+    env = dict(os.environ, **environment(config, node_rank))
+    log.write("$ " + shell_line(config, node_rank, config_path, run_dir) + "\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, errors="replace")
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            if echo is not None:
+                echo.write(line)
+                echo.flush()
+    except KeyboardInterrupt:
+        proc.wait()
+        raise
+    return proc.wait()

@@ -1,0 +1,193 @@
+"""What torchrun runs on every rank: ``python -m commviz.launch.worker --config RESOLVED.yaml``.
+
+Init the process group, create the named groups, record with commviz, profile the workload's
+steps, then (collectively) measure clock offsets, write this rank's Perfetto shard where
+``commviz.merge`` provides ``write_shard``, and gather everything into rank 0's run dir.
+
+A rank that fails writes ``RUN_DIR/logs/failed_rank{R}.json`` (what went wrong), flushes its
+record (so nothing recorded is lost), hands the exception to torchrun's error file, and exits 1.
+SIGTERM (torchrun stopping the job after another rank failed) unwinds the same way, so the
+profiler still exports what it traced. The process ends with ``os._exit`` after an explicit
+flush: ``destroy_process_group`` has been seen to hang at exit on the GPU machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+FAILED = "failed_rank{rank}.json"
+RANK0_NODE = "rank0_node"                # which launcher's node hosts rank 0 (it merges)
+SHARD_PATTERN = "shard_rank{rank}.pftrace"  # CONTRACTS section 3: write_shard's default output
+
+
+class Stopped(Exception):
+    """This rank was told to stop (SIGTERM/SIGINT from torchrun)."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(f"stopped by {signal.Signals(signum).name} (torchrun ends the job when "
+                  "another rank fails)")
+
+
+def log_dir(run_dir: Path) -> Path:
+    from commviz.launch.torchrun import LOG_DIR
+
+    return run_dir / LOG_DIR
+
+
+class _NoProfiler:
+    """Stands in for the profiler when ``profile.enabled`` is false."""
+
+    def __enter__(self) -> "_NoProfiler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def step(self) -> None:
+        return None
+
+
+def _profiler(cfg: Any, run_dir: Path) -> Any:
+    import torch
+
+    import commviz
+
+    p = cfg.profile
+    if not p.enabled:
+        return _NoProfiler()
+    schedule = torch.profiler.schedule(wait=p.wait, warmup=p.warmup, active=p.active,
+                                       repeat=p.repeat)
+    return commviz.profile(run_dir, schedule=schedule, record_shapes=p.record_shapes,
+                           with_stack=p.with_stack)
+
+
+def _write_shard(run_dir: Path, rank: int) -> None:
+    """This rank's Perfetto shard, made here on its own node (once commviz.merge has it)."""
+    try:
+        from commviz.merge import write_shard
+    except ImportError:
+        return
+    try:
+        write_shard(run_dir, rank)
+    except Exception as exc:  # the merge converts this rank itself; the job still succeeds
+        print(f"[commviz] rank {rank}: write_shard failed ({type(exc).__name__}: {exc}); the "
+              "merge will convert this rank's trace", file=sys.stderr)
+
+
+def _finish(run_dir: Path, rank: int) -> None:
+    """Collective: clock offsets, flush, shard, gather, final barrier."""
+    import torch.distributed as dist
+
+    import commviz
+    from commviz.gather import side_group
+    from commviz.record import clock
+    from commviz.record.recorder import RECORDER
+
+    group = side_group()
+    RECORDER.clock = clock.measure_offsets(group)
+    commviz.flush("finished")
+    _write_shard(run_dir, rank)
+    commviz.gather(run_dir, extra_patterns=(SHARD_PATTERN,), measure_clock=False)
+    if rank == 0:
+        log_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
+    dist.barrier(group=group)
+
+
+def run(config_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import commviz
+    from commviz.launch import config as C
+    from commviz.launch import groups, workloads
+
+    loaded = C.load(config_path)
+    cfg = loaded.config
+    sys.path[:0] = [p for p in cfg.workload.pythonpath if p not in sys.path]  # user code's imports
+    run_dir = Path(cfg.output.dir) / cfg.output.run_name
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cpu")
+    if cfg.job.backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    commviz.start(run_dir, capacity=cfg.record.capacity)
+    if cfg.record.patch:
+        commviz.patch()
+    made = groups.create(cfg, rank)
+    ctx = workloads.Context(rank=rank, world_size=world, local_rank=local_rank, device=device,
+                            backend=cfg.job.backend, groups=made.pgs, group_ranks=made.ranks,
+                            args=dict(cfg.workload.args), cuda_graphs=cfg.workload.cuda_graphs,
+                            seed=cfg.workload.seed)
+    step = workloads.build(cfg.workload, ctx, C.pythonpath(loaded))
+    workloads.run(step, cfg.workload, ctx, _profiler(cfg, run_dir))
+    _finish(run_dir, rank)
+
+
+def _fail(exc: BaseException) -> None:
+    """Leave word of this rank's failure where the launcher and torchrun look, keep its record."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    rank = int(os.environ.get("RANK", -1))
+    text = "".join(traceback.format_exception(exc))
+    sys.stderr.write(f"[commviz] rank {rank} failed:\n{text}")
+    try:
+        from commviz.record.recorder import RECORDER
+
+        run_dir = RECORDER.run_dir
+        if run_dir is not None:
+            RECORDER.flush("failed")
+            log_dir(run_dir).mkdir(parents=True, exist_ok=True)
+            (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
+                "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+                "node_rank": int(os.environ.get("COMMVIZ_NODE_RANK", 0)),
+                "host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns(),
+                "stopped": isinstance(exc, Stopped),
+                "error": f"{type(exc).__name__}: {exc}".strip(), "traceback": text,
+            }, indent=1))
+    finally:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="commviz.launch.worker",
+                                     description="one rank of a `commviz launch` job")
+    parser.add_argument("--config", required=True, help="the resolved config (RUN_DIR/config.yaml)")
+    args = parser.parse_args(argv)
+    # torch's notices that say nothing about this job: renamed collectives, profiler cycles
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r".*Profiler clears events at the end of each cycle")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)   # commviz.start chains its flush in front of this
+    code = 0
+    try:
+        run(args.config)
+    except BaseException as exc:  # every failure: report it, keep the record, exit non-zero
+        code = 1
+        try:
+            _fail(exc)
+        except BaseException:  # reporting must not hide the original exit code
+            traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""What commviz costs around CUDA graphs, on 2 GPUs: replay time and capture time.
+
+Run: ``torchrun --nproc_per_node 2 scripts/bench_graph_overhead.py [--out FILE.json]``
+
+1. Replay: the same step (``--collectives`` all_reduces and a matmul between each) captured once
+   through commviz (patched collectives, ``commviz.graph``, replay hook installed) and once with
+   plain torch (no patch, no hooks). Both graphs must have the same node count: commviz adds no
+   work to a graph. Replays are timed in alternating rounds (CUDA-synchronised wall time per
+   replay, no profiler running); the figure is the ratio of the medians (target 1.00 +- 0.02).
+2. Capture: ``--capture-collectives`` (500) all_reduces captured with commviz annotating every
+   one vs plain torch, in alternating rounds; the ratio of the median capture times (capture
+   begin to instantiated graph) is the figure (target <= 1.5).
+Rank 0 prints the figures and writes them as JSON with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import commviz
+from commviz.capture import bindings, hooks
+
+
+def node_count(g: torch.cuda.CUDAGraph) -> int | None:
+    if not bindings.available():
+        return None
+    return len(bindings.nodes(int(g.raw_cuda_graph())))
+
+
+def capture(fn, *, annotated: bool, keep_graph: bool = False) -> tuple[torch.cuda.CUDAGraph, float]:
+    """Capture ``fn`` with or without commviz; returns the graph and the seconds it took."""
+    if annotated:
+        commviz.patch()
+        hooks.install()
+    else:
+        commviz.unpatch()
+        hooks.uninstall()
+    g = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    with torch.cuda.graph(g):
+        fn()
+    if keep_graph:
+        g.instantiate()
+    took = time.perf_counter() - t0
+    return g, took
+
+
+def time_replays(g: torch.cuda.CUDAGraph, n: int, *, annotated: bool) -> float:
+    """Mean seconds per replay over ``n`` back-to-back replays."""
+    if annotated:
+        hooks.install()
+    else:
+        hooks.uninstall()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--collectives", type=int, default=20)
+    ap.add_argument("--capture-collectives", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--capture-rounds", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local),
+                            timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    commviz.start(None)
+    x = torch.ones(1 << 18, device="cuda")                   # 1 MiB of float32
+    m = torch.randn(512, 512, device="cuda")
+    out = torch.empty_like(m)
+    small = torch.ones(1024, device="cuda")
+
+    def step() -> None:
+        for _ in range(args.collectives):
+            torch.distributed.all_reduce(x)
+            out.copy_(m @ m)
+
+    def many() -> None:
+        for _ in range(args.capture_collectives):
+            torch.distributed.all_reduce(small)
+
+    for _ in range(3):                                          # warm up eagerly
+        step()
+        many()
+    torch.cuda.synchronize()
+
+    plain, _ = capture(step, annotated=False, keep_graph=True)
+    annotated, _ = capture(step, annotated=True, keep_graph=True)
+    nodes = (node_count(plain), node_count(annotated))
+    for g in (plain, annotated):                               # first replays: warm up
+        for _ in range(10):
+            g.replay()
+    plain_t, annotated_t = [], []
+    for _ in range(args.rounds):
+        plain_t.append(time_replays(plain, args.replays, annotated=False))
+        annotated_t.append(time_replays(annotated, args.replays, annotated=True))
+    replay_ratio = statistics.median(annotated_t) / statistics.median(plain_t)
+    del plain, annotated
+
+    cap_plain, cap_annotated = [], []
+    for _ in range(args.capture_rounds):
+        g, took = capture(many, annotated=False)
+        cap_plain.append(took)
+        del g
+        g, took = capture(many, annotated=True)
+        cap_annotated.append(took)
+        del g
+    capture_ratio = statistics.median(cap_annotated) / statistics.median(cap_plain)
+
+    figures = {
+        "replay_collectives": args.collectives, "graph_nodes_plain": nodes[0],
+        "graph_nodes_annotated": nodes[1],
+        "replay_us_plain": statistics.median(plain_t) * 1e6,
+        "replay_us_annotated": statistics.median(annotated_t) * 1e6,
+        "replay_ratio": replay_ratio,
+        "capture_collectives": args.capture_collectives,
+        "capture_ms_plain": statistics.median(cap_plain) * 1e3,
+        "capture_ms_annotated": statistics.median(cap_annotated) * 1e3,
+        "capture_ratio": capture_ratio,
+        "capture_us_per_collective_added": (statistics.median(cap_annotated)
+                                            - statistics.median(cap_plain))
+        / args.capture_collectives * 1e6,
+        "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+    }
+    if rank == 0:
+        print(f"replay: {figures['replay_us_plain']:.1f} us plain vs "
+              f"{figures['replay_us_annotated']:.1f} us with commviz -> ratio {replay_ratio:.3f} "
+              f"(nodes {nodes[0]} vs {nodes[1]})")
+        print(f"capture of {args.capture_collectives} collectives: "
+              f"{figures['capture_ms_plain']:.1f} ms plain vs "
+              f"{figures['capture_ms_annotated']:.1f} ms annotated -> ratio {capture_ratio:.2f} "
+              f"({figures['capture_us_per_collective_added']:.1f} us added per collective)")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(figures, f, indent=1)
+    dist.barrier()
+    torch.cuda.synchronize()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""Benchmark ``commviz merge`` against a straightforward writer and against JSON parsing alone.
+
+Generates realistic per-rank profiler traces (``scripts/gen_traces.py``) and prints, from one
+run, side by side:
+
+(a) baseline: the per-event writer a tutorial would write: stdlib ``json`` load, one protobuf
+    packet object per slice begin / end through perfetto's ``TraceProtoBuilder``, literal
+    strings (no interning), overlapping slices split over backing tracks, ac2g launch flows;
+(b) ``commviz merge`` (``commviz.merge.merge_run``);
+(c) parsing the same inputs with orjson and nothing else;
+
+then the ratios the merger is held to: (b)/(a) events/s >= 10x, (b)/(a) bytes per event <= 0.5x,
+(b) time / (c) time <= 2x; and the merge's peak RSS at 2, 8 and 32 ranks of one trace size, to
+show memory follows the largest rank's trace, not the number of ranks. Every measured program
+runs in a child process of its own, so peaks do not mix.
+
+    .venv/bin/python scripts/bench_merge.py                       # 8 ranks x 200k events
+    .venv/bin/python scripts/bench_merge.py --ranks 16 --events 500000 --baseline-ranks 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_traces  # noqa: E402
+
+# --- (a) the baseline writer ------------------------------------------------------------------
+
+
+def _uuid(*parts: Any) -> int:
+    return int(hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+
+def _lanes(slices: list[tuple[float, float, int]]) -> dict[int, int]:
+    """Backing track per slice (ts, end, index) so that each one nests properly."""
+    lane_of: dict[int, int] = {}
+    stacks: list[list[float]] = []
+    for ts, end, i in sorted(slices, key=lambda s: (s[0], -s[1], s[2])):
+        for lane, stack in enumerate(stacks):
+            while stack and stack[-1] <= ts:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                lane_of[i] = lane
+                break
+        else:
+            stacks.append([end])
+            lane_of[i] = len(stacks) - 1
+    return lane_of
+
+
+def _annotate(te: Any, key: str, value: Any) -> None:
+    a = te.debug_annotations.add()
+    a.name = key
+    if isinstance(value, bool):
+        a.bool_value = value
+    elif isinstance(value, int):
+        a.int_value = value
+    elif isinstance(value, float):
+        a.double_value = value
+    elif isinstance(value, str):
+        a.string_value = value
+    else:
+        a.legacy_json_value = json.dumps(value)
+
+
+def baseline_merge(paths: dict[int, Path], out: Path) -> int:
+    """Write every rank's trace into one .pftrace, one packet object per event; returns the
+    number of input events."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackDescriptor, TrackEvent
+    from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+    builder = TraceProtoBuilder()
+    n_events = 0
+    markers: list[tuple[int, int, int, int, Any, int, Any]] = []
+    for rank, path in sorted(paths.items()):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            doc = json.load(f)
+        events = doc["traceEvents"]
+        n_events += len(events)
+        base = int(doc.get("baseTimeNanoseconds", 0))
+        proc = _uuid("rank", rank)
+        pkt = builder.add_packet()
+        pkt.track_descriptor.uuid = proc
+        pkt.track_descriptor.process.pid = rank + 1
+        pkt.track_descriptor.process.process_name = f"rank {rank}"
+        names: dict[tuple[Any, Any], str] = {}
+        rows: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+        flow_ends: dict[int, list[tuple[Any, Any, float]]] = defaultdict(list)
+        for i, e in enumerate(events):
+            ph = e.get("ph")
+            if ph == "X" and isinstance(e.get("pid"), int):
+                rows[(e["pid"], e["tid"])].append(i)
+            elif ph == "M" and e.get("name") == "thread_name":
+                names[(e["pid"], e["tid"])] = e["args"]["name"]
+            elif ph in ("s", "f") and e.get("cat") == "ac2g":
+                flow_ends[e["id"]].append((e["pid"], e["tid"], e["ts"]))
+        # a flow is attached to the slice on its row that starts at its timestamp
+        flow_at = {(pid, tid, ts): (rank << 32) | fid
+                   for fid, ends in flow_ends.items() if len(ends) == 2
+                   for pid, tid, ts in ends}
+        for (pid, tid), idxs in rows.items():
+            lane_of = _lanes([(events[i]["ts"], events[i]["ts"] + events[i]["dur"], i)
+                              for i in idxs])
+            name = names.get((pid, tid), f"thread {tid}")
+            n_lanes = max(lane_of.values()) + 1
+            uuids = []
+            for lane in range(n_lanes):
+                uuid = _uuid(rank, pid, tid, lane)
+                uuids.append(uuid)
+                d = builder.add_packet().track_descriptor
+                d.uuid = uuid
+                d.parent_uuid = proc
+                d.name = f"{pid} {name}"
+                if n_lanes > 1:
+                    d.sibling_merge_behavior = TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
+                    d.sibling_merge_key = f"{rank}:{pid}:{tid}"
+            for i in idxs:
+                e = events[i]
+                t0 = base + round(e["ts"] * 1000)
+                t1 = base + round((e["ts"] + e["dur"]) * 1000)
+                flow = flow_at.get((pid, tid, e["ts"]))
+                uuid = uuids[lane_of[i]]
+                if t1 == t0:
+                    markers.append((t0, 1, 0, 0, uuid, TrackEvent.TYPE_INSTANT, (e, flow)))
+                    continue
+                # ENDs before BEGINs at one time; inner ENDs first, outer BEGINs first
+                markers.append((t0, 1, -t1, i, uuid, TrackEvent.TYPE_SLICE_BEGIN, (e, flow)))
+                markers.append((t1, 0, -t0, -i, uuid, TrackEvent.TYPE_SLICE_END, None))
+    markers.sort(key=lambda m: m[:4])
+    for ts, _o, _a, _b, uuid, kind, payload in markers:
+        pkt = builder.add_packet()
+        pkt.timestamp = ts
+        pkt.trusted_packet_sequence_id = 1
+        te = pkt.track_event
+        te.type = kind
+        te.track_uuid = uuid
+        if payload is not None:
+            e, flow = payload
+            te.name = e["name"]
+            if e.get("cat"):
+                te.categories.append(e["cat"])
+            if flow is not None:
+                te.flow_ids.append(flow)
+            for key, value in (e.get("args") or {}).items():
+                _annotate(te, key, value)
+    out.write_bytes(builder.serialize())
+    return n_events
+
+
+# --- (c) parsing only -------------------------------------------------------------------------
+
+def parse_only(paths: dict[int, Path]) -> int:
+    import orjson
+
+    n = 0
+    for path in paths.values():
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        n += len(orjson.loads(data)["traceEvents"])
+    return n
+
+
+# --- measuring in child processes -------------------------------------------------------------
+
+def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
+    """Run one measured program; print its figures as JSON (the parent reads the last line)."""
+    run = Path(run_dir)
+    paths = {r: gen_traces.trace_path(run, r, True) for r in range(int(ranks))}
+    paths = {r: p if p.exists() else gen_traces.trace_path(run, r, False)
+             for r, p in paths.items()}
+    result: dict[str, Any] = {}
+    t = time.perf_counter()
+    if kind == "baseline":
+        result["events"] = baseline_merge(paths, Path(out))
+    elif kind == "parse":
+        result["events"] = parse_only(paths)
+    else:
+        from commviz.merge import merge_run
+
+        res = merge_run(run, Path(out), progress=False,
+                        workers=int(workers) if workers != "auto" else None)
+        result["stats"] = {k: v for k, v in (res.stats or {}).items()
+                           if isinstance(v, (int, float))}
+        result["problems"] = len(res.problems)
+    result["seconds"] = time.perf_counter() - t
+    result["bytes"] = Path(out).stat().st_size if kind != "parse" else 0
+    to_mib = 1024 if sys.platform != "darwin" else 1024 * 1024
+    result["rss_self_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / to_mib
+    result["rss_children_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / to_mib
+    print(json.dumps(result))
+
+
+def measure(kind: str, run_dir: Path, out: Path, *, ranks: int, workers: str = "auto"
+            ) -> dict[str, Any]:
+    """Run ``kind`` in a child process; add the peak RSS of its whole process tree (sampled)."""
+    import psutil
+
+    cmd = [sys.executable, __file__, "_child", kind, str(run_dir), str(out), workers, str(ranks)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0]
+
+    def sample() -> None:
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None:
+                total = 0
+                for p in [root, *root.children(recursive=True)]:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                peak[0] = max(peak[0], total)
+                time.sleep(0.05)
+        except psutil.Error:
+            pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    sampler.join()
+    if proc.returncode != 0:
+        tail = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {proc.returncode}"
+        return {"error": tail}
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["rss_tree_mib"] = peak[0] / (1 << 20)
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------
+
+def _fmt_row(label: str, r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{label:<34} FAILED: {r['error']}"
+    ev, sec = r["events"], r["seconds"]
+    size = f"{r['bytes'] / 1e6:10.1f} {r['bytes'] / ev:9.1f}" if r.get("bytes") else f"{'-':>10} {'-':>9}"
+    return (f"{label:<34} {ev:>10,} {sec:8.2f} {ev / sec:>11,.0f} {size} "
+            f"{r['rss_tree_mib']:9.0f}")
+
+
+def _ratio(name: str, value: float | None, target: str, ok: bool | None) -> str:
+    if value is None:
+        return f"  {name:<44} n/a"
+    mark = "" if ok is None else ("  ok" if ok else "  MISSED")
+    return f"  {name:<44} {value:7.2f}x   (target {target}){mark}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--events", type=int, default=200_000, help="trace events per rank")
+    ap.add_argument("--baseline-ranks", type=int, default=2,
+                    help="ranks the baseline converts (it holds the whole trace in memory: about "
+                         "1.3 KB per packet); its events/s and bytes/event are compared")
+    ap.add_argument("--workers", default="auto", help="merge worker processes (default: merge's)")
+    ap.add_argument("--rss-scan", default="2,8,32",
+                    help="rank counts for the peak-RSS scan ('' to skip)")
+    ap.add_argument("--rss-events", type=int, default=20_000, help="events per rank in the scan")
+    ap.add_argument("--no-gzip", action="store_true", help="plain .json inputs")
+    ap.add_argument("--keep", type=Path, help="generate into (and keep) this directory")
+    ap.add_argument("--verify", action="store_true", help="commviz verify the merged trace")
+    a = ap.parse_args(argv)
+
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commviz-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ok = True
+    try:
+        run = work / "run"
+        if run.exists():
+            shutil.rmtree(run)
+        t = time.perf_counter()
+        counts = gen_traces.write_run(run, a.ranks, a.events, compress=not a.no_gzip)
+        in_bytes = sum(p.stat().st_size for p in run.iterdir())
+        print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
+              f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
+              f"generated in {time.perf_counter() - t:.1f}s; machine: {os.cpu_count()} CPUs")
+        base_ranks = min(a.baseline_ranks, a.ranks)
+        res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
+        res_b = measure("merge", run, work / "merged.pftrace", ranks=a.ranks, workers=a.workers)
+        if "error" not in res_b:
+            res_b["events"] = sum(counts.values())
+        res_c = measure("parse", run, work / "unused", ranks=a.ranks)
+
+        print(f"\n{'':<34} {'events':>10} {'seconds':>8} {'events/s':>11} {'MB':>10} "
+              f"{'B/event':>9} {'peak MiB':>9}")
+        print(_fmt_row(f"(a) baseline, {base_ranks} of {a.ranks} ranks", res_a))
+        print(_fmt_row(f"(b) commviz merge, {a.ranks} ranks", res_b))
+        print(_fmt_row(f"(c) orjson parse only, {a.ranks} ranks", res_c))
+        if "error" in res_b:
+            print("\n(b) failed: commviz merge is not usable yet (commviz.merge.merge_run); "
+                  "the ratios need it.")
+            ok = False
+        have = all("error" not in r for r in (res_a, res_b, res_c))
+        speed = (res_b["events"] / res_b["seconds"]) / (res_a["events"] / res_a["seconds"]) \
+            if have else None
+        size = (res_b["bytes"] / res_b["events"]) / (res_a["bytes"] / res_a["events"]) \
+            if have else None
+        vs_parse = res_b["seconds"] / res_c["seconds"] if have else None
+        print("\nratios")
+        print(_ratio("(b)/(a) events per second", speed, ">= 10", speed and speed >= 10))
+        print(_ratio("(b)/(a) bytes per event", size, "<= 0.5", size and size <= 0.5))
+        print(_ratio("(b) merge time / (c) parse time", vs_parse, "<= 2",
+                     vs_parse and vs_parse <= 2))
+        if have and "stats" in res_b:
+            print(f"  merge stats: {res_b['stats']}; problems: {res_b['problems']}")
+
+        if a.verify and "error" not in res_b:
+            from commviz.trace.run import load_run
+            from commviz.verify import verify_pftrace
+
+            t = time.perf_counter()
+            rep = verify_pftrace(work / "merged.pftrace", inputs=load_run(run))
+            print(f"\nverify: {'OK' if rep.ok else 'FAILED'} in {time.perf_counter() - t:.1f}s; "
+                  f"{rep.counts}")
+            for p in rep.errors[:10]:
+                print(f"  {p}")
+            ok = ok and rep.ok
+
+        scan = [int(x) for x in a.rss_scan.split(",") if x.strip()]
+        if scan:
+            print(f"\npeak RSS of commviz merge, {a.rss_events:,} events per rank "
+                  f"(child process per measurement)")
+            print(f"{'ranks':>6} {'largest input MB':>17} {'seconds':>8} {'main MiB':>9} "
+                  f"{'worker MiB':>11} {'tree MiB':>9}")
+            for n in scan:
+                scan_run = work / f"scan{n}"
+                gen_traces.write_run(scan_run, n, a.rss_events, compress=not a.no_gzip)
+                largest = max(p.stat().st_size for p in scan_run.iterdir())
+                r = measure("merge", scan_run, scan_run / "merged.pftrace", ranks=n,
+                            workers=a.workers)
+                if "error" in r:
+                    print(f"{n:>6} FAILED: {r['error']}")
+                    ok = False
+                    break
+                print(f"{n:>6} {largest / 1e6:>17.1f} {r['seconds']:>8.2f} "
+                      f"{r['rss_self_mib']:>9.0f} {r['rss_children_mib']:>11.0f} "
+                      f"{r['rss_tree_mib']:>9.0f}")
+                shutil.rmtree(scan_run)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        _child(*sys.argv[2:7])
+        sys.exit(0)
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""``commviz annotate TRACE RECORD -o OUT`` on a real gloo run's files and on a synthetic GPU trace.
+
+The gloo run is real (``test_match_cpu.job``); the GPU trace is the synthetic one of
+``test_match_eager`` (no GPU here), built around real records.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from commviz import metadata as md
+from commviz.cli import main
+from commviz.record.store import dump_record, load_record
+from harness import run_ranks
+from test_match_cpu import job as gloo_job
+from test_match_eager import GpuTrace
+from test_match_eager import job as records_job
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("annotate")
+    run_ranks(gloo_job, 2, str(run_dir), True, timeout=300)
+    return run_dir
+
+
+def _read(path: Path) -> dict:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_gloo_trace_gets_the_record_on_every_range(gloo_run, tmp_path, capsys, suffix) -> None:
+    trace_path = sorted(gloo_run.glob("trace_rank1_*.json.gz"))[0]
+    record = load_record(gloo_run / "commviz_rank1.pkl")
+    out = tmp_path / f"annotated{suffix}"
+    assert main(["annotate", str(trace_path), str(gloo_run / "commviz_rank1.pkl"),
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    original, written = _read(trace_path), _read(out)
+    assert {k: v for k, v in written.items() if k != "traceEvents"} == \
+        {k: v for k, v in original.items() if k != "traceEvents"}
+    assert len(written["traceEvents"]) == len(original["traceEvents"])
+    by_begin = {c[md.T_BEGIN]: c for c in record["collectives"]}
+    labelled = 0
+    for before, after in zip(original["traceEvents"], written["traceEvents"]):
+        if not before.get("name", "").startswith("commviz::"):
+            assert after == before, "only commviz ranges change in a gloo trace"
+            continue
+        args = after["args"]
+        assert before["args"].items() <= args.items()
+        call = by_begin[args[md.T_BEGIN]]
+        assert {k: v for k, v in call.items() if v is not None}.items() <= args.items()
+        labelled += 1
+    assert labelled == len(record["collectives"]) // 3      # one of the job's three steps
+    assert f"{labelled} cpu" in printed and "unmatched" in printed
+    assert "rank 1:" in printed
+
+
+def test_gpu_trace_counts_and_reasons(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("commviz.match.GRAPH_MATCHER", "commviz.match._no_such_graph_matcher")
+    record = run_ranks(records_job, 2, timeout=240)[0]
+    builder = GpuTrace(record)
+    ddp = builder.unrecorded_allreduce()
+    bare = builder.bare_kernel()
+    graphed = builder.graph_replay()
+    trace_path = builder.write(tmp_path / "trace_rank0.json.gz")
+    record_path = tmp_path / "commviz_rank0.pkl"
+    dump_record(record_path, record)
+    out = tmp_path / "out.json"
+    assert main(["annotate", str(trace_path), str(record_path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    n = len(record["collectives"])
+    assert f"{n + 2} eager and 2 graphed NCCL kernels" in printed
+    assert f"kernels: {n + 1} matched, 3 unmatched ({n + 1} collectives on a kernel)" in printed
+    assert "unmatched 2 (e.g. graphed kernel ncclDevKernel_AllReduce" in printed
+    assert "graph matcher unavailable" in printed
+    events = _read(out)["traceEvents"]
+    for i in (bare, *graphed):
+        assert events[i] == builder.events[i]
+    assert events[ddp]["args"][md.OP] == "all_reduce" and md.SEQ not in events[ddp]["args"]
+    for pos, k in builder.kernel_of.items():
+        assert events[k]["args"][md.SEQ if md.SEQ in record["collectives"][pos]
+                                 else md.P2P_SEQ] is not None
+        assert events[k]["args"][md.CALLSITE] == record["collectives"][pos][md.CALLSITE]
+
+
+def test_bad_inputs_are_one_clear_error(gloo_run, tmp_path, capsys) -> None:
+    trace = sorted(gloo_run.glob("trace_rank0_*.json.gz"))[0]
+    assert main(["annotate", str(trace), str(gloo_run / "commviz_rank1.pkl"),
+                 "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert str(trace) in err and "rank" in err and "Traceback" not in err
+    broken = tmp_path / "trace_rank0.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "a"')
+    assert main(["annotate", str(broken), "-o", str(tmp_path / "y.json")]) == 2
+    assert str(broken) in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "y.json").exists()
+
+
+def test_pftrace_output(gloo_run, tmp_path, capsys) -> None:
+    trace = sorted(gloo_run.glob("trace_rank0_*.json.gz"))[0]
+    out = tmp_path / "rank0.pftrace"
+    code = main(["annotate", str(trace), str(gloo_run / "commviz_rank0.pkl"), "-o", str(out)])
+    merge = importlib.util.find_spec("commviz.merge")
+    has_merger = merge is not None and hasattr(importlib.import_module("commviz.merge"),
+                                               "merge_run")
+    if not has_merger:
+        assert code == 2 and "needs the merger" in capsys.readouterr().err
+        assert not out.exists()
+        return
+    from commviz.verify import verify_pftrace
+
+    assert code == 0
+    report = verify_pftrace(out)
+    assert report.ok, report.errors

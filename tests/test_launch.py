@@ -1,0 +1,239 @@
+"""Real launches from YAML through the `commviz launch` CLI and torchrun (gloo, 2 and 4 ranks).
+
+Each test runs the real command in a subprocess, then reads back what the ranks left in the run
+dir: records (through the safe loader), profiler traces, the resolved config, and the merged
+trace (verified) once commviz.merge is installed.
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from commviz import load_record
+from commviz import metadata as md
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def launch(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commviz", "launch", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def records(run_dir: Path, world: int) -> list[dict]:
+    return [load_record(run_dir / f"commviz_rank{r}.pkl") for r in range(world)]
+
+
+def merge_available() -> bool:
+    try:
+        from commviz.merge import merge_run  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_merged(run_dir: Path, out: str) -> None:
+    """Once MERGE has landed: the launch merged the run and the trace verifies."""
+    if not merge_available():
+        assert "merge: skipped" in out
+        return
+    merged = run_dir / "merged.pftrace"
+    assert merged.exists() and f"merged:  {merged}" in out, out
+    from commviz.verify import verify_pftrace
+
+    report = verify_pftrace(merged)
+    assert report.ok, report.errors[:5]
+
+
+def by_group(record: dict) -> dict[tuple[str, str], list[dict]]:
+    """This rank's recorded collectives by (group description, op)."""
+    out = collections.defaultdict(list)
+    for c in record["collectives"]:
+        out[(c[md.PG_DESC], c[md.OP])].append(c)
+    return out
+
+
+def test_default_config_two_ranks_with_overrides(tmp_path):
+    result = launch("--set", f"output.dir={tmp_path}", "--set", "output.run_name=run",
+                    "--set", "workload.steps=4", "--set", "profile.active=3",
+                    "--set", "workload.collectives[0].repeat=2", cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    run_dir = tmp_path / "run"
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["workload"]["steps"] == 4 and resolved["profile"]["active"] == 3
+    assert resolved["workload"]["collectives"][0]["repeat"] == 2
+    assert (run_dir / "launch.log").read_text().count("torch.distributed.run") >= 1
+    recs = records(run_dir, 2)
+    calls = 1 + 4                                    # warmup step + profiled steps
+    for rank, rec in enumerate(recs):
+        assert rec["rank"] == rank and rec["world_size"] == 2 and rec["exit"] == "gathered"
+        groups = by_group(rec)
+        assert len(groups[("default_pg", "all_reduce")]) == 2 * calls     # repeat 2 (--set)
+        assert len(groups[("default_pg", "broadcast")]) == calls
+        assert {c[md.ROOT] for c in groups[("default_pg", "broadcast")]} == {1}
+        assert len(groups[("tp", "batch_isend_irecv")]) == calls
+        tp_ar = groups[("tp", "all_reduce")]
+        assert len(tp_ar) == calls and all(c[md.ASYNC] for c in tp_ar)
+        assert [c[md.PG_RANKS] for c in groups[("dp", "all_reduce")]] == [f"[{rank}]"] * calls
+        traces = sorted(p.name for p in run_dir.glob(f"trace_rank{rank}*.json.gz"))
+        assert traces and traces == sorted(rec["traces"])
+    # the same collective has the same sequence number on both ranks
+    seqs = [[c[md.SEQ] for c in by_group(r)[("default_pg", "all_to_all_single")]] for r in recs]
+    assert seqs[0] == seqs[1] and len(seqs[0]) == calls
+    assert "records: 2/2 ranks" in out
+    check_merged(run_dir, out)
+
+
+FOUR_RANKS = """
+name: tp-dp-cpu
+job: {nproc_per_node: 4, backend: gloo, timeout_s: 120}
+groups:
+  tp: {size: 2}              # [[0, 1], [2, 3]]
+  dp: {size: 2, stride: 2}   # [[0, 2], [1, 3]]
+workload:
+  steps: 3
+  transformer: {layers: 1, batch: 1, seq: 8, hidden: 32, heads: 2, ffn_mult: 2,
+                tp_group: tp, dp_group: dp}
+  collectives:
+    - {op: all_gather_into_tensor, group: tp, size: 64}
+    - {op: broadcast, group: dp, size: 64, root: 1}
+    - {op: reduce_scatter_tensor, group: world, size: 256}
+profile: {warmup: 1, active: 2}
+output: {dir: out, run_name: four}
+"""
+
+
+def test_four_ranks_tp_dp_from_yaml(tmp_path):
+    (tmp_path / "tpdp.yaml").write_text(FOUR_RANKS)
+    result = launch("tpdp.yaml", cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    run_dir = tmp_path / "out" / "four"
+    recs = records(run_dir, 4)
+    tp = {0: "[0, 1]", 1: "[0, 1]", 2: "[2, 3]", 3: "[2, 3]"}
+    dp = {0: "[0, 2]", 1: "[1, 3]", 2: "[0, 2]", 3: "[1, 3]"}
+    calls = 1 + 3
+    for rank, rec in enumerate(recs):
+        tables = {(g["desc"], str(g["ranks"])) for g in rec["process_groups"]}
+        assert ("tp", tp[rank]) in tables and ("dp", dp[rank]) in tables
+        groups = by_group(rec)
+        # transformer: an all_reduce after attention and after the MLP, one dp all_reduce
+        assert len(groups[("tp", "all_reduce")]) == 2 * calls
+        assert len(groups[("dp", "all_reduce")]) == calls
+        assert {c[md.PG_RANKS] for c in groups[("tp", "all_reduce")]} == {tp[rank]}
+        assert {c[md.PG_RANKS] for c in groups[("dp", "broadcast")]} == {dp[rank]}
+        # root 1 of a dp group is its second rank, as a global rank
+        assert {c[md.ROOT] for c in groups[("dp", "broadcast")]} == {int(dp[rank][-2])}
+        assert any(p.name.startswith(f"trace_rank{rank}") for p in run_dir.iterdir())
+    for desc, members in (("tp", [[0, 1], [2, 3]]), ("dp", [[0, 2], [1, 3]])):
+        for group in members:
+            seqs = [[c[md.SEQ] for c in recs[r]["collectives"] if c[md.PG_DESC] == desc]
+                    for r in group]
+            assert seqs[0] == seqs[1] and seqs[0]
+    check_merged(run_dir, out)
+
+
+FAILING = """
+import os
+import signal
+
+import torch
+
+
+def build(ctx):
+    t = torch.ones(16)
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        ctx.dist.all_reduce(t, group=ctx.group("world"))
+        if ctx.rank == ctx.args["rank"] and calls[0] == ctx.args["at"]:
+            if ctx.args["how"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected failure in call {calls[0]}")
+    return step
+"""
+
+
+def failing_job(tmp_path: Path, how: str) -> Path:
+    (tmp_path / "failing_job.py").write_text(FAILING)
+    (tmp_path / "fail.yaml").write_text(textwrap.dedent(f"""
+        name: fail
+        job: {{nproc_per_node: 2, timeout_s: 60}}
+        workload:
+          steps: 4
+          entrypoint: failing_job:build
+          args: {{rank: 1, at: 3, how: {how}}}
+          pythonpath: ["."]
+        output: {{dir: out, run_name: run}}
+        """))
+    return tmp_path / "out" / "run"
+
+
+def test_rank_failing_mid_run(tmp_path):
+    run_dir = failing_job(tmp_path, "raise")
+    result = launch("fail.yaml", cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "FAILED: rank 1" in out and "RuntimeError: injected failure in call 3" in out
+    assert "rank 0 failed too" in out or "rank 0 was stopped" in out
+    survivor = load_record(run_dir / "commviz_rank0.pkl")
+    failed = load_record(run_dir / "commviz_rank1.pkl")
+    assert failed["exit"] == "failed" and len(failed["collectives"]) == 3
+    # rank 0 recorded every call it made, the one left hanging by rank 1 included
+    assert len(survivor["collectives"]) == 4 and survivor["exit"] == "failed"
+    assert any(run_dir.glob("trace_rank0*.json.gz"))
+    assert "records: 2/2 ranks" in out
+    if merge_available():
+        assert "merge: " in out or "merged: " in out
+
+
+def test_rank_killed_without_a_word(tmp_path):
+    run_dir = failing_job(tmp_path, "kill")
+    result = launch("fail.yaml", cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    # rank 0 saw its peer vanish and says so in its own file; rank 1 died silently and is blamed
+    assert "FAILED: rank 1" in out and "exit code -9" in out, out
+    assert (run_dir / "logs" / "failed_rank0.json").exists()
+    assert not (run_dir / "logs" / "failed_rank1.json").exists()
+    assert load_record(run_dir / "commviz_rank0.pkl")["collectives"]
+
+
+def test_two_nodes_on_one_host(tmp_path):
+    """Two launches, --node-rank 0 and 1, meet at one c10d rendezvous; rank 0's node merges."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "two.yaml").write_text(textwrap.dedent(f"""
+        name: two
+        job: {{nnodes: 2, nproc_per_node: 1, rdzv_endpoint: "127.0.0.1:{port}",
+               rdzv_id: two-{port}, timeout_s: 120}}
+        workload:
+          steps: 3
+          collectives: [{{op: all_reduce, size: 256}}, {{op: all_gather_into_tensor, size: 64}}]
+        output: {{dir: out, run_name: "{{name}}-{{rdzv_id}}"}}
+        """))
+    argv = [sys.executable, "-m", "commviz", "launch", "two.yaml", "--node-rank"]
+    nodes = [subprocess.Popen(argv + [str(n)], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    run_dir = tmp_path / "out" / f"two-two-{port}"
+    assert (run_dir / "launch_node0.log").exists() and (run_dir / "launch_node1.log").exists()
+    rank0_node = int((run_dir / "logs" / "rank0_node").read_text())
+    assert "rank 0 ran on another node" in outs[1 - rank0_node]
+    assert "records: 2/2 ranks" in outs[rank0_node]
+    recs = records(run_dir, 2)
+    assert [len(by_group(r)[("default_pg", "all_reduce")]) for r in recs] == [4, 4]
+    check_merged(run_dir, outs[rank0_node])
