@@ -176,10 +176,9 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if _quiet():
         return RAW["all_to_all_single"](output, input, output_split_sizes, input_split_sizes,
                                         group, async_op)
-    even = not (output_split_sizes or input_split_sizes)  # ProcessGroupNCCL names it all_to_all
     call = begin("all_to_all_single", group, input, input.numel(), output.numel(),
                  in_split=_splits(input_split_sizes), out_split=_splits(output_split_sizes),
-                 async_op=async_op, extra={md.COLLECTIVE_NAME: "all_to_all"} if even else None)
+                 async_op=async_op)
     return invoke(call, RAW["all_to_all_single"], output, input, output_split_sizes,
                   input_split_sizes, group, async_op)
 

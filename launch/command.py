@@ -25,6 +25,7 @@ from commviz.errors import CommvizError, ConfigError
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, torchrun
 from commviz.launch.schema import Config
+from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
 
 CONFIG_NAME = "config.yaml"
@@ -65,13 +66,9 @@ def resolve(loaded: C.Loaded, now: datetime.datetime | None = None) -> Config:
     return cfg
 
 
-def run_dir_of(cfg: Config) -> Path:
-    return Path(cfg.output.dir) / cfg.output.run_name
-
-
 def _plan(loaded: C.Loaded, cfg: Config, out: TextIO) -> None:
     """What --dry-run prints: the layout, then each node's launch and torchrun command."""
-    job, run_dir = cfg.job, run_dir_of(cfg)
+    job, run_dir = cfg.job, C.run_dir(cfg)
     out.write(f"commviz launch (dry run): {cfg.name}: {cfg.world_size} ranks = {job.nnodes} "
               f"node(s) × {job.nproc_per_node}, backend {job.backend}, rendezvous c10d at "
               f"{job.rdzv_endpoint} (id {job.rdzv_id})\n")
@@ -180,8 +177,8 @@ def handle(args: argparse.Namespace) -> int:
         _plan(loaded, cfg, out)
         return 0
     C.check_environment(loaded)
-    run_dir = run_dir_of(cfg)
-    if any(run_dir.glob("commviz_rank*.pkl")):
+    run_dir = C.run_dir(cfg)
+    if any(run_dir.glob(RECORD_GLOB)):
         raise ConfigError(loaded.where(("output", "run_name")),
                           f"{run_dir} already holds a run; choose another run_name (or remove it)")
     run_dir.mkdir(parents=True, exist_ok=True)

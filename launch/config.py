@@ -204,6 +204,14 @@ def _pydantic_message(err: dict[str, Any]) -> str:
     return msg
 
 
+def _problem(err: dict[str, Any]) -> tuple[Loc, str]:
+    """A pydantic error as (key path, message); a bad mapping key is named as that key."""
+    loc = tuple(err["loc"])
+    if loc and loc[-1] == "[key]":
+        return loc[:-1], f"a key here must be text, got {err.get('input')!r}"
+    return loc, _pydantic_message(err)
+
+
 class _Locator:
     """Turns a key path into ``FILE:LINE key.path`` or ``--set ... key.path``."""
 
@@ -471,8 +479,7 @@ def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] =
     try:
         config = S.Config.model_validate(data)
     except ValidationError as exc:
-        _raise([(tuple(e["loc"]), _pydantic_message(e)) for e in exc.errors(include_url=False)],
-               locate)
+        _raise([_problem(e) for e in exc.errors(include_url=False)], locate)
         raise  # unreachable: _raise raised
     loaded = Loaded(config, source, base_dir, list(overrides), lines, overridden)
     loaded.fail(check(loaded))
@@ -491,11 +498,25 @@ def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Loade
     return load_text(text, str(p), p.resolve().parent, overrides)
 
 
+def run_dir(cfg: S.Config) -> Path:
+    """The run dir of a resolved config (its run_name filled in)."""
+    return Path(cfg.output.dir) / cfg.output.run_name
+
+
+def _nccl_keys(cfg: S.Config) -> list[Loc]:
+    keys: list[Loc] = [("job", "backend")] if cfg.job.backend == "nccl" else []
+    return keys + [("groups", n, "backend") for n, g in cfg.groups.items() if g.backend == "nccl"]
+
+
+def uses_nccl(cfg: S.Config) -> bool:
+    """Whether any group is nccl: then every rank works on its own GPU."""
+    return bool(_nccl_keys(cfg))
+
+
 def check_environment(loaded: Loaded, gpus: int | None = None) -> None:
     """What this machine must offer to run the job here (after ``load``; not for --dry-run)."""
     cfg = loaded.config
-    nccl = [("job", "backend")] if cfg.job.backend == "nccl" else []
-    nccl += [("groups", n, "backend") for n, g in cfg.groups.items() if g.backend == "nccl"]
+    nccl = _nccl_keys(cfg)
     if not nccl:
         return
     if gpus is None:

@@ -117,15 +117,15 @@ def run(config_path: str) -> None:
     loaded = C.load(config_path)
     cfg = loaded.config
     sys.path[:0] = [p for p in cfg.workload.pythonpath if p not in sys.path]  # user code's imports
-    run_dir = Path(cfg.output.dir) / cfg.output.run_name
+    run_dir = C.run_dir(cfg)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cpu")
-    if cfg.job.backend == "nccl":
+    if C.uses_nccl(cfg):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+                            device_id=device if cfg.job.backend == "nccl" else None)
     commviz.start(run_dir, capacity=cfg.record.capacity)
     if cfg.record.patch:
         commviz.patch()

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import commviz
-from commviz.capture import bindings, hooks
+from commviz.capture import bindings, graphs, hooks, region
 
 
 def node_count(g: torch.cuda.CUDAGraph) -> int | None:
@@ -55,6 +55,46 @@ def capture(fn, *, annotated: bool, keep_graph: bool = False) -> tuple[torch.cud
     return g, took
 
 
+class Parts:
+    """Seconds spent in each part of commviz's capture path (wrapping its functions)."""
+
+    TARGETS = ((region, "enter"), (region, "exit"), (graphs, "open_region"),
+               (graphs, "label_collective"), (graphs.GraphState, "finalize"))
+
+    def __init__(self) -> None:
+        self.seconds = {self.label(o, n): 0.0 for o, n in self.TARGETS}
+        self._saved = []
+
+    @staticmethod
+    def label(owner, name: str) -> str:
+        return f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
+
+    def __enter__(self) -> "Parts":
+        for owner, name in self.TARGETS:
+            original = getattr(owner, name)
+            label = self.label(owner, name)
+
+            def timed(*a, _f=original, _l=label, **k):
+                t0 = time.perf_counter()
+                try:
+                    return _f(*a, **k)
+                finally:
+                    self.seconds[_l] += time.perf_counter() - t0
+            self._saved.append((owner, name, original))
+            setattr(owner, name, timed)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+
+def describe(record: dict) -> list[tuple]:
+    """What a capture record says, without its ids (equal across backends and captures)."""
+    return [(n["kernel"], tuple(n["dims"]), n["lane"], n["ordinal"], tuple(n["after"]),
+             tuple(n["marks"])) for n in record["nodes"]]
+
+
 def time_replays(g: torch.cuda.CUDAGraph, n: int, *, annotated: bool) -> float:
     """Mean seconds per replay over ``n`` back-to-back replays."""
     if annotated:
@@ -78,6 +118,8 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--capture-rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--backends", default="driver,bindings",
+                    help="capture backends to time (commviz.capture.bindings)")
     args = ap.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -118,15 +160,33 @@ def main() -> None:
     replay_ratio = statistics.median(annotated_t) / statistics.median(plain_t)
     del plain, annotated
 
-    cap_plain, cap_annotated = [], []
+    backends = [b for b in args.backends.split(",") if b]
+    agree = {}
+    for name in backends:                                     # same records from every backend
+        bindings.use(name)
+        g, _ = capture(step, annotated=True)
+        agree[name] = describe(commviz.RECORDER.graphs[-1])
+        del g
+    backends_agree = all(v == agree[backends[0]] for v in agree.values())
+    cap_plain, cap_annotated, parts = [], {b: [] for b in backends}, {}
     for _ in range(args.capture_rounds):
         g, took = capture(many, annotated=False)
         cap_plain.append(took)
         del g
-        g, took = capture(many, annotated=True)
-        cap_annotated.append(took)
-        del g
-    capture_ratio = statistics.median(cap_annotated) / statistics.median(cap_plain)
+        for name in backends:
+            bindings.use(name)
+            with Parts() as p:
+                g, took = capture(many, annotated=True)
+            cap_annotated[name].append(took)
+            parts.setdefault(name, []).append(p.seconds)
+            del g
+    best = min(backends, key=lambda b: statistics.median(cap_annotated[b]))
+    capture_ratio = statistics.median(cap_annotated[best]) / statistics.median(cap_plain)
+    per_backend = {b: {"capture_ms": statistics.median(cap_annotated[b]) * 1e3,
+                       "ratio": statistics.median(cap_annotated[b]) / statistics.median(cap_plain),
+                       "parts_ms": {k: statistics.median(p[k] for p in parts[b]) * 1e3
+                                    for k in parts[b][0]}}
+                   for b in backends}
 
     figures = {
         "replay_collectives": args.collectives, "graph_nodes_plain": nodes[0],
@@ -136,11 +196,13 @@ def main() -> None:
         "replay_ratio": replay_ratio,
         "capture_collectives": args.capture_collectives,
         "capture_ms_plain": statistics.median(cap_plain) * 1e3,
-        "capture_ms_annotated": statistics.median(cap_annotated) * 1e3,
+        "capture_backend": best,
+        "capture_ms_annotated": statistics.median(cap_annotated[best]) * 1e3,
         "capture_ratio": capture_ratio,
-        "capture_us_per_collective_added": (statistics.median(cap_annotated)
+        "capture_us_per_collective_added": (statistics.median(cap_annotated[best])
                                             - statistics.median(cap_plain))
         / args.capture_collectives * 1e6,
+        "capture_backends": per_backend, "backends_agree": backends_agree,
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
     }
     if rank == 0:
@@ -150,7 +212,12 @@ def main() -> None:
         print(f"capture of {args.capture_collectives} collectives: "
               f"{figures['capture_ms_plain']:.1f} ms plain vs "
               f"{figures['capture_ms_annotated']:.1f} ms annotated -> ratio {capture_ratio:.2f} "
-              f"({figures['capture_us_per_collective_added']:.1f} us added per collective)")
+              f"({figures['capture_us_per_collective_added']:.1f} us added per collective, "
+              f"{best} backend)")
+        for name, fig in per_backend.items():
+            print(f"  {name}: {fig['capture_ms']:.1f} ms, ratio {fig['ratio']:.2f}, parts "
+                  + ", ".join(f"{k} {v:.1f} ms" for k, v in fig["parts_ms"].items()))
+        print(f"  backends give the same records: {backends_agree}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(figures, f, indent=1)

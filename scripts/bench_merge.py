@@ -180,6 +180,19 @@ def parse_only(paths: dict[int, Path]) -> int:
 
 # --- measuring in child processes -------------------------------------------------------------
 
+def _hwm_mib(pid: int | str = "self") -> float | None:
+    """Peak RSS of a live process (Linux VmHWM). Unlike ``ru_maxrss``, which a child inherits
+    from the process that forked it, VmHWM starts afresh at exec."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     """Run one measured program; print its figures as JSON (the parent reads the last line)."""
     run = Path(run_dir)
@@ -187,14 +200,14 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     paths = {r: p if p.exists() else gen_traces.trace_path(run, r, False)
              for r, p in paths.items()}
     result: dict[str, Any] = {}
+    if kind == "merge":
+        from commviz.merge import merge_run    # imports torch: not part of what is timed
     t = time.perf_counter()
     if kind == "baseline":
         result["events"] = baseline_merge(paths, Path(out))
     elif kind == "parse":
         result["events"] = parse_only(paths)
     else:
-        from commviz.merge import merge_run
-
         res = merge_run(run, Path(out), progress=False,
                         workers=int(workers) if workers != "auto" else None)
         result["stats"] = {k: v for k, v in (res.stats or {}).items()
@@ -203,30 +216,36 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     result["seconds"] = time.perf_counter() - t
     result["bytes"] = Path(out).stat().st_size if kind != "parse" else 0
     to_mib = 1024 if sys.platform != "darwin" else 1024 * 1024
-    result["rss_self_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / to_mib
-    result["rss_children_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / to_mib
+    result["rss_self_mib"] = (_hwm_mib()
+                              or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / to_mib)
     print(json.dumps(result))
 
 
 def measure(kind: str, run_dir: Path, out: Path, *, ranks: int, workers: str = "auto"
             ) -> dict[str, Any]:
-    """Run ``kind`` in a child process; add the peak RSS of its whole process tree (sampled)."""
+    """Run ``kind`` in a child process; add, sampled every 50 ms, the peak RSS summed over its
+    process tree and the largest peak of any one of its worker processes."""
     import psutil
 
     cmd = [sys.executable, __file__, "_child", kind, str(run_dir), str(out), workers, str(ranks)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
+    peak = [0.0, 0.0]                           # tree total, largest worker (MiB)
 
     def sample() -> None:
         try:
             root = psutil.Process(proc.pid)
             while proc.poll() is None:
-                total = 0
-                for p in [root, *root.children(recursive=True)]:
+                total = 0.0
+                for p in root.children(recursive=True):
                     try:
-                        total += p.memory_info().rss
+                        total += p.memory_info().rss / (1 << 20)
+                        peak[1] = max(peak[1], _hwm_mib(p.pid) or 0.0)
                     except psutil.Error:
                         pass
+                try:
+                    total += root.memory_info().rss / (1 << 20)
+                except psutil.Error:
+                    pass
                 peak[0] = max(peak[0], total)
                 time.sleep(0.05)
         except psutil.Error:
@@ -240,7 +259,7 @@ def measure(kind: str, run_dir: Path, out: Path, *, ranks: int, workers: str = "
         tail = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {proc.returncode}"
         return {"error": tail}
     result = json.loads(stdout.strip().splitlines()[-1])
-    result["rss_tree_mib"] = peak[0] / (1 << 20)
+    result["rss_tree_mib"], result["rss_worker_mib"] = peak
     return result
 
 
@@ -290,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         in_bytes = sum(p.stat().st_size for p in run.iterdir())
         print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
               f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
-              f"generated in {time.perf_counter() - t:.1f}s; machine: {os.cpu_count()} CPUs")
+              f"generated in {time.perf_counter() - t:.1f}s; machine: {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
         res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
         res_b = measure("merge", run, work / "merged.pftrace", ranks=a.ranks, workers=a.workers)
@@ -327,8 +347,12 @@ def main(argv: list[str] | None = None) -> int:
 
             t = time.perf_counter()
             rep = verify_pftrace(work / "merged.pftrace", inputs=load_run(run))
+            totals: dict[str, int] = {}
+            for st in rep.inputs.values():
+                for k, n in st.items():
+                    totals[k] = totals.get(k, 0) + n
             print(f"\nverify: {'OK' if rep.ok else 'FAILED'} in {time.perf_counter() - t:.1f}s; "
-                  f"{rep.counts}")
+                  f"input events {totals}; {rep.counts}")
             for p in rep.errors[:10]:
                 print(f"  {p}")
             ok = ok and rep.ok
@@ -338,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\npeak RSS of commviz merge, {a.rss_events:,} events per rank "
                   f"(child process per measurement)")
             print(f"{'ranks':>6} {'largest input MB':>17} {'seconds':>8} {'main MiB':>9} "
-                  f"{'worker MiB':>11} {'tree MiB':>9}")
+                  f"{'worker MiB':>11} {'tree MiB':>9}   (worker: largest one; tree: all at once)")
             for n in scan:
                 scan_run = work / f"scan{n}"
                 gen_traces.write_run(scan_run, n, a.rss_events, compress=not a.no_gzip)
@@ -350,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                     ok = False
                     break
                 print(f"{n:>6} {largest / 1e6:>17.1f} {r['seconds']:>8.2f} "
-                      f"{r['rss_self_mib']:>9.0f} {r['rss_children_mib']:>11.0f} "
+                      f"{r['rss_self_mib']:>9.0f} {r['rss_worker_mib']:>11.0f} "
                       f"{r['rss_tree_mib']:>9.0f}")
                 shutil.rmtree(scan_run)
     finally:

@@ -43,7 +43,7 @@ def _buffers(torch: Any, rank: int, dtype: Any) -> dict[str, Any]:
             "parts": [full(N) for _ in range(2)]}
 
 
-def step(dist: Any, commviz: Any, rank: int, groups: list[tuple[str, Any, dict]]) -> None:
+def step(dist: Any, capture: Any, rank: int, groups: list[tuple[str, Any, dict]]) -> None:
     """Every collective kind on every group (the step that is run eagerly and captured)."""
     peer = 1 - rank
     for name, g, b in groups:
@@ -61,18 +61,18 @@ def step(dist: Any, commviz: Any, rank: int, groups: list[tuple[str, Any, dict]]
             w.wait()
         op = dist.ReduceOp.MAX if name == "pg_b" else dist.ReduceOp.SUM
         work = dist.all_reduce(b["y"], op=op, group=g, async_op=True)
-        with commviz.mark(f"matmul_{name}", stream=name):
+        with capture.mark(f"matmul_{name}", stream=name):
             b["mm"].copy_(b["m"] @ b["m"])
         work.wait()
         if name == "world":
             dist.all_gather(b["parts"], b["x"], group=g)
 
 
-def step2(dist: Any, commviz: Any, rank: int, groups: list[tuple[str, Any, dict]]) -> None:
+def step2(dist: Any, capture: Any, rank: int, groups: list[tuple[str, Any, dict]]) -> None:
     """A different, shorter step: the second graph (captured on a side stream)."""
     (_, world, bw), (_, pg_a, ba), (_, pg_b, bb) = groups
     dist.all_reduce(bb["x"], group=pg_b)
-    with commviz.mark("scale"):
+    with capture.mark("scale"):
         bw["x"].mul_(0.5)
     dist.broadcast(bw["x"], src=1, group=world)
     dist.all_gather_into_tensor(ba["ag"], ba["x"], group=pg_a)
@@ -86,6 +86,7 @@ def job(out: Path) -> None:
     import torch.distributed as dist
 
     import commviz
+    from commviz import capture
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -100,23 +101,23 @@ def job(out: Path) -> None:
     groups = [(name, handles[name], _buffers(torch, rank, dtypes[dt])) for name, dt in GROUPS]
 
     for _ in range(2):                               # warm up: communicators, cuBLAS, p2p
-        step(dist, commviz, rank, groups)
-        step2(dist, commviz, rank, groups)
+        step(dist, capture, rank, groups)
+        step2(dist, capture, rank, groups)
     torch.cuda.synchronize()
 
     with commviz.profile(out / "eager"):             # ground truth: the eager step, profiled
-        step(dist, commviz, rank, groups)
+        step(dist, capture, rank, groups)
         torch.cuda.synchronize()
-        step2(dist, commviz, rank, groups)
+        step2(dist, capture, rank, groups)
         torch.cuda.synchronize()
 
     g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with commviz.graph(g1):
-        step(dist, commviz, rank, groups)
+    with capture.graph(g1):
+        step(dist, capture, rank, groups)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with commviz.graph(g2, stream=side):
-        step2(dist, commviz, rank, groups)
+    with capture.graph(g2, stream=side):
+        step2(dist, capture, rank, groups)
     torch.cuda.synchronize()
     g1.replay()                                       # one replay outside the profiler
     g2.replay()
@@ -133,7 +134,7 @@ def job(out: Path) -> None:
     from commviz.capture import bindings, cupti
 
     info = {"rank": rank, "torch": torch.__version__, "cupti": cupti.path,
-            "bindings": bindings.available(), "nccl": list(torch.cuda.nccl.version()),
+            "backend": bindings.backend().name if bindings.available() else None, "nccl": list(torch.cuda.nccl.version()),
             "graphs": [{k: g[k] for k in ("graph", "cupti_graph_id", "exec_ids",
                                           "tools_exec_ids", "complete", "kernel_count",
                                           "replays")} for g in commviz.RECORDER.graphs]}
@@ -345,6 +346,7 @@ def test_mark_and_replay_tags_on_one_gpu(tmp_path: Path) -> None:
     import torch
 
     import commviz
+    from commviz import capture
     from commviz.capture.mark import MARK
     from commviz.match.graphed import match_graphed
     from commviz.record.store import load_record
@@ -357,9 +359,9 @@ def test_mark_and_replay_tags_on_one_gpu(tmp_path: Path) -> None:
         b.copy_(a @ a)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with commviz.graph(g):
-        with commviz.mark("outer"):
-            with commviz.mark("mm", stream=61):
+    with capture.graph(g):
+        with capture.mark("outer"):
+            with capture.mark("mm", stream=61):
                 b.copy_(a @ a)
             b.mul_(2)
     with commviz.profile(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from commviz.match.model import events_from_record
 from commviz.record.store import load_record
 from commviz.review import bandwidth as bw
-from commviz.review.instances import build_instances
+from commviz.review.instances import ERROR_KEY, build_instances
 from harness import run_ranks
 
 WORLD = 3
@@ -75,7 +75,11 @@ def _every_type(rank: int, world: int, run_dir: str) -> None:
     dist.reduce_scatter_tensor(torch.empty(c), torch.ones(c * world))
     dist.reduce_scatter(torch.empty(c), [torch.ones(c) for _ in range(world)])
     dist.all_to_all_single(torch.empty(c * world), torch.ones(c * world))
-    dist.all_to_all([torch.empty(c) for _ in range(world)], [torch.ones(c) for _ in range(world)])
+    try:
+        dist.all_to_all([torch.empty(c) for _ in range(world)],
+                        [torch.ones(c) for _ in range(world)])
+    except RuntimeError:        # gloo has list all_to_all only from torch 2.13 on
+        pass
     dist.broadcast(part, src=0)
     dist.reduce(part, dst=0)
     dist.gather(part, [torch.empty(c) for _ in range(world)] if rank == 0 else None, dst=0)
@@ -120,6 +124,9 @@ EXPECTED = {
 def test_size_and_bandwidth_of_each_type(instances, op):
     ctype, size = EXPECTED[op]
     inst = instances[op]
+    if any(ERROR_KEY in e.args for e in inst.events.values()):
+        assert inst.bandwidth is None and inst.comm_ns is None     # a failed call moved nothing
+        pytest.skip(f"{op}: {inst.events[0].args[ERROR_KEY]}")
     assert inst.ctype == ctype
     assert inst.size_bytes == size
     assert sorted(inst.events) == ([0, 1] if ctype == "p2p" else list(range(WORLD)))

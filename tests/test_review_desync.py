@@ -81,6 +81,14 @@ def test_skip_reported_at_its_sequence_number(desync_run):
     assert "ranks [1] skipped 1" in d.detail
 
 
+def test_timed_out_calls_get_no_bandwidth(desync_run):
+    review = review_run(desync_run)
+    skip = {i.seq: i for i in review.instances if i.pg_desc == "skip"}
+    assert skip[1].bandwidth is not None
+    for seq in (3, 4):                           # rank 0's lonely all_reduce, the broadcast
+        assert skip[seq].comm_ns is None and skip[seq].bandwidth is None
+
+
 def test_matching_group_has_no_desync(desync_run):
     review = review_run(desync_run)
     assert sorted(_by_desc(review)) == ["reorder", "skip"]

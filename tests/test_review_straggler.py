@@ -20,9 +20,8 @@ import torch
 
 from commviz.cli import main as cli_main
 from commviz.review import plots
-from commviz.review.report import review_run, write_report
+from commviz.review.report import load_inputs, review_run, write_report
 from commviz.review.summary import summary_tracks
-from commviz.review.report import load_inputs
 from harness import run_ranks
 
 WORLD = 3

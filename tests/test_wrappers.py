@@ -235,7 +235,8 @@ def test_metadata_values_and_profiler_ranges(run_dir: Path) -> None:
     assert [c[md.ROOT] for c in records[0] if c[md.OP] == "broadcast"] == [0, 1]
     assert [c[md.ROOT] for c in records[1] if c[md.OP] == "broadcast"] == [0, 1]
     a2a = [c for c in records[0] if c[md.OP] == "all_to_all_single"]
-    assert [c[md.COLLECTIVE_NAME] for c in a2a] == ["all_to_all", "all_to_allv"]
+    # torch 2.11's profiler names all_to_all_single "all_to_allv" with and without splits
+    assert [c[md.COLLECTIVE_NAME] for c in a2a] == ["all_to_allv", "all_to_allv"]
     assert a2a[1][md.IN_SPLIT] == "[1, 2]" and a2a[1][md.OUT_SPLIT] == "[1, 1]"
     batch = rec0["batch_isend_irecv"]
     assert batch[md.PEERS] == "send:1,recv:1" and batch[md.KIND] == "batch"

@@ -1,34 +1,20 @@
-"""The few CUDA graph calls capture needs, through ``cuda.bindings`` (shipped with torch's CUDA wheels).
+"""The few CUDA graph calls capture needs: read-only, legal while a graph is being captured.
 
-Handles are plain ints everywhere (cuda.bindings accepts them), which keeps the hot path free of
-wrapper objects. Everything here may only be called when ``available()``; the queries are read-only
-and legal on a graph while it is being captured.
+Two interchangeable backends with the same functions: ``driver`` calls the CUDA driver
+(``libcuda.so.1``) through ctypes, the cheap one (capture time counts: these run once or twice
+per collective); ``bindings`` goes through ``cuda.bindings`` (shipped with torch's CUDA wheels).
+``COMMVIZ_CAPTURE_BACKEND=driver|bindings`` picks one; by default the driver, else bindings.
+Handles are plain ints throughout.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any
-
-try:  # pragma: no cover - depends on the machine
-    from cuda.bindings import driver as _drv
-    from cuda.bindings import runtime as _rt
-except ImportError:  # CPU machines, or a torch build without cuda-bindings
-    _drv = _rt = None
-
-if _rt is not None:
-    _OK = _rt.cudaError_t.cudaSuccess
-    _ACTIVE = _rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
-    _KERNEL = _rt.cudaGraphNodeType.cudaGraphNodeTypeKernel
-    _NEWER_DRIVER = getattr(_rt.cudaError_t, "cudaErrorCallRequiresNewerDriver", None)
-    _DRV_OK = _drv.CUresult.CUDA_SUCCESS
 
 _BUF = 16                      # first guess of a node's dependents: one call in the common case
 _func_names: dict[int, str] = {}
-_tools_ok: bool | None = None
-
-
-def available() -> bool:
-    return _rt is not None
 
 
 class CaptureInfo:
@@ -42,111 +28,284 @@ class CaptureInfo:
         self.frontier = frontier
 
 
+# ---------------------------------------------------------------------------------------------
+class _Driver:
+    """ctypes on libcuda.so.1 (versioned entry points of CUDA >= 12.3 drivers)."""
+
+    name = "driver"
+    _ACTIVE = 1                     # CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+    class Params(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+        _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint),
+                    ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                    ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                    ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                    ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                    ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, sz, u64, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint
+        P = ctypes.POINTER
+
+        def fn(name: str, *argtypes: Any) -> Any:
+            f = getattr(lib, name)
+            f.argtypes = list(argtypes)
+            f.restype = ctypes.c_int
+            return f
+
+        self._info = fn("cuStreamGetCaptureInfo_v3", vp, P(ctypes.c_int), P(u64), P(vp),
+                        P(P(vp)), P(vp), P(sz))
+        self._deps = fn("cuGraphNodeGetDependentNodes_v2", vp, P(vp), P(u64), P(sz))
+        self._params = fn("cuGraphKernelNodeGetParams_v2", vp, P(self.Params))
+        self._fname = fn("cuFuncGetName", P(ctypes.c_char_p), vp)
+        self._kname = fn("cuKernelGetName", P(ctypes.c_char_p), vp)
+        self._nodes = fn("cuGraphGetNodes", vp, P(vp), P(sz))
+        self._roots = fn("cuGraphGetRootNodes", vp, P(vp), P(sz))
+        self._edges = fn("cuGraphGetEdges_v2", vp, P(vp), P(vp), P(u64), P(sz))
+        try:                        # CUDA >= 13.1 drivers only
+            self._tools = fn("cuGraphNodeGetToolsId", vp, P(ctypes.c_ulonglong))
+            self._exec_id = fn("cuGraphExecGetId", vp, P(u32))
+        except AttributeError:
+            self._tools = self._exec_id = None
+
+    def capture_info(self, stream: int) -> CaptureInfo | None:
+        status, cid, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
+        deps, edges, num = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
+        if self._info(stream, ctypes.byref(status), ctypes.byref(cid), ctypes.byref(graph),
+                      ctypes.byref(deps), ctypes.byref(edges), ctypes.byref(num)) != 0 \
+                or status.value != self._ACTIVE:
+            return None
+        return CaptureInfo(cid.value, graph.value or 0, [deps[i] for i in range(num.value)])
+
+    def dependents(self, node: int) -> list[int]:
+        size = _BUF
+        while True:
+            buf, edata, num = (ctypes.c_void_p * size)(), (ctypes.c_uint64 * size)(), \
+                ctypes.c_size_t(size)
+            if self._deps(node, buf, edata, ctypes.byref(num)) != 0:
+                return []
+            if num.value < size:
+                return list(buf[:num.value])
+            count = ctypes.c_size_t()      # maybe truncated: ask for the count, then all
+            if self._deps(node, None, None, ctypes.byref(count)) != 0:
+                return []
+            if count.value <= size:
+                return list(buf[:count.value])
+            size = count.value
+
+    def _listing(self, fn: Any, handle: int) -> list[int]:
+        count = ctypes.c_size_t()
+        if fn(handle, None, ctypes.byref(count)) != 0 or count.value == 0:
+            return []
+        buf = (ctypes.c_void_p * count.value)()
+        if fn(handle, buf, ctypes.byref(count)) != 0:
+            return []
+        return list(buf[:count.value])
+
+    def roots(self, graph: int) -> list[int]:
+        return self._listing(self._roots, graph)
+
+    def nodes(self, graph: int) -> list[int]:
+        return self._listing(self._nodes, graph)
+
+    def edges(self, graph: int) -> list[tuple[int, int]]:
+        count = ctypes.c_size_t()
+        if self._edges(graph, None, None, None, ctypes.byref(count)) != 0 or not count.value:
+            return []
+        n = count.value
+        a, b, e = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_uint64 * n)()
+        if self._edges(graph, a, b, e, ctypes.byref(count)) != 0:
+            return []
+        return list(zip(a[:count.value], b[:count.value]))
+
+    def kernel(self, node: int) -> tuple[str, list[int]] | None:
+        p = self.Params()
+        if self._params(node, ctypes.byref(p)) != 0:
+            return None
+        key = p.func or p.kern
+        name = _func_names.get(key)
+        if name is None:
+            raw = ctypes.c_char_p()
+            err = self._fname(ctypes.byref(raw), p.func) if p.func else \
+                self._kname(ctypes.byref(raw), p.kern)
+            if err != 0 or raw.value is None:
+                return None
+            name = _func_names[key] = raw.value.decode(errors="replace")
+        return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
+
+    def tools_id(self, node: int) -> int | None:
+        if self._tools is None:
+            return None
+        out = ctypes.c_ulonglong()
+        if self._tools(node, ctypes.byref(out)) != 0:
+            self._tools = None            # not supported by this driver: stop asking
+            return None
+        return out.value
+
+    def exec_tools_id(self, graph_exec: int) -> int | None:
+        if self._exec_id is None or not graph_exec:
+            return None
+        out = ctypes.c_uint()
+        return out.value if self._exec_id(graph_exec, ctypes.byref(out)) == 0 else None
+
+
+# ---------------------------------------------------------------------------------------------
+class _Bindings:
+    """cuda.bindings (Python objects per call: simpler, several times slower)."""
+
+    name = "bindings"
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver, runtime
+
+        self._rt, self._drv = runtime, driver
+        self._OK = runtime.cudaError_t.cudaSuccess
+        self._DRV_OK = driver.CUresult.CUDA_SUCCESS
+        self._ACTIVE = runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive
+        self._tools_ok = hasattr(runtime, "cudaGraphNodeGetToolsId")
+
+    def capture_info(self, stream: int) -> CaptureInfo | None:
+        res = self._rt.cudaStreamGetCaptureInfo(stream)
+        # 13.x: (err, status, id, graph, deps, edge_data, n); 12.x: (err, status, id, graph, deps, n)
+        if res[0] != self._OK or res[1] != self._ACTIVE:
+            return None
+        num = int(res[-1])
+        return CaptureInfo(int(res[2]), int(res[3]), [int(d) for d in (res[4] or [])[:num]])
+
+    def dependents(self, node: int) -> list[int]:
+        fn = self._rt.cudaGraphNodeGetDependentNodes
+        res = fn(node, _BUF)
+        if res[0] != self._OK:
+            return []
+        num = int(res[-1])
+        if num >= _BUF:
+            num = int(fn(node, 0)[-1])
+            res = fn(node, num)
+            if res[0] != self._OK:
+                return []
+            num = int(res[-1])
+        return [int(d) for d in (res[1] or [])[:num]]
+
+    def _listing(self, fn: Any, handle: int) -> list[Any]:
+        res = fn(handle, 0)
+        if res[0] != self._OK or not int(res[-1]):
+            return []
+        res = fn(handle, int(res[-1]))
+        return list(res[1:-1]) if res[0] == self._OK else []
+
+    def roots(self, graph: int) -> list[int]:
+        got = self._listing(self._rt.cudaGraphGetRootNodes, graph)
+        return [int(n) for n in got[0]] if got else []
+
+    def nodes(self, graph: int) -> list[int]:
+        got = self._listing(self._rt.cudaGraphGetNodes, graph)
+        return [int(n) for n in got[0]] if got else []
+
+    def edges(self, graph: int) -> list[tuple[int, int]]:
+        got = self._listing(self._rt.cudaGraphGetEdges, graph)
+        return [(int(a), int(b)) for a, b in zip(got[0], got[1])] if got else []
+
+    def kernel(self, node: int) -> tuple[str, list[int]] | None:
+        drv = self._drv
+        err, p = drv.cuGraphKernelNodeGetParams(node)
+        if err != self._DRV_OK:
+            return None
+        func = int(p.func)
+        key = func or int(p.kern)
+        name = _func_names.get(key)
+        if name is None:
+            err, raw = drv.cuFuncGetName(p.func) if func else drv.cuKernelGetName(p.kern)
+            if err != self._DRV_OK:
+                return None
+            name = _func_names[key] = raw.decode(errors="replace") if isinstance(raw, bytes) \
+                else str(raw)
+        return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
+
+    def tools_id(self, node: int) -> int | None:
+        if not self._tools_ok:
+            return None
+        err, value = self._rt.cudaGraphNodeGetToolsId(node)
+        if err != self._OK:
+            self._tools_ok = False
+            return None
+        return int(value)
+
+    def exec_tools_id(self, graph_exec: int) -> int | None:
+        fn = getattr(self._rt, "cudaGraphExecGetId", None)
+        if fn is None or not graph_exec:
+            return None
+        err, value = fn(graph_exec)
+        return int(value) if err == self._OK else None
+
+
+# ---------------------------------------------------------------------------------------------
+def _pick() -> Any:
+    wanted = os.environ.get("COMMVIZ_CAPTURE_BACKEND", "").strip().lower()
+    order = {"bindings": (_Bindings,), "driver": (_Driver,)}.get(wanted, (_Driver, _Bindings))
+    for kind in order:
+        try:
+            return kind()
+        except (OSError, AttributeError, ImportError):
+            continue
+    return None
+
+
+_backend: Any = None
+_picked = False
+
+
+def backend() -> Any:
+    """The backend in use, or None (no CUDA driver, no cuda-bindings)."""
+    global _backend, _picked
+    if not _picked:
+        _backend, _picked = _pick(), True
+    return _backend
+
+
+def use(name: str | None) -> None:
+    """Switch backends (benchmarks, tests); ``None`` picks again from the environment."""
+    global _backend, _picked
+    _backend = {"driver": _Driver, "bindings": _Bindings}[name]() if name else _pick()
+    _picked = True
+
+
+def available() -> bool:
+    return backend() is not None
+
+
 def capture_info(stream: int) -> CaptureInfo | None:
-    """The active capture on ``stream`` (a ``cudaStream_t`` as int), or None."""
-    res = _rt.cudaStreamGetCaptureInfo(stream)
-    # cuda-bindings 13: (err, status, id, graph, deps, edge_data, n); 12: (err, status, id, graph, deps, n)
-    if res[0] != _OK or res[1] != _ACTIVE:
-        return None
-    num = int(res[-1])
-    deps = res[4] or []
-    return CaptureInfo(int(res[2]), int(res[3]), [int(d) for d in deps[:num]])
+    return _backend.capture_info(stream)
 
 
 def dependents(node: int) -> list[int]:
-    """The nodes that depend directly on ``node``."""
-    res = _rt.cudaGraphNodeGetDependentNodes(node, _BUF)
-    if res[0] != _OK:
-        return []
-    num = int(res[-1])
-    if num >= _BUF:                        # maybe truncated: ask for the count, then all of them
-        num = int(_rt.cudaGraphNodeGetDependentNodes(node, 0)[-1])
-        res = _rt.cudaGraphNodeGetDependentNodes(node, num)
-        if res[0] != _OK:
-            return []
-        num = int(res[-1])
-    return [int(d) for d in (res[1] or [])[:num]]
-
-
-def _listing(fn: Any, handle: int) -> list[Any]:
-    res = fn(handle, 0)
-    if res[0] != _OK:
-        return []
-    num = int(res[-1])
-    if num == 0:
-        return []
-    res = fn(handle, num)
-    if res[0] != _OK:
-        return []
-    return list(res[1:-1])
+    return _backend.dependents(node)
 
 
 def roots(graph: int) -> list[int]:
-    got = _listing(_rt.cudaGraphGetRootNodes, graph)
-    return [int(n) for n in got[0]] if got else []
+    return _backend.roots(graph)
 
 
 def nodes(graph: int) -> list[int]:
-    got = _listing(_rt.cudaGraphGetNodes, graph)
-    return [int(n) for n in got[0]] if got else []
+    return _backend.nodes(graph)
 
 
 def edges(graph: int) -> list[tuple[int, int]]:
     """Every (from, to) dependency edge of ``graph``."""
-    got = _listing(_rt.cudaGraphGetEdges, graph)
-    if not got:
-        return []
-    return [(int(a), int(b)) for a, b in zip(got[0], got[1])]
-
-
-def is_kernel(node: int) -> bool:
-    err, kind = _rt.cudaGraphNodeGetType(node)
-    return err == _OK and kind == _KERNEL
+    return _backend.edges(graph)
 
 
 def kernel(node: int) -> tuple[str, list[int]] | None:
-    """A kernel node's (mangled) function name and launch dims ``[gx, gy, gz, bx, by, bz]``."""
-    err, params = _drv.cuGraphKernelNodeGetParams(node)
-    if err != _DRV_OK:
-        return None
-    func = int(params.func)
-    key = func or int(params.kern)
-    name = _func_names.get(key)
-    if name is None:
-        if func:
-            err, raw = _drv.cuFuncGetName(params.func)
-        else:
-            err, raw = _drv.cuKernelGetName(params.kern)
-        if err != _DRV_OK:
-            return None
-        name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        _func_names[key] = name
-    return name, [params.gridDimX, params.gridDimY, params.gridDimZ,
-                  params.blockDimX, params.blockDimY, params.blockDimZ]
+    """A kernel node's (mangled) function name and launch dims ``[gx, gy, gz, bx, by, bz]``;
+    None for any other kind of node (its parameters cannot be read as a kernel's)."""
+    return _backend.kernel(node)
 
 
 def tools_id(node: int) -> int | None:
     """``cudaGraphNodeGetToolsId`` where the driver has it (CUDA >= 13.1), else None."""
-    global _tools_ok
-    if _tools_ok is False:
-        return None
-    fn = getattr(_rt, "cudaGraphNodeGetToolsId", None)
-    if fn is None:
-        _tools_ok = False
-        return None
-    err, value = fn(node)
-    if err != _OK:
-        if _tools_ok is None and (err == _NEWER_DRIVER or _NEWER_DRIVER is None):
-            _tools_ok = False
-        return None
-    _tools_ok = True
-    return int(value)
+    return _backend.tools_id(node)
 
 
 def exec_tools_id(graph_exec: int) -> int | None:
-    """``cudaGraphExecGetId`` (the exec id toolsIds carry) where the driver has it."""
-    fn = getattr(_rt, "cudaGraphExecGetId", None)
-    if fn is None or not graph_exec or _tools_ok is False:
-        return None
-    err, value = fn(graph_exec)
-    return int(value) if err == _OK else None
+    """The exec graph id toolsIds carry, where the driver has it."""
+    return _backend.exec_tools_id(graph_exec)

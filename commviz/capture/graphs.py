@@ -64,7 +64,14 @@ def warn_once(what: str, exc: BaseException | None = None) -> None:
         log.warning("commviz capture: %s%s", what, f" ({exc!r})" if exc else "")
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _current_stream() -> int:
+    """The current CUDA stream as an int handle (without building a torch Stream object)."""
+    if _raw_stream is not None and _device is not None:
+        return _raw_stream(_device())
     return torch.cuda.current_stream().cuda_stream
 
 
@@ -142,29 +149,12 @@ class GraphState:
         for h in relevant:
             if h not in self.nodes:
                 self._add(h, *keys[h])
-        preds: dict[int, list[int]] = {h: [] for h in all_nodes}
-        succs: dict[int, list[int]] = {h: [] for h in all_nodes}
-        for a, b in cb.edges(self.graph):
-            if a in preds and b in preds:
-                preds[b].append(a)
-                succs[a].append(b)
-        order = _topological(all_nodes, preds, succs)
-        nearest: dict[int, frozenset[int]] = {}
-        for h in order:
-            acc: set[int] = set()
-            for p in preds[h]:
-                if p in relevant:
-                    acc.add(p)
-                else:
-                    acc |= nearest[p]
-            nearest[h] = frozenset(acc)
-        listed = [h for h in order if h in relevant]
-        position = {h: i for i, h in enumerate(listed)}
+        listed, after = dependency_order(all_nodes, cb.edges(self.graph), relevant)
         entries = []
-        for h in listed:
+        for i, h in enumerate(listed):
             entry = self.nodes[h].entry
-            entry["index"] = position[h]
-            entry["after"] = sorted(position[p] for p in nearest[h])
+            entry["index"] = i
+            entry["after"] = after[h]
             entries.append(entry)
         self.record["nodes"] = entries
         self.record["kernel_count"] = sum(names.values())
@@ -191,29 +181,44 @@ class GraphState:
 
 def _describe(handle: int) -> tuple[str, list[int]] | None:
     """(kernel key, launch dims) of a kernel node; None for any other node."""
-    if not cb.is_kernel(handle):
-        return None
     desc = cb.kernel(handle)
     return None if desc is None else (kernel_key(desc[0]), desc[1])
 
 
-def _topological(all_nodes: list[int], preds: dict[int, list[int]],
-                 succs: dict[int, list[int]]) -> list[int]:
-    """Kahn's order, ties broken by the graph's own node order (creation order)."""
+def dependency_order(all_nodes: list[int], edges: list[tuple[int, int]], listed: set[int]
+                     ) -> tuple[list[int], dict[int, list[int]]]:
+    """The ``listed`` nodes in a topological order of the graph (ties: the graph's own node
+    order), and for each the positions (in that list) of the nearest listed nodes it depends on,
+    through any number of unlisted nodes."""
+    preds: dict[int, list[int]] = {h: [] for h in all_nodes}
+    succs: dict[int, list[int]] = {h: [] for h in all_nodes}
+    for a, b in edges:
+        if a in preds and b in preds:
+            preds[b].append(a)
+            succs[a].append(b)
     waiting = {h: len(preds[h]) for h in all_nodes}
-    ready = [h for h in all_nodes if waiting[h] == 0]
-    rank = {h: i for i, h in enumerate(all_nodes)}
-    out: list[int] = []
-    heap = [(rank[h], h) for h in ready]
+    heap = [(i, h) for i, h in enumerate(all_nodes) if not waiting[h]]
     heapq.heapify(heap)
+    rank = {h: i for i, h in enumerate(all_nodes)}
+    nearest: dict[int, frozenset[int]] = {}
+    order: list[int] = []
     while heap:
         _, h = heapq.heappop(heap)
-        out.append(h)
+        acc: set[int] = set()
+        for p in preds[h]:
+            if p in listed:
+                acc.add(p)
+            else:
+                acc |= nearest[p]
+        nearest[h] = frozenset(acc)
+        if h in listed:
+            order.append(h)
         for s in succs[h]:
             waiting[s] -= 1
-            if waiting[s] == 0:
+            if not waiting[s]:
                 heapq.heappush(heap, (rank[s], s))
-    return out
+    position = {h: i for i, h in enumerate(order)}
+    return order, {h: sorted(position[p] for p in nearest[h]) for h in order}
 
 
 # -- which capture is this? -------------------------------------------------------------------

@@ -38,6 +38,7 @@ from commviz.trace.kernels import parse_nccl
 
 REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = "commviz.matched_by"        # "graph node id" | "order"
+NODE = "commviz.graph_node"              # CUPTI id of the captured node (capture graph's id)
 GRAPH_NODE_ID = "graph node id"
 GRAPH_ID = "graph id"
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
@@ -348,7 +349,8 @@ class _Matcher:
     def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
         node = g.nodes[i]
         if node.get("marks"):
-            mark = {MARK: "/".join(node["marks"]), md.GRAPH: g.gid, REPLAY: number.number}
+            mark = {MARK: "/".join(node["marks"]), md.GRAPH: g.gid, REPLAY: number.number,
+                    NODE: node.get("node")}
             if node.get("mark_lane") is not None:
                 mark[MARK_LANE] = node["mark_lane"]
             self.out.marks[k.index] = mark
@@ -371,6 +373,7 @@ class _Matcher:
         args = {key: v for key, v in meta.items() if key not in _DROP}
         args[REPLAY] = number.number
         args[MATCHED_BY] = how
+        args[NODE] = node.get("node")
         self.out.kernel_args[k.index] = args
         start = self.trace.ns(k.ts) + self.offset
         base = instance_key(args)

@@ -278,47 +278,51 @@ def _bind_flows(layout: _Layout, rank: int) -> tuple[dict[int, bytes], dict[str,
     innermost one holding that time. One id per edge, so a launch with many kernels (a graph
     replay) fans out instead of chaining the kernels.
     """
-    by_id: dict[tuple, list] = defaultdict(list)
+    exact: dict[tuple, dict[int, int]] = {}
+    sources: dict[tuple, int] = {}
+    targets: dict[tuple, list[int]] = defaultdict(list)
+    unbound = 0
     for seg, cat, fid, ph, key, ns in layout.flows:
-        by_id[(seg, cat, fid)].append((ph, key, ns))
-    starts: dict[tuple, tuple[list[int], list]] = {}
-    flows: dict[int, bytes] = defaultdict(bytes)
-    stats = {"flows": 0, "flow_points_unbound": 0}
-    next_id = local_flow_base(rank)
-
-    def bind(key: tuple, ns: int) -> int | None:
-        items = layout.items.get(key)
-        if not items:
-            return None
-        if key not in starts:
-            starts[key] = ([it[0] for it in items], items)
-        keys, lst = starts[key]
-        j = bisect.bisect_right(keys, ns) - 1
-        while j >= 0:                      # latest start first: the innermost that holds ns
-            start, neg_end, index = lst[j]
-            if -neg_end >= ns:
-                return index
-            if ns - start > MAX_FLOW_REACH_NS:
-                break
-            j -= 1
-        return None
-
-    for points in by_id.values():
-        bound = [(ph, bind(key, ns)) for ph, key, ns in points]
-        stats["flow_points_unbound"] += sum(index is None for _, index in bound)
-        sources = [index for ph, index in bound if ph == "s" and index is not None]
-        targets = [index for ph, index in bound if ph != "s" and index is not None]
-        if not sources or not targets:
-            continue
-        for target in targets:
-            if target == sources[0]:
+        table = exact.get(key)
+        if table is None:
+            # sorted by (start, -end): the last slice starting at a time is the innermost
+            table = exact[key] = {start: index for start, _, index in layout.items.get(key, ())}
+        index = table.get(ns)
+        if index is None:
+            index = _holding(layout.items.get(key, []), ns)
+            if index is None:
+                unbound += 1
                 continue
-            fid = next_id
-            next_id += 1
-            flows[sources[0]] += flow_field(fid)
-            flows[target] += flow_field(fid)
-            stats["flows"] += 1
-    return dict(flows), stats
+        if ph == "s":
+            sources.setdefault((seg, cat, fid), index)
+        else:
+            targets[(seg, cat, fid)].append(index)
+    flows: dict[int, bytes] = defaultdict(bytes)
+    next_id = local_flow_base(rank)
+    for ident, ends in targets.items():
+        source = sources.get(ident)
+        if source is None:
+            continue
+        for target in ends:
+            if target != source:
+                flows[source] += flow_field(next_id)
+                flows[target] += flow_field(next_id)
+                next_id += 1
+    return dict(flows), {"flows": next_id - local_flow_base(rank),
+                         "flow_points_unbound": unbound}
+
+
+def _holding(items: list[tuple[int, int, int]], ns: int) -> int | None:
+    """The innermost slice holding ``ns`` (latest start first, at most 10 s back)."""
+    j = bisect.bisect_right(items, (ns, 1, 0)) - 1
+    while j >= 0:
+        start, neg_end, index = items[j]
+        if -neg_end >= ns:
+            return index
+        if ns - start > MAX_FLOW_REACH_NS:
+            break
+        j -= 1
+    return None
 
 
 def _concat(traces: list[Trace], match: Any, offset_ns: int
@@ -408,7 +412,7 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
     job = r.job
     flows, flow_stats = _bind_flows(r.layout, job.rank)
     lane_flows = {i: flow_field(cross_flow_id(ev["key"])) for i, ev in enumerate(r.lanes)
-                  if ev["key"] is not None}
+                  if ev["key"] is not None and ev["args"].get(md.GROUP_SIZE) != 1}
     result.stats.update(flow_stats, cross_flows=len(lane_flows))
     os_pids = sorted({k[0] for k in r.layout.items
                       if k not in r.layout.gpu and isinstance(k[0], int)})

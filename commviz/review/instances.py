@@ -16,7 +16,8 @@ Times are ns on the merged clock. Per instance:
 
 Collectives issued with ``async_op=True`` whose times are a CPU span (the record or the profiler
 range, not a GPU kernel) cover the launch only (``launch_only``): their skew is still the
-arrival skew, but they get no ``comm`` time, no bandwidth and no wait (all 0).
+arrival skew, but they get no ``comm`` time, no bandwidth and no wait (all 0). A call that
+raised on some rank (``commviz.error``) keeps its times but gets no comm time or bandwidth.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from commviz import metadata as md
 from commviz.match.model import CommEvent
 from commviz.review import bandwidth as bw
 
+# Set by the wrappers on a call that raised (a timeout, an unsupported op): it moved no data.
+ERROR_KEY = "commviz.error"
 # A skew counts as a straggler when it is at least this long ...
 STRAGGLER_MIN_NS = 1_000_000
 # ... and at least this many times the group's median skew.
@@ -120,7 +123,8 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
     sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
     size = max(sizes) if sizes else None
     last_end = max(e.end_ns for e in evs.values())
-    comm = None if launch_only else max(0, last_end - last_start)
+    failed = any(ERROR_KEY in e.args for e in evs.values())
+    comm = None if launch_only or failed else max(0, last_end - last_start)
     n = len(expected) if key[0] == "c" else 2
     return Instance(
         key=key, pg=first.pg, pg_desc=str(args.get(md.PG_DESC, "")), seq=first.seq,

@@ -7,7 +7,6 @@ CUDA graph replays, so a stream fed only by graphs is visible as such.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -45,11 +44,3 @@ def stream_table(ops: Iterable[GpuOp]) -> list[StreamRow]:
         row.graphed += op.graphed
     return sorted(rows.values(), key=lambda r: (-r.total_ns, r.rank, r.stream))
 
-
-def class_totals(rows: Iterable[StreamRow]) -> dict[int, dict[str, int]]:
-    """GPU time per class, summed over each rank's streams (rank -> class -> ns)."""
-    out: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KERNEL_CLASSES, 0))
-    for row in rows:
-        for cls, ns in row.time_ns.items():
-            out[row.rank][cls] += ns
-    return dict(out)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
 
 from commviz.match.model import CommEvent
 from commviz.review.instances import Instance, build_instances

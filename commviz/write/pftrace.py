@@ -25,7 +25,7 @@ from commviz.write.proto import (
     f_double, f_str, f_varint, packet, varint)
 
 FLUSH_BYTES = 4 << 20
-INT_CACHE_LIMIT = 2048        # past this many distinct values of one key, ints are not cached
+CACHE_LIMIT = 2048            # past this many distinct ints of one key, they are not cached
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
 
@@ -67,7 +67,8 @@ class Sequence:
                                 for n in range(1, 11)]
         self.names: dict[str, bytes] = {}          # event name -> name_iid field bytes
         self.cats: dict[str, bytes] = {}           # category -> category_iids field bytes
-        self.keys: dict[str, list] = {}            # annotation key -> [name part, str/json cache, int cache]
+        # annotation key -> [name part, str/JSON cache, int cache (None: not cached), float cache]
+        self.keys: dict[str, list] = {}
         self.strings: dict[Any, int] = {}          # interned string values (str or JSON bytes)
         self.next_iid = 1
         self.pending = bytearray()                 # InternedData entries not yet written
@@ -97,7 +98,7 @@ class Sequence:
     def key(self, key: str) -> list:
         iid = self._iid()
         self._define(F.I_ANNOTATION_NAMES, iid, key)
-        entry = self.keys[key] = [f_varint(F.A_NAME_IID, iid), {}, {}]
+        entry = self.keys[key] = [f_varint(F.A_NAME_IID, iid), {}, {}, {}]
         return entry
 
     def ann_str(self, entry: list, value: str | bytes) -> bytes:
@@ -110,28 +111,27 @@ class Sequence:
         return out
 
     def ann_int(self, entry: list, value: int) -> bytes:
+        if not -(1 << 63) <= value < 1 << 63:
+            return self.ann_str(entry, str(value))
         out = _wrap(entry[0] + _A_INT + varint(value))
         cache = entry[2]
         if cache is not None:
-            if len(cache) < INT_CACHE_LIMIT:
+            if len(cache) < CACHE_LIMIT:
                 cache[value] = out
             else:
                 entry[2] = None            # a key of mostly unique values (ids): stop caching
         return out
 
+    def ann_float(self, entry: list, value: float) -> bytes:
+        out = _wrap(entry[0] + _A_DOUBLE + _pack_double(value))
+        if len(entry[3]) < CACHE_LIMIT:
+            entry[3][value] = out
+        return out
+
     def ann_value(self, entry: list, value: Any) -> bytes:
-        """Any other value: bools, floats, big ints, None, lists and dicts (as JSON strings)."""
-        t = type(value)
-        if t is bool:
+        """Any other value: bools, None, dicts and other JSON values (as JSON strings)."""
+        if type(value) is bool:
             return _wrap(entry[0] + f_varint(F.A_BOOL, int(value)))
-        if t is float:
-            return _wrap(entry[0] + _A_DOUBLE + _pack_double(value))
-        if t is int:
-            if -(1 << 63) <= value < (1 << 63):
-                return _wrap(entry[0] + _A_INT + varint(value))
-            return self.ann_str(entry, str(value))
-        if t is str:
-            return self.ann_str(entry, value)
         try:
             text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
         except TypeError:
@@ -185,6 +185,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
     head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
     pending = seq.pending
     small, big = SMALL, varint
+    dumps = orjson.dumps
     extra = extra or {}
     flows = flows or {}
     last = seq.last_ts
@@ -225,15 +226,24 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                     b = entry[1].get(v)
                     if b is None:
                         b = seq.ann_str(entry, v)
-                elif t is int and 0 <= v < 1 << 62:
+                elif t is int:
                     cache = entry[2]
-                    if cache is None:
-                        inner = entry[0] + _A_INT + (small[v] if v < 16384 else big(v))
+                    if cache is None and 0 <= v < 1 << 62:      # ids: encode, do not cache
+                        inner = entry[0] + _A_INT + big(v)
                         b = _ANN + small[len(inner)] + inner
                     else:
-                        b = cache.get(v)
+                        b = cache.get(v) if cache is not None else None
                         if b is None:
                             b = seq.ann_int(entry, v)
+                elif t is list:
+                    text = dumps(v)
+                    b = entry[1].get(text)
+                    if b is None:
+                        b = seq.ann_str(entry, text)
+                elif t is float:
+                    b = entry[3].get(v)
+                    if b is None:
+                        b = seq.ann_float(entry, v)
                 else:
                     b = seq.ann_value(entry, v)
                 parts.append(b)

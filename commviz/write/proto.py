@@ -26,11 +26,15 @@ def _encode_varint(value: int) -> bytes:
 
 
 SMALL = tuple(_encode_varint(i) for i in range(1 << 14))   # varints below 16384, precomputed
+# the low 14 bits of a bigger value: two 7-bit groups, both with the continuation bit set
+LOW14 = tuple(bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14))
 
 
 def varint(value: int) -> bytes:
     if 0 <= value < 16384:
         return SMALL[value]
+    if 0 < value < 1 << 28:
+        return LOW14[value & 0x3FFF] + SMALL[value >> 14]
     return _encode_varint(value)
 
 
