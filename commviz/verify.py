@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
+import orjson
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from commviz.errors import SourceError
+from commviz.errors import SourceError, TraceError
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                                 pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
@@ -213,8 +214,8 @@ class _Clock:
 
 def _json_equal(out: str, inp: Any) -> bool:
     try:
-        return _same(json.loads(out), inp)
-    except ValueError:
+        return _same(orjson.loads(out), inp)
+    except orjson.JSONDecodeError:
         return False
 
 
@@ -414,8 +415,10 @@ class _Verifier:
             self.desc[d.uuid] = keep
             self.desc_off[d.uuid] = off
         elif prev != d:
-            diff = sorted({f.name for f, _ in prev.ListFields()} ^ {f.name for f, _ in d.ListFields()}
-                          | {f.name for f, v in d.ListFields() if getattr(prev, f.name) != v})
+            had = {f.name for f, _ in prev.ListFields()}
+            has = {f.name for f, _ in d.ListFields()}
+            diff = sorted(had ^ has | {f.name for f, v in d.ListFields()
+                                       if getattr(prev, f.name) != v})
             self.problem("conflicting-track", f"track uuid {d.uuid} declared again differently "
                          f"(first at byte {self.desc_off[d.uuid]}; fields {', '.join(diff)})",
                          offset=off, track=prev.name or d.name or str(d.uuid))
@@ -429,13 +432,17 @@ class _Verifier:
         return value
 
     def check_annotations(self, anns: Any, st: _State | None, seq: int, off: int, ts: int) -> None:
+        names = st.tables["debug_annotation_names"] if st is not None else {}
+        strings = st.tables["debug_annotation_string_values"] if st is not None else {}
         for a in anns:
-            if a.HasField("name_iid"):
-                self.resolve(st, "debug_annotation_names", a.name_iid, seq, off, ts,
+            iid = a.name_iid                    # 0: not set (0 is no valid iid)
+            if iid and iid not in names:
+                self.resolve(st, "debug_annotation_names", iid, seq, off, ts,
                              "debug annotation name")
-            if a.HasField("string_value_iid"):
-                self.resolve(st, "debug_annotation_string_values", a.string_value_iid, seq, off,
-                             ts, "debug annotation string value")
+            iid = a.string_value_iid
+            if iid and iid not in strings:
+                self.resolve(st, "debug_annotation_string_values", iid, seq, off, ts,
+                             "debug annotation string value")
             if a.dict_entries:
                 self.check_annotations(a.dict_entries, st, seq, off, ts)
             if a.array_values:
@@ -701,7 +708,8 @@ class _Verifier:
                 return [self.ann_value(e, st) for e in a.array_values]
             return None
         if which == "string_value_iid":
-            raw = st.tables["debug_annotation_string_values"].get(a.string_value_iid) if st else None
+            strings = st.tables["debug_annotation_string_values"] if st else {}
+            raw = strings.get(a.string_value_iid)
             return raw.decode("utf-8", "replace") if raw is not None else None
         if which == "legacy_json_value":
             try:
@@ -713,7 +721,8 @@ class _Verifier:
         return getattr(a, which)
 
     def slice_args(self, f: BinaryIO, k: int) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """Args of slice ``k`` (index into slice_idx): BEGIN's merged with END's, as Perfetto does."""
+        """Args of slice ``k`` (index into slice_idx): BEGIN's merged with END's, as Perfetto
+        does."""
         b, e = int(self.slice_idx[k]), int(self.slice_end[k])
         args, cats = self.args_of(f, b)
         if e != b and self.ev_args[e]:
@@ -784,7 +793,12 @@ class _InputCheck:
                               f"no process named 'rank {rank} ...'")
                     continue
                 for path in paths:
-                    self.check_trace(f, rank, load_trace(path, rank=rank), sel)
+                    try:
+                        trace = load_trace(path, rank=rank)
+                    except TraceError as exc:
+                        v.problem("input-unreadable", f"cannot compare with it: {exc}")
+                        continue
+                    self.check_trace(f, rank, trace, sel)
 
     def check_trace(self, f: BinaryIO, rank: int, trace: Any, sel: np.ndarray) -> None:
         v = self.v
@@ -816,7 +830,8 @@ class _InputCheck:
                           f"{trace.path.name} (tid {e.get('tid')}) is not in the output", **where)
                 continue
             if len(outs) != len(ins):
-                stats["duplicated" if len(outs) > len(ins) else "missing"] += abs(len(outs) - len(ins))
+                diff = len(outs) - len(ins)
+                stats["duplicated" if diff > 0 else "missing"] += abs(diff)
                 v.problem("count-mismatch", f"{len(ins)} input event(s) of {trace.path.name} "
                           f"but {len(outs)} output slice(s) with this name and time", **where)
             for i, j in zip(sorted(ins, key=lambda i: events[i].get("dur", 0)),

@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--capture-rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="cProfile one annotated capture; print this many top functions")
     ap.add_argument("--backends", default="driver,bindings",
                     help="capture backends to time (commviz.capture.bindings)")
     args = ap.parse_args()
@@ -175,17 +177,40 @@ def main() -> None:
         del g
         for name in backends:
             bindings.use(name)
-            with Parts() as p:
-                g, took = capture(many, annotated=True)
+            g, took = capture(many, annotated=True)
             cap_annotated[name].append(took)
-            parts.setdefault(name, []).append(p.seconds)
             del g
+    import gc
+
+    gc.disable()                                # how much of it is the garbage collector?
+    nogc = [capture(many, annotated=flag)[1] for flag in (False, True, False, True)]
+    gc.enable()
+    for name in backends:                       # where the time goes (instrumented, apart)
+        bindings.use(name)
+        with Parts() as p:
+            g, _ = capture(many, annotated=True)
+        parts[name] = p.seconds
+        del g
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        bindings.use(backends[0])
+        prof = cProfile.Profile()
+        prof.enable()
+        g, _ = capture(many, annotated=True)
+        prof.disable()
+        del g
+        if rank == 0:
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.profile)
+            print(text.getvalue())
     best = min(backends, key=lambda b: statistics.median(cap_annotated[b]))
     capture_ratio = statistics.median(cap_annotated[best]) / statistics.median(cap_plain)
     per_backend = {b: {"capture_ms": statistics.median(cap_annotated[b]) * 1e3,
                        "ratio": statistics.median(cap_annotated[b]) / statistics.median(cap_plain),
-                       "parts_ms": {k: statistics.median(p[k] for p in parts[b]) * 1e3
-                                    for k in parts[b][0]}}
+                       "parts_ms": {k: v * 1e3 for k, v in parts[b].items()}}
                    for b in backends}
 
     figures = {
@@ -203,6 +228,7 @@ def main() -> None:
                                             - statistics.median(cap_plain))
         / args.capture_collectives * 1e6,
         "capture_backends": per_backend, "backends_agree": backends_agree,
+        "capture_ratio_gc_off": (nogc[1] + nogc[3]) / (nogc[0] + nogc[2]),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
     }
     if rank == 0:
@@ -217,7 +243,8 @@ def main() -> None:
         for name, fig in per_backend.items():
             print(f"  {name}: {fig['capture_ms']:.1f} ms, ratio {fig['ratio']:.2f}, parts "
                   + ", ".join(f"{k} {v:.1f} ms" for k, v in fig["parts_ms"].items()))
-        print(f"  backends give the same records: {backends_agree}")
+        print(f"  backends give the same records: {backends_agree}; ratio with the garbage "
+              f"collector off: {figures['capture_ratio_gc_off']:.2f}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(figures, f, indent=1)

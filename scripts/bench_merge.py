@@ -85,6 +85,7 @@ def baseline_merge(paths: dict[int, Path], out: Path) -> int:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackDescriptor, TrackEvent
     from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
+    BY_KEY = TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
     builder = TraceProtoBuilder()
     n_events = 0
     markers: list[tuple[int, int, int, int, Any, int, Any]] = []
@@ -129,7 +130,7 @@ def baseline_merge(paths: dict[int, Path], out: Path) -> int:
                 d.parent_uuid = proc
                 d.name = f"{pid} {name}"
                 if n_lanes > 1:
-                    d.sibling_merge_behavior = TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
+                    d.sibling_merge_behavior = BY_KEY
                     d.sibling_merge_key = f"{rank}:{pid}:{tid}"
             for i in idxs:
                 e = events[i]
@@ -269,7 +270,8 @@ def _fmt_row(label: str, r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{label:<34} FAILED: {r['error']}"
     ev, sec = r["events"], r["seconds"]
-    size = f"{r['bytes'] / 1e6:10.1f} {r['bytes'] / ev:9.1f}" if r.get("bytes") else f"{'-':>10} {'-':>9}"
+    size = (f"{r['bytes'] / 1e6:10.1f} {r['bytes'] / ev:9.1f}" if r.get("bytes")
+            else f"{'-':>10} {'-':>9}")
     return (f"{label:<34} {ev:>10,} {sec:8.2f} {ev / sec:>11,.0f} {size} "
             f"{r['rss_tree_mib']:9.0f}")
 

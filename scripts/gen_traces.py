@@ -37,7 +37,8 @@ import orjson
 BASE_NS = 1_790_857_026_000_000_000      # Kineto rounds its base down to a whole second
 T0_US = 4_456_381_101_432.016            # first timestamp, relative to BASE_NS (like a real trace)
 COMPUTE, SIDE = 7, 13                    # CUDA stream ids of compute and side work
-GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+GEMM = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+        "execute_segment_k_off_kernel__5x_cublas")
 GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl("
         "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
         "{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, "
@@ -149,13 +150,13 @@ class _Rank:
     def launch(self, kernel: str, tid: int, ts: float, gpu_dur: float, stream: int, ext: int,
                *, after: float = 0.0, overlap: float = 0.0, cat: str = "kernel",
                runtime: str = "cudaLaunchKernel", cbid: int = 211,
-               kargs: dict[str, Any] | None = None, end_at: float | None = None
-               ) -> tuple[float, float]:
+               kargs: dict[str, Any] | None = None,
+               span: tuple[float, float] | None = None) -> tuple[float, float]:
         """A runtime launch at CPU time ``ts`` and its GPU work; returns the work's (start, end).
 
         ``after``: a cross-stream dependency; ``overlap``: start this long before the stream's
-        previous work ends (the overlapping kernels real traces show); ``end_at``: a fixed end
-        (collectives finish together on every member).
+        previous work ends (the overlapping kernels real traces show); ``span``: a fixed
+        (start, end) (collectives finish together on every member).
         """
         corr = self.corr
         self.corr += 1
@@ -163,10 +164,12 @@ class _Rank:
         self.emit({"ph": "X", "cat": "cuda_runtime", "name": runtime, "pid": self.pid,
                    "tid": tid, "ts": _r3(ts), "dur": _r3(rt_dur),
                    "args": {"External id": ext, "cbid": cbid, "correlation": corr}})
-        free = self.stream_free.get(stream, 0.0)
-        start = max(ts + 4.0 + self.rng.random() * 2.0, free - overlap if overlap else free + 1.5,
-                    after)
-        end = end_at if end_at is not None else start + gpu_dur
+        if span is None:
+            free = self.stream_free.get(stream, 0.0)
+            start = max(ts + 4.0 + self.rng.random() * 2.0,
+                        free - overlap if overlap else free + 1.5, after)
+            span = (start, start + gpu_dur)
+        start, end = span
         self.stream_free[stream] = end
         args: dict[str, Any] = {"External id": ext, "queued": 0, "device": self.device,
                                 "context": 1, "stream": stream, "correlation": corr}
@@ -188,7 +191,8 @@ class _Rank:
 def _shapes(n: int, dims: list[list[int]]) -> dict[str, Any]:
     return {"Input Dims": dims + [[]] * (n - len(dims)),
             "Input type": ["c10::BFloat16"] * len(dims) + [""] * (n - len(dims)),
-            "Input Strides": [[d[-1], 1] if len(d) == 2 else [] for d in dims] + [[]] * (n - len(dims)),
+            "Input Strides": ([[d[-1], 1] if len(d) == 2 else [] for d in dims]
+                              + [[]] * (n - len(dims))),
             "Concrete Inputs": [""] * n}
 
 
@@ -227,7 +231,7 @@ def _collective(ranks: list[_Rank], desc: str, coll: str, nelems: int, dtype: st
                 tid_of: str, names: dict[str, str], *, blocking: bool,
                 with_metadata: bool = True) -> None:
     """One collective issued by every rank on its ``desc`` group; kernels end together per group."""
-    starts: dict[int, tuple[_Rank, float, int, dict[str, Any], int]] = {}
+    starts: dict[int, tuple[_Rank, float, float, int, dict[str, Any], int]] = {}
     for r in ranks:
         g = r.group(desc)
         tid = getattr(r, tid_of)
@@ -249,25 +253,20 @@ def _collective(ranks: list[_Rank], desc: str, coll: str, nelems: int, dtype: st
                  cat="user_annotation")
         free = max(r.stream_free.get(g.stream, 0.0), r.stream_free.get(COMPUTE, 0.0))
         launch_ts = t + 20.0
-        start = max(launch_ts + 5.0, free + 1.5)
-        starts[r.rank] = (r, launch_ts, ext, meta, tid)
+        starts[r.rank] = (r, max(launch_ts + 5.0, free + 1.5), launch_ts, ext, meta, tid)
         r.cpu[tid] = t + 62.0
-        r.stream_free[g.stream] = start   # provisional: the group's end is known below
     by_group: dict[tuple[int, ...], list[int]] = {}
     for r in ranks:
         by_group.setdefault(r.group(desc).ranks, []).append(r.rank)
     nbytes = nelems * DTYPE_BYTES[dtype]
     for members in by_group.values():
-        last = max(starts[m][0].stream_free[starts[m][0].group(desc).stream] for m in members)
+        last = max(starts[m][1] for m in members)
         end = last + 8.0 + nbytes / 150_000.0          # about 150 GB/s once the last rank arrives
         for m in members:
-            r, launch_ts, ext, meta, tid = starts[m]
-            g = r.group(desc)
-            kernel = names[coll]
-            r.stream_free[g.stream] = r.stream_free[g.stream] - 1.5   # launch() adds the gap back
-            _, kend = r.launch(kernel, tid, launch_ts, 0.0, g.stream, ext,
+            r, start, launch_ts, ext, meta, tid = starts[m]
+            _, kend = r.launch(names[coll], tid, launch_ts, 0.0, r.group(desc).stream, ext,
                                runtime="cudaLaunchKernelExC", cbid=430,
-                               kargs=meta if with_metadata else None, end_at=end)
+                               kargs=meta if with_metadata else None, span=(start, end))
             if blocking:
                 r.stream_free[COMPUTE] = max(r.stream_free.get(COMPUTE, 0.0), kend)
 
@@ -412,8 +411,7 @@ def write_run(run_dir: str | Path, ranks: int, events: int, *, layers: int = 16,
     rs: list[_Rank] = []
     for rank in range(ranks):
         path = trace_path(run_dir, rank, compress)
-        f: BinaryIO = (gzip.open(path, "wb", compresslevel=1) if compress  # type: ignore[assignment]
-                       else open(path, "wb"))
+        f: Any = gzip.open(path, "wb", compresslevel=1) if compress else open(path, "wb")
         files.append(f)
         r = _Rank(rank, ranks, groups, f, random.Random(seed * 100_003 + rank),
                   pid=40000 + 97 * rank, device=rank % 8)

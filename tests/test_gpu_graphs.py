@@ -259,7 +259,8 @@ def check_rank(eager_trace: Any, graphed_trace: Any, record: dict) -> dict[str, 
             if args.get(key) != value:
                 report["vs_profiler"].append({"op": twin["op"], "key": key,
                                               "graphed": args.get(key), "profiler": value})
-    report["per_replay"] = {f"graph{g}/replay{r}": n for (g, r), n in sorted(per_replay.items())}
+    report["per_replay"] = {f"graph{g}/replay{r}": n for (g, r), n in
+                            sorted(per_replay.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))}
     report["expected_per_graph"] = {
         g["graph"]: sum(1 for n in g["nodes"] if n.get("ordinal") is not None
                         and n["kernel"].startswith("ncclDevKernel"))

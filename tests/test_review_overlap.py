@@ -170,3 +170,33 @@ def test_nccl_all_reduce_busbw_beside_cuda_events(tmp_path, run_dir):
     assert {o.rank for o in review.overlap} == {0, 1}
     assert all(o.comm_ns > 0 and o.compute_ns > 0 for o in review.overlap)
     assert all(o.overlap_ns > 0 for o in review.overlap)     # the matmul beside all_reduce #6
+
+
+# -- real GPU traces recorded on 2 x H200 (tests/fixtures/gpu) -----------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+
+
+@pytest.mark.skipif(not (FIXTURES / "graphed").is_dir(), reason="GPU fixtures not present")
+def test_gpu_fixture_review():
+    from commviz.review.report import review_run
+
+    for name in ("eager", "graphed"):
+        review = review_run(FIXTURES / name)
+        kernel_groups = {(e.rank, e.pg) for i in review.instances for e in i.events.values()
+                         if e.source == "kernel"}
+        assert kernel_groups
+        for inst in review.instances:
+            # an NCCL call's CPU span (its record outside the profiled window) is only its launch
+            if any(e.source != "kernel" and (e.rank, e.pg) in kernel_groups
+                   for e in inst.events.values()):
+                assert inst.launch_only and inst.bandwidth is None and inst.straggler is None
+            elif all(e.source == "kernel" for e in inst.events.values()) and inst.size_bytes:
+                assert inst.bandwidth is not None
+        assert {o.rank for o in review.overlap} == {0, 1}
+        assert all(s.count["communication"] for s in review.streams
+                   if s.time_ns["communication"])
+    graphed = review_run(FIXTURES / "graphed")
+    assert any(s.graphed for s in graphed.streams)
+    replays = [i for i in graphed.instances if len(i.key) > 4]
+    assert replays and len({(i.pg, i.label) for i in replays}) == len(replays)

@@ -159,9 +159,11 @@ def test_cli_formats_and_exit_codes(slow_run, tmp_path, capsys):
     assert "Process groups" in table and "Collective instances" in table
     assert table == (tmp_path / "r.txt").read_text()
 
-    assert cli_main(["report", str(slow_run), "--format", "markdown", "--no-plots",
-                     "-o", str(tmp_path / "r.md")]) == 0
+    assert cli_main(["report", str(slow_run), "--format", "markdown", "--plots",
+                     str(tmp_path / "pngs"), "-o", str(tmp_path / "r.md")]) == 0
     assert capsys.readouterr().out.startswith("# commviz report")
+    assert sorted(p.name for p in (tmp_path / "pngs").iterdir()) == sorted(
+        [plots.SKEW_PNG, plots.BANDWIDTH_PNG, plots.WAIT_PNG])
 
     # default output goes into the run dir
     assert cli_main(["report", str(slow_run), "--no-plots"]) == 0

@@ -67,7 +67,7 @@ class Builder:
             d.parent_uuid = parent
         d.name = name
         if merge_key:
-            d.sibling_merge_behavior = pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
+            d.sibling_merge_behavior = d.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
             d.sibling_merge_key = merge_key
         if counter:
             d.counter.unit = pb.CounterDescriptor.UNIT_COUNT
@@ -451,6 +451,10 @@ def test_inputs_catch_lost_events_args_and_flows(generated, tmp_path):
     report = verify_pftrace(out, inputs=load_run(run))
     assert kinds(report) == {"missing-event", "count-mismatch"}
     assert report.inputs[1]["missing"] == 2
+
+    gen_traces.trace_path(run, 1, True).write_bytes(b"\x1f\x8b broken")
+    report = verify_pftrace(out, inputs=load_run(run))
+    assert kinds(report) == {"input-unreadable"} and report.inputs[0]["matched"] > 0
 
 
 def test_cli_exit_codes(generated, tmp_path, capsys):

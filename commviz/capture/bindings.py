@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 _BUF = 16                      # first guess of a node's dependents: one call in the common case
@@ -29,6 +30,22 @@ class CaptureInfo:
 
 
 # ---------------------------------------------------------------------------------------------
+class _Scratch:
+    """ctypes out-parameters and their pointers, made once: building them is most of a call."""
+
+    def __init__(self, params: type) -> None:
+        c = ctypes
+        self.status, self.id, self.graph = c.c_int(), c.c_uint64(), c.c_void_p()
+        self.deps, self.edges, self.num = c.POINTER(c.c_void_p)(), c.c_void_p(), c.c_size_t()
+        self.status_p, self.id_p, self.graph_p = c.byref(self.status), c.byref(self.id), \
+            c.byref(self.graph)
+        self.deps_p, self.edges_p, self.num_p = c.byref(self.deps), c.byref(self.edges), \
+            c.byref(self.num)
+        self.buf, self.edata = (c.c_void_p * _BUF)(), (c.c_uint64 * _BUF)()
+        self.params = params()
+        self.params_p = c.byref(self.params)
+
+
 class _Driver:
     """ctypes on libcuda.so.1 (versioned entry points of CUDA >= 12.3 drivers)."""
 
@@ -44,6 +61,7 @@ class _Driver:
                     ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
     def __init__(self) -> None:
+        self._local = threading.local()
         lib = ctypes.CDLL("libcuda.so.1")
         vp, sz, u64, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint
         P = ctypes.POINTER
@@ -69,30 +87,36 @@ class _Driver:
         except AttributeError:
             self._tools = self._exec_id = None
 
+    def _scratch(self) -> "_Scratch":
+        """Out-parameters reused call after call (one set per thread)."""
+        scratch = getattr(self._local, "s", None)
+        if scratch is None:
+            scratch = self._local.s = _Scratch(self.Params)
+        return scratch
+
     def capture_info(self, stream: int) -> CaptureInfo | None:
-        status, cid, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
-        deps, edges, num = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
-        if self._info(stream, ctypes.byref(status), ctypes.byref(cid), ctypes.byref(graph),
-                      ctypes.byref(deps), ctypes.byref(edges), ctypes.byref(num)) != 0 \
-                or status.value != self._ACTIVE:
+        s = self._scratch()
+        if self._info(stream, s.status_p, s.id_p, s.graph_p, s.deps_p, s.edges_p, s.num_p) != 0 \
+                or s.status.value != self._ACTIVE:
             return None
-        return CaptureInfo(cid.value, graph.value or 0, [deps[i] for i in range(num.value)])
+        deps = s.deps
+        return CaptureInfo(s.id.value, s.graph.value or 0, [deps[i] for i in range(s.num.value)])
 
     def dependents(self, node: int) -> list[int]:
-        size = _BUF
-        while True:
-            buf, edata, num = (ctypes.c_void_p * size)(), (ctypes.c_uint64 * size)(), \
-                ctypes.c_size_t(size)
-            if self._deps(node, buf, edata, ctypes.byref(num)) != 0:
-                return []
-            if num.value < size:
-                return list(buf[:num.value])
-            count = ctypes.c_size_t()      # maybe truncated: ask for the count, then all
-            if self._deps(node, None, None, ctypes.byref(count)) != 0:
-                return []
-            if count.value <= size:
-                return list(buf[:count.value])
-            size = count.value
+        s = self._scratch()
+        s.num.value = _BUF
+        if self._deps(node, s.buf, s.edata, s.num_p) != 0:
+            return []
+        n = s.num.value
+        if n < _BUF:
+            return s.buf[:n]
+        if self._deps(node, None, None, s.num_p) != 0:    # maybe truncated: how many are there?
+            return []
+        size = s.num.value
+        buf, edata = (ctypes.c_void_p * size)(), (ctypes.c_uint64 * size)()
+        if self._deps(node, buf, edata, s.num_p) != 0:
+            return []
+        return buf[:s.num.value]
 
     def _listing(self, fn: Any, handle: int) -> list[int]:
         count = ctypes.c_size_t()
@@ -120,9 +144,10 @@ class _Driver:
         return list(zip(a[:count.value], b[:count.value]))
 
     def kernel(self, node: int) -> tuple[str, list[int]] | None:
-        p = self.Params()
-        if self._params(node, ctypes.byref(p)) != 0:
+        s = self._scratch()
+        if self._params(node, s.params_p) != 0:
             return None
+        p = s.params
         key = p.func or p.kern
         name = _func_names.get(key)
         if name is None:

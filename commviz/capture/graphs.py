@@ -93,6 +93,7 @@ class GraphState:
         self.capture_id = capture_id
         self.graph = graph
         self.nodes: dict[int, Node] = {}
+        self.others: set[int] = set()          # nodes seen that are not kernels
         self.ordinals: Counter = Counter()
         self.replays = 0
         self.exec_pending = True
@@ -113,10 +114,13 @@ class GraphState:
     def node(self, handle: int) -> Node | None:
         """The kernel node ``handle`` (described and listed on first sight), None if no kernel."""
         known = self.nodes.get(handle)
-        if known is not None:
+        if known is not None or handle in self.others:
             return known
         desc = _describe(handle)
-        return None if desc is None else self._add(handle, *desc)
+        if desc is None:
+            self.others.add(handle)
+            return None
+        return self._add(handle, *desc)
 
     def _add(self, handle: int, key: str, dims: list[int]) -> Node:
         cid = cupti.node_id(handle)
@@ -137,7 +141,10 @@ class GraphState:
         all_nodes = cb.nodes(self.graph)
         names: Counter = Counter()
         keys: dict[int, tuple[str, list[int]]] = {}
+        others = self.others
         for handle in all_nodes:
+            if handle in others:
+                continue
             known = self.nodes.get(handle)
             desc = (known.entry["kernel"], known.entry["dims"]) if known else _describe(handle)
             if desc is not None:
@@ -204,13 +211,18 @@ def dependency_order(all_nodes: list[int], edges: list[tuple[int, int]], listed:
     order: list[int] = []
     while heap:
         _, h = heapq.heappop(heap)
-        acc: set[int] = set()
-        for p in preds[h]:
-            if p in listed:
-                acc.add(p)
-            else:
-                acc |= nearest[p]
-        nearest[h] = frozenset(acc)
+        ps = preds[h]
+        if len(ps) == 1:                       # the common case: share the set, build nothing
+            p = ps[0]
+            nearest[h] = frozenset((p,)) if p in listed else nearest[p]
+        else:
+            acc: set[int] = set()
+            for p in ps:
+                if p in listed:
+                    acc.add(p)
+                else:
+                    acc |= nearest[p]
+            nearest[h] = frozenset(acc)
         if h in listed:
             order.append(h)
         for s in succs[h]:
@@ -228,6 +240,9 @@ def state_for(info: cb.CaptureInfo | None) -> GraphState:
         state = getattr(_local, "current", None)
         if state is None:
             state = _local.current = GraphState(None, None)
+        return state
+    state = _by_capture.get(info.capture_id)
+    if state is not None:
         return state
     with _lock:
         state = _by_capture.get(info.capture_id)

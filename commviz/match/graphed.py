@@ -40,7 +40,6 @@ REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number
 MATCHED_BY = "commviz.matched_by"        # "graph node id" | "order"
 NODE = "commviz.graph_node"              # CUPTI id of the captured node (capture graph's id)
 GRAPH_NODE_ID = "graph node id"
-GRAPH_ID = "graph id"
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 _GRAPH_LAUNCH_CBIDS = frozenset({311, 312})     # cudaGraphLaunch(_ptsz)_v10000
 _WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -79,9 +78,9 @@ class _Kernel:
 
 @dataclass
 class _Replay:
-    launch: int                       # trace index of the graph launch
-    correlation: Any
-    thread: tuple[Any, Any]
+    """One graph launch in the trace and the kernels it ran."""
+
+    thread: tuple[Any, Any]           # (pid, tid) of the launching CPU thread
     ts: float
     kernels: list[_Kernel] = field(default_factory=list)
     graph: int | None = None
@@ -113,35 +112,35 @@ class _Graph:
         self.by_key: dict[str, list[int]] = defaultdict(list)
         for i, n in enumerate(self.nodes):
             self.by_key[n["kernel"]].append(i)
-        self.after = [self._after(i) for i in range(len(self.nodes))]
+        self.after = [tuple(n.get("after") or ()) for n in self.nodes]
         self.counts = Counter(n["kernel"] for n in self.nodes)
         self.fingerprint = Counter(rec.get("kernel_names") or {}) if self.complete else None
-
-    def _after(self, i: int) -> tuple[int, ...]:
-        node = self.nodes[i]
-        if self.complete:
-            return tuple(node.get("after") or ())
-        # no whole-graph pass: only a lane's own order is known (its kernels are serialised)
-        lane, ordinal = node.get("lane"), node.get("ordinal")
-        if lane is None or ordinal is None:
-            return ()
-        return tuple(j for j, other in enumerate(self.nodes)
-                     if other.get("lane") == lane and (other.get("ordinal") or 0) < ordinal)
 
     def label(self, i: int) -> tuple:
         n = self.nodes[i]
         return (n.get("lane"), n.get("ordinal"), tuple(n.get("marks") or ()), n.get("mark_lane"))
 
 
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _dims(args: dict[str, Any]) -> tuple | None:
     grid, block = args.get("grid"), args.get("block")
     if not (isinstance(grid, list) and isinstance(block, list)):
         return None
-    return tuple(int(v) for v in grid + block)
+    dims = tuple(_int(v) for v in grid + block)
+    return None if None in dims else dims
 
 
 def _reduction_ok(recorded: str | None, kernel: str | None) -> bool:
-    if recorded is None or kernel is None:
+    # NCCL (2.28) compiles reduction-specialised kernels for sum only: max, min, product...
+    # run in the kernel named ..._Sum_... (seen on the H200s, eager and graphed alike), so a
+    # "Sum" kernel fits any reduction; another name must agree with the recorded one.
+    if recorded is None or kernel is None or kernel == "sum":
         return True
     return kernel == recorded or kernel in _REDUCTIONS.get(recorded, ())
 
@@ -173,7 +172,7 @@ class _Index:
         self.replays: dict[Any, _Replay] = {}
         self.tags: dict[tuple, list[tuple[float, float, dict]]] = defaultdict(list)
         self.mark_ranges: dict[tuple, list[tuple[float, float, str, Any]]] = defaultdict(list)
-        self.launches: dict[Any, tuple[int, tuple, float]] = {}   # eager launches: corr -> ...
+        self.launches: dict[Any, tuple[tuple, float]] = {}   # eager launch: corr -> (thread, ts)
         self.node_kernels: list[_Kernel] = []                      # kernels with graph node ids
         work: list[tuple[int, dict]] = []
         for i, ev in enumerate(events):
@@ -195,9 +194,9 @@ class _Index:
                     continue
                 if name.startswith(("cudaGraphLaunch", "cuGraphLaunch")) or \
                         args.get("cbid") in _GRAPH_LAUNCH_CBIDS:
-                    self.replays[corr] = _Replay(i, corr, thread, ts)
+                    self.replays[corr] = _Replay(thread, ts)
                 else:
-                    self.launches[corr] = (i, thread, ts)
+                    self.launches[corr] = (thread, ts)
             elif name == REPLAY_RANGE:
                 self.tags[thread].append((ts, ts + dur, args))
             elif name.startswith(MARK_PREFIX):
@@ -208,7 +207,7 @@ class _Index:
         for i, ev in work:
             args = ev.get("args") or {}
             corr = args.get("correlation")
-            node_id = args.get(GRAPH_NODE_ID)
+            node_id = _int(args.get(GRAPH_NODE_ID))
             graphed = bool(node_id) or corr in self.replays
             if not graphed:
                 if corr is not None:
@@ -223,7 +222,7 @@ class _Index:
                 continue
             name = str(ev.get("name", ""))
             k = _Kernel(i, ts, dur, name, kernel_key(name), _dims(args),
-                        args.get("stream", ev.get("tid")), int(node_id) if node_id else None)
+                        args.get("stream", ev.get("tid")), node_id or None)
             if corr in self.replays:
                 self.replays[corr].kernels.append(k)
             elif k.node_id:
@@ -416,6 +415,12 @@ class _Matcher:
                                           "no single graph's fingerprint)")
                 continue
             g = self.graphs[rep.graph]
+            if not g.complete:            # no dependency order: kernel order proves nothing
+                for k in rep.kernels:
+                    if parse_nccl(k.name) is not None:
+                        self.unmatched(k, f"graph {g.gid} was not read at the end of its capture "
+                                          "(no dependency order to match by)")
+                continue
             seen = Counter(k.key for k in rep.kernels if k.key in g.by_key)
             if seen != g.counts:          # a kernel missing would shift every later label
                 for k in rep.kernels:
@@ -446,7 +451,7 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
     """Kernels launched inside ``commviz::mark::<name>`` ranges (eager marks)."""
     if not idx.mark_spans:
         return
-    for corr, (i, thread, ts) in idx.launches.items():
+    for corr, (thread, ts) in idx.launches.items():
         spans = idx.mark_spans.get(thread)
         held = sorted(spans.holding(ts), key=lambda s: (s[0], -s[1])) if spans else None
         if not held:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable
 from commviz.errors import CommvizError, SourceError
 from commviz.merge import clock as clk
 from commviz.merge.cross import write_cross
-from commviz.merge.piece import RankJob, RankResult, comm_events, convert_rank, load_traces
+from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank, load_traces,
+                                 no_gc)
 from commviz.merge.shard import fingerprint, read_shard, shard_path
 from commviz.trace.run import RankInput, Run, load_run
 from commviz.write.chrome import join as join_json
@@ -79,8 +80,9 @@ def _run_job(job: RankJob) -> RankResult:
 def _collect_ends(job: RankJob) -> tuple[int, dict[tuple, int], list[str]]:
     """Collective end times of one rank (for clock derivation), on its own clock."""
     problems: list[str] = []
-    traces = load_traces(job, problems)
-    events, _ = comm_events(traces, job.record, job.rank, problems)
+    with no_gc():
+        traces = load_traces(job, problems)
+        events, _ = comm_events(traces, job.record, job.rank, problems)
     return job.rank, {ev.key: ev.end_ns for ev in events if ev.key is not None}, problems
 
 

@@ -16,18 +16,22 @@ paths, never trace data). Layout of the process "rank R · host · device":
 from __future__ import annotations
 
 import bisect
+import gc
 import hashlib
 import os
 import zlib
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 
 from commviz import metadata as md
 from commviz.errors import CommvizError, TraceError
+from commviz.match import RankMatch, match_rank
+from commviz.match import _combine as combine_matches   # MATCH: asked to make this public
 from commviz.match.model import CommEvent, events_from_record
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
@@ -97,35 +101,21 @@ class RankResult:
     pgs: dict[str, dict] = field(default_factory=dict)       # pg name -> desc, ranks
 
 
-def _match(traces: list[Trace], record: dict | None, rank: int, problems: list[str]) -> Any:
-    """The matcher's result for this rank (several traces combined), or None without one."""
+def comm_events(traces: list[Trace], record: dict | None, rank: int,
+                problems: list[str]) -> tuple[list[CommEvent], RankMatch | None]:
+    """This rank's collectives (the record's offset applied) and the matcher's result.
+
+    A rank with several traces (profiler steps) is matched trace by trace and combined, so
+    each recorded call appears once. If matching fails, the record's own spans are the lanes.
+    """
     try:
-        import commviz.match as match
-    except ImportError as exc:          # the matcher is another helper's module
-        problems.append(f"rank {rank}: matcher unavailable ({exc}); lanes come from the record")
-        return None
-    if not hasattr(match, "match_rank"):
-        return None
-    try:
-        parts = [match.match_rank(t, record, rank=rank) for t in traces] or [
-            match.match_rank(None, record, rank=rank)]
-        if len(parts) == 1:
-            return parts[0]
-        return match._combine(rank, parts)
+        parts = [match_rank(t, record, rank=rank) for t in traces] or [
+            match_rank(None, record, rank=rank)]
+        result = parts[0] if len(parts) == 1 else combine_matches(rank, parts)
     except CommvizError as exc:
         problems.append(str(exc))
-        return None
-
-
-def comm_events(traces: list[Trace], record: dict | None, rank: int,
-                problems: list[str]) -> tuple[list[CommEvent], Any]:
-    """This rank's collectives on the merged clock, and the matcher's result (or None)."""
-    result = _match(traces, record, rank, problems)
-    if result is not None:
-        return list(result.events), result
-    if record is not None:
-        return events_from_record(record), None
-    return [], None
+        return (events_from_record(record) if record is not None else []), None
+    return list(result.events), result
 
 
 def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
@@ -201,9 +191,10 @@ class _Layout:
         self.gpu: set[tuple] = set()
         self.flows: list[tuple[int, Any, Any, str, tuple, int]] = []  # (trace, cat, id, ph, key, ns)
         self.counters: dict[tuple, list] = defaultdict(list)      # (pid, name, arg) -> [(ns, v)]
-        self.process_names: dict[Any, str] = {}
+        self.process_labels: dict[Any, str] = {}               # pid -> "GPU 0" / "CPU"
         self.thread_names: dict[tuple, str] = {}
         self.skipped: dict[str, int] = defaultdict(int)
+        self.negative = 0
         gpu_cats = GPU_CATS
         for seg, (lo, hi, base) in enumerate(segments):
             for i in range(lo, hi):
@@ -212,7 +203,11 @@ class _Layout:
                 if ph == "X":
                     key = (ev.get("pid"), ev.get("tid"))
                     start = base + round(ev["ts"] * 1000)
-                    self.items[key].append((start, -(start + round((ev.get("dur") or 0) * 1000)), i))
+                    dur = round((ev.get("dur") or 0) * 1000)
+                    if dur < 0:                     # invalid: kept as an instant, and counted
+                        self.negative += 1
+                        dur = 0
+                    self.items[key].append((start, -(start + dur), i))
                     if ev.get("cat") in gpu_cats:
                         self.gpu.add(key)
                 elif ph in ("s", "t", "f"):
@@ -235,19 +230,18 @@ class _Layout:
             lst.sort()
 
     def _meta(self, ev: dict) -> None:
-        name = (ev.get("args") or {}).get("name")
-        if name is None:
-            return
-        if ev.get("name") == "process_name":
-            self.process_names[ev.get("pid")] = str(name)
-        elif ev.get("name") == "thread_name":
-            self.thread_names[(ev.get("pid"), ev.get("tid"))] = str(name).strip()
+        args = ev.get("args") or {}
+        kind = ev.get("name")
+        if kind == "process_labels" and args.get("labels"):
+            self.process_labels[ev.get("pid")] = str(args["labels"])
+        elif kind == "thread_name" and args.get("name") is not None:
+            self.thread_names[(ev.get("pid"), ev.get("tid"))] = str(args["name"]).strip()
 
     def track_name(self, key: tuple) -> str:
         pid, tid = key
         name = self.thread_names.get(key)
         if key in self.gpu:
-            proc = self.process_names.get(pid) or f"GPU {pid}"
+            proc = self.process_labels.get(pid) or f"GPU {pid}"
             return f"{proc} · {name or f'stream {tid}'}"
         if name:
             return name
@@ -371,8 +365,27 @@ class _Rank:
         return sorted(self.lane_items, key=lambda g: (lane_order(g), g))
 
 
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsing a trace allocates millions of containers,
+    and each automatic collection would walk all of them again (a trace's events hold no
+    cycles; reference counting frees them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def convert_rank(job: RankJob) -> RankResult:
     """Convert one rank into its piece file (pftrace, or a Chrome JSON fragment)."""
+    with no_gc():
+        return _convert(job)
+
+
+def _convert(job: RankJob) -> RankResult:
     problems: list[str] = []
     traces = load_traces(job, problems)
     events, match = comm_events(traces, job.record, job.rank, problems)
@@ -382,6 +395,9 @@ def convert_rank(job: RankJob) -> RankResult:
         ev.end_ns += shift
     combined, segments, extra = _concat(traces, match, job.offset_ns)
     layout = _Layout(combined, segments)
+    if layout.negative:
+        problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
+                        "duration; they are shown as instants at their start")
     for ph, n in sorted(layout.skipped.items()):
         problems.append(f"rank {job.rank}: {n} profiler events of phase {ph!r} were not "
                         "converted (commviz converts X, i, s/t/f, C and M events)")

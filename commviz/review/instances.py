@@ -14,10 +14,13 @@ Times are ns on the merged clock. Per instance:
 - ``straggler``: the late rank, only when the skew stands out (``mark_stragglers``): some rank
   always arrives last by a few microseconds, and that is noise, not a straggler.
 
-Collectives issued with ``async_op=True`` whose times are a CPU span (the record or the profiler
-range, not a GPU kernel) cover the launch only (``launch_only``): their skew is still the
-arrival skew, but they get no ``comm`` time, no bandwidth and no wait (all 0). A call that
-raised on some rank (``commviz.error``) keeps its times but gets no comm time or bandwidth.
+A CPU span (the record or the profiler range, not a GPU kernel) covers only the launch
+(``launch_only``) when the call does not block: ``async_op=True``, or a group whose collectives
+run as GPU kernels on that rank (other calls of the same rank and group matched kernels: an
+NCCL call returns once enqueued, so its record outside the profiled window is a launch). Such
+an instance keeps its skew (the CPU arrival skew) but gets no ``comm`` time, no bandwidth, no
+wait (all 0) and no straggler. A call that raised on some rank (``commviz.error``: a timeout,
+an op the backend lacks) keeps its times but gets no comm time or bandwidth.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Instance:
     late_rank: int
     wait_ns: dict[int, int]
     launch_only: bool
+    failed: bool                         # raised on some rank (ERROR_KEY)
     size_bytes: int | None
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
@@ -84,7 +88,7 @@ class Instance:
 
     @property
     def comm_ns(self) -> int | None:
-        if self.launch_only:
+        if self.launch_only or self.failed:
             return None
         return max(0, self.last_end_ns - self.last_start_ns)
 
@@ -95,10 +99,16 @@ class Instance:
     @property
     def label(self) -> str:
         if self.key[0] == "p":
-            return f"{self.op} {self.key[2]}->{self.key[3]} #{self.key[4]}"
-        if self.key[0] == "b":
-            return f"{self.op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in self.key[2])
-        return f"{self.op} #{self.seq}"
+            text = f"{self.op} {self.key[2]}->{self.key[3]} #{self.key[4]}"
+        elif self.key[0] == "b":
+            text = f"{self.op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in self.key[2])
+        else:
+            text = f"{self.op} #{self.seq}"
+        if "replay" in self.key:                 # one CUDA graph replay's copy of the call
+            replay = self.key[self.key.index("replay") + 1]
+            replay = " ".join(map(str, replay)) if isinstance(replay, tuple) else replay
+            text += f" replay {replay}"
+        return text
 
 
 def _expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
@@ -109,13 +119,15 @@ def _expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
     return parse_ranks(args.get(md.PG_RANKS))
 
 
-def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
+def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
+          gpu: set[tuple[int, str]]) -> Instance:
     first = next(iter(evs.values()))
     args = first.args
     starts = {r: e.start_ns for r, e in evs.items()}
     late_rank = max(starts, key=lambda r: (starts[r], r))
     last_start = starts[late_rank]
-    launch_only = any(e.source != "kernel" and e.args.get(md.ASYNC) for e in evs.values())
+    launch_only = any(e.source != "kernel" and (e.args.get(md.ASYNC) or (e.rank, e.pg) in gpu)
+                      for e in evs.values())
     wait = {r: 0 if launch_only else max(0, min(last_start, e.end_ns) - e.start_ns)
             for r, e in evs.items()}
     expected = _expected_ranks(key, args) or tuple(sorted(evs))
@@ -123,16 +135,16 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int]) -> Instance:
     sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
     size = max(sizes) if sizes else None
     last_end = max(e.end_ns for e in evs.values())
-    failed = any(ERROR_KEY in e.args for e in evs.values())
-    comm = None if launch_only or failed else max(0, last_end - last_start)
-    n = len(expected) if key[0] == "c" else 2
-    return Instance(
+    inst = Instance(
         key=key, pg=first.pg, pg_desc=str(args.get(md.PG_DESC, "")), seq=first.seq,
         op=first.op, ctype=ctype, kind=str(args.get(md.KIND, "collective")), events=evs,
         ranks=expected, missing=tuple(r for r in expected if r in present and r not in evs),
         first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
-        late_rank=late_rank, wait_ns=wait, launch_only=launch_only, size_bytes=size,
-        bandwidth=bw.bandwidth(ctype, size, comm, n))
+        late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
+        failed=any(ERROR_KEY in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
+    n = len(expected) if key[0] == "c" else 2
+    inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, n)
+    return inst
 
 
 def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,
@@ -146,13 +158,16 @@ def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = N
     """
     groups: dict[tuple, dict[int, CommEvent]] = defaultdict(dict)
     ranks_seen: set[int] = set()
+    gpu: set[tuple[int, str]] = set()
     for ev in events:
         ranks_seen.add(ev.rank)
+        if ev.source == "kernel":
+            gpu.add((ev.rank, ev.pg))
         if ev.key is None:
             continue
         groups[ev.key].setdefault(ev.rank, ev)
     present = ranks_seen if present is None else present
-    out = [_make(key, evs, present) for key, evs in groups.items()]
+    out = [_make(key, evs, present, gpu) for key, evs in groups.items()]
     out.sort(key=lambda i: (i.first_start_ns, i.pg, i.seq or 0))
     mark_stragglers(out, min_ns=straggler_min_ns, factor=straggler_factor)
     return out
@@ -164,10 +179,12 @@ def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS
 
     The median of a process group's skews is its normal jitter (launch noise, clock error);
     a late arrival that is many times that, and long in absolute terms, is a straggler.
+    Launch-only instances name none: nobody was measured waiting for them.
     """
     by_pg: dict[str, list[Instance]] = defaultdict(list)
     for inst in instances:
-        if len(inst.events) > 1:
+        inst.straggler = None
+        if len(inst.events) > 1 and not inst.launch_only:
             by_pg[inst.pg].append(inst)
     for insts in by_pg.values():
         threshold = max(min_ns, factor * statistics.median(i.skew_ns for i in insts))

@@ -260,7 +260,8 @@ def _instance_json(i: Instance) -> dict[str, Any]:
         "first_start_ns": i.first_start_ns, "last_start_ns": i.last_start_ns,
         "last_end_ns": i.last_end_ns, "skew_ns": i.skew_ns, "late_rank": i.late_rank,
         "straggler": i.straggler, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
-        "comm_ns": i.comm_ns, "launch_only": i.launch_only, "size_bytes": i.size_bytes,
+        "comm_ns": i.comm_ns, "launch_only": i.launch_only, "failed": i.failed,
+        "size_bytes": i.size_bytes,
         "algbw_GBps": i.bandwidth.algbw_gbps if i.bandwidth else None,
         "busbw_GBps": i.bandwidth.busbw_gbps if i.bandwidth else None,
     }

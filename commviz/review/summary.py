@@ -23,6 +23,10 @@ from commviz.match.model import CommEvent
 from commviz.review.instances import Instance, build_instances
 
 
+# Up to this many ranks, a slice lists each rank's wait; beyond, only the largest (args stay small).
+WAIT_ARGS_MAX_RANKS = 16
+
+
 @dataclass
 class SummarySlice:
     pg: str
@@ -60,8 +64,11 @@ def slice_args(inst: Instance) -> dict:
         args["commviz.straggler"] = inst.straggler
     if inst.missing:
         args["commviz.missing_ranks"] = ",".join(str(r) for r in inst.missing)
-    for rank, wait in sorted(inst.wait_ns.items()):
-        args[f"commviz.wait_ns.rank{rank}"] = wait
+    if len(inst.wait_ns) <= WAIT_ARGS_MAX_RANKS:
+        for rank, wait in sorted(inst.wait_ns.items()):
+            args[f"commviz.wait_ns.rank{rank}"] = wait
+    elif inst.wait_ns:
+        args["commviz.max_wait_ns"] = max(inst.wait_ns.values())
     if inst.comm_ns is not None:
         args["commviz.comm_ns"] = inst.comm_ns
     if inst.size_bytes is not None:
