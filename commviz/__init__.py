@@ -5,7 +5,14 @@ The flow, one subpackage a step: ``record`` (wrappers + per-rank records) -> ``g
 Perfetto trace) -> ``review`` (skew, stragglers, bandwidth, desyncs).
 """
 
-from commviz.annotate import annotate_collective
+from pathlib import Path as _Path
+
+# launch/ at the repository root is the package commviz.launch (pyproject maps it there); let a
+# plain source checkout on PYTHONPATH resolve it the same way an install does.
+if (_Path(__file__).resolve().parent.parent / "launch" / "__init__.py").is_file():
+    __path__.append(str(_Path(__file__).resolve().parent.parent))  # noqa: F821 - package __path__
+
+from commviz.annotate import annotate_collective  # noqa: E402
 from commviz.gather import gather
 from commviz.patching import patch, unpatch
 from commviz.record import flush, load_record, profile, start, trace_handler

@@ -106,6 +106,7 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
         md.BYTES_IN: in_nelems * esize,
         md.BYTES_OUT: out_nelems * esize,
         md.CALLSITE: f"{frame.f_code.co_filename}:{frame.f_lineno}",
+        md.DEVICE: tensor.device.type if tensor is not None else "cpu",
     }
     if kind == "collective":
         meta[md.SEQ] = next(info.seq)
@@ -135,7 +136,7 @@ def finish(call: Call, error: BaseException | None = None) -> None:
     meta = call.meta
     meta[md.T_END] = _time_ns()
     if error is not None:
-        meta["commviz.error"] = repr(error)
+        meta[md.ERROR] = repr(error)
     if call.region is not None:
         from commviz.capture import region as _region
 

@@ -134,7 +134,8 @@ def job(out: Path) -> None:
     from commviz.capture import bindings, cupti
 
     info = {"rank": rank, "torch": torch.__version__, "cupti": cupti.path,
-            "backend": bindings.backend().name if bindings.available() else None, "nccl": list(torch.cuda.nccl.version()),
+            "backend": bindings.backend().name if bindings.available() else None,
+            "nccl": list(torch.cuda.nccl.version()),
             "graphs": [{k: g[k] for k in ("graph", "cupti_graph_id", "exec_ids",
                                           "tools_exec_ids", "complete", "kernel_count",
                                           "replays")} for g in commviz.RECORDER.graphs]}

@@ -192,7 +192,8 @@ class _Bindings:
 
     def capture_info(self, stream: int) -> CaptureInfo | None:
         res = self._rt.cudaStreamGetCaptureInfo(stream)
-        # 13.x: (err, status, id, graph, deps, edge_data, n); 12.x: (err, status, id, graph, deps, n)
+        # 13.x: (err, status, id, graph, deps, edge_data, n)
+        # 12.x: (err, status, id, graph, deps, n)
         if res[0] != self._OK or res[1] != self._ACTIVE:
             return None
         num = int(res[-1])

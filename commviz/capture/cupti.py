@@ -59,12 +59,12 @@ def _load() -> ctypes.CDLL | None:
         for candidate in _candidates():
             try:
                 lib = ctypes.CDLL(candidate)
-                lib.cuptiGetGraphNodeId.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
-                lib.cuptiGetGraphNodeId.restype = ctypes.c_int
-                lib.cuptiGetGraphId.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
-                lib.cuptiGetGraphId.restype = ctypes.c_int
-                lib.cuptiGetGraphExecId.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
-                lib.cuptiGetGraphExecId.restype = ctypes.c_int
+                for name, out in (("cuptiGetGraphNodeId", ctypes.c_uint64),
+                                  ("cuptiGetGraphId", ctypes.c_uint32),
+                                  ("cuptiGetGraphExecId", ctypes.c_uint32)):
+                    fn = getattr(lib, name)
+                    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(out)]
+                    fn.restype = ctypes.c_int
             except (OSError, AttributeError):
                 continue
             _lib, path = lib, candidate

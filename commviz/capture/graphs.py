@@ -1,4 +1,4 @@
-"""Capture records: one per CUDA graph capture, telling which graph node is which collective or mark.
+"""Capture records: one per CUDA graph capture, saying which node is which collective or mark.
 
 A capture gets a small commviz graph id (``commviz.graph``, 1, 2, ... per process). Each region
 (one annotated collective, one ``commviz.mark`` block) snapshots the capturing stream's frontier
@@ -75,14 +75,7 @@ def _current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-class Node:
-    """What commviz knows of one kernel node of a capture."""
-
-    __slots__ = ("handle", "entry")
-
-    def __init__(self, handle: int, entry: dict[str, Any]) -> None:
-        self.handle = handle
-        self.entry = entry
+Node = dict[str, Any]   # a kernel node's entry in the record (the dict documented above)
 
 
 class GraphState:
@@ -130,8 +123,8 @@ class GraphState:
                  "after": [], "lane": None, "ordinal": None, "op": None, "marks": [],
                  "mark_lane": None}
         self.record["nodes"].append(entry)
-        node = self.nodes[handle] = Node(handle, entry)
-        return node
+        self.nodes[handle] = entry
+        return entry
 
     # -- end of capture -----------------------------------------------------------------------
     def finalize(self) -> None:
@@ -146,12 +139,12 @@ class GraphState:
             if handle in others:
                 continue
             known = self.nodes.get(handle)
-            desc = (known.entry["kernel"], known.entry["dims"]) if known else _describe(handle)
+            desc = (known["kernel"], known["dims"]) if known else _describe(handle)
             if desc is not None:
                 keys[handle] = desc
                 names[desc[0]] += 1
-        labelled = {n.entry["kernel"] for n in self.nodes.values()
-                    if n.entry["ordinal"] is not None or n.entry["marks"]}
+        labelled = {n["kernel"] for n in self.nodes.values()
+                    if n["ordinal"] is not None or n["marks"]}
         relevant = {h for h, (key, _) in keys.items() if key in labelled}
         for h in relevant:
             if h not in self.nodes:
@@ -159,7 +152,7 @@ class GraphState:
         listed, after = dependency_order(all_nodes, cb.edges(self.graph), relevant)
         entries = []
         for i, h in enumerate(listed):
-            entry = self.nodes[h].entry
+            entry = self.nodes[h]
             entry["index"] = i
             entry["after"] = after[h]
             entries.append(entry)
@@ -319,19 +312,19 @@ def label_collective(region: Region, meta: dict[str, Any], lane: Any, ordinal: i
                      ) -> list[Node]:
     """Label the region's NCCL kernels (all its kernels when it has none) as this collective."""
     kernels = region.new_kernels()
-    nccl = [n for n in kernels if parse_nccl(n.entry["kernel"]) is not None]
+    nccl = [n for n in kernels if parse_nccl(n["kernel"]) is not None]
     chosen = nccl or kernels
     for n in chosen:
-        n.entry["lane"] = lane
-        n.entry["ordinal"] = ordinal
-        n.entry["op"] = meta.get(md.OP)
+        n["lane"] = lane
+        n["ordinal"] = ordinal
+        n["op"] = meta.get(md.OP)
     return chosen
 
 
 def label_mark(region: Region, name: str, lane: Any) -> list[Node]:
     kernels = region.new_kernels()
     for n in kernels:
-        n.entry["marks"].insert(0, name)         # outer marks close last: they go first
-        if lane is not None and n.entry["mark_lane"] is None:   # the innermost lane wins
-            n.entry["mark_lane"] = lane
+        n["marks"].insert(0, name)               # outer marks close last: they go first
+        if lane is not None and n["mark_lane"] is None:         # the innermost lane wins
+            n["mark_lane"] = lane
     return kernels

@@ -67,7 +67,7 @@ class mark:  # noqa: N801 - used like torch.profiler.record_function
             found = graphs.label_mark(region, self.name, self.stream)
             _rec.RECORDER.marks.append({
                 "graph": region.state.gid, "name": self.name, "lane": self.stream,
-                "nodes": [n.entry["node"] for n in found], "kernels": len(found),
+                "nodes": [n["node"] for n in found], "kernels": len(found),
                 "t_begin_ns": self._t0, "t_end_ns": time.time_ns()})
         except Exception as err:
             graphs.warn_once("could not walk the nodes of a mark", err)

@@ -4,8 +4,9 @@ or demangled (the profiler's trace).
 The key is the kernel's qualified name without template arguments, parameters or return type:
 ``_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE`` and
 ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)`` both give
-``ncclDevKernel_AllReduce_Sum_f32_RING_LL``; ``_ZN2at6native29vectorized_elementwise_kernelILi4E...``
-and ``void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)`` both give
+``ncclDevKernel_AllReduce_Sum_f32_RING_LL``;
+``_ZN2at6native29vectorized_elementwise_kernelILi4E...`` and
+``void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)`` both give
 ``at::native::vectorized_elementwise_kernel``. Two instantiations of one template share a key:
 the matcher treats such kernels as interchangeable and checks order, never the key alone.
 """

@@ -36,6 +36,6 @@ def exit(token: Any, meta: dict[str, Any]) -> None:  # noqa: A001 - mirrors __ex
     region, lane, ordinal = token
     try:
         found = graphs.label_collective(region, meta, lane, ordinal)
-        meta[md.GRAPH_NODES] = [n.entry["node"] for n in found if n.entry["node"] is not None]
+        meta[md.GRAPH_NODES] = [n["node"] for n in found if n["node"] is not None]
     except Exception as exc:
         graphs.warn_once("could not walk the captured nodes", exc)

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
+from commviz.match.model import CommEvent
 from commviz.merge import clock as clk
 from commviz.merge.cross import write_cross
 from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank, load_traces,
@@ -183,24 +185,34 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
             raise SourceError(str(run.run_dir), "; ".join(problems))
         stats = _stats(run, plan, results)
         partial = target.with_name(f".{target.name}.partial")
-        with open(partial, "wb") as f:
-            if fmt == "pftrace":
-                cross = tmp / "cross.pftrace"
-                events = [ev for res in results for ev in res.events]
-                pgs: dict[str, dict] = {}
-                for res in results:
-                    for pg, info in res.pgs.items():
-                        pgs.setdefault(pg, info)
-                stats.update(write_cross(cross, events, pgs, problems))
-                _concat(f, [cross] + [res.out for res in results if res.out is not None])
-            else:
-                join_json(f, [res.out for res in results if res.out is not None], base_ns=base,
-                          meta={"commviz": {"ranks": sorted(run.ranks),
-                                            "clock": plan.describe()}})
-        os.replace(partial, target)
+        try:
+            with open(partial, "wb") as f:
+                if fmt == "pftrace":
+                    events = [ev for res in results for ev in res.events]
+                    cross = tmp / "cross.pftrace"
+                    stats.update(write_cross(cross, events, _pg_table(results, events), problems))
+                    _concat(f, [cross] + [res.out for res in results if res.out is not None])
+                else:
+                    join_json(f, [res.out for res in results if res.out is not None],
+                              base_ns=base, meta={"commviz": {"ranks": sorted(run.ranks),
+                                                              "clock": plan.describe()}})
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
     stats["bytes"] = target.stat().st_size
     stats["seconds"] = round(time.perf_counter() - started, 3)
     return MergeResult(out=target, problems=problems, stats=stats)
+
+
+def _pg_table(results: list[RankResult], events: list[CommEvent]) -> dict[str, dict]:
+    """pg name -> desc and ranks, from the ranks' inputs, else from the collectives' args."""
+    pgs: dict[str, dict] = {}
+    for res in results:
+        for pg, info in res.pgs.items():
+            pgs.setdefault(pg, info)
+    for ev in events:
+        pgs.setdefault(ev.pg, {"desc": ev.args.get(md.PG_DESC), "ranks": ev.args.get(md.PG_RANKS)})
+    return pgs
 
 
 def _json_base(run: Run, plan: clk.ClockPlan) -> int:

@@ -35,7 +35,6 @@ from commviz.match.model import CommEvent
 from commviz.review import bandwidth as bw
 
 # Set by the wrappers on a call that raised (a timeout, an unsupported op): it moved no data.
-ERROR_KEY = "commviz.error"
 # A skew counts as a straggler when it is at least this long ...
 STRAGGLER_MIN_NS = 1_000_000
 # ... and at least this many times the group's median skew.
@@ -73,7 +72,7 @@ class Instance:
     late_rank: int
     wait_ns: dict[int, int]
     launch_only: bool
-    failed: bool                         # raised on some rank (ERROR_KEY)
+    failed: bool                         # raised on some rank (md.ERROR)
     size_bytes: int | None
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
@@ -141,7 +140,7 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
         ranks=expected, missing=tuple(r for r in expected if r in present and r not in evs),
         first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
         late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
-        failed=any(ERROR_KEY in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
+        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
     n = len(expected) if key[0] == "c" else 2
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, n)
     return inst

@@ -20,25 +20,26 @@ from typing import Any, BinaryIO, Iterable
 import orjson
 
 from commviz.write.proto import (
-    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, F, INSTANT, MERGE_BY_KEY, ORDER_EXPLICIT,
-    PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END, SMALL, f_bytes,
-    f_double, f_str, f_varint, packet, varint)
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, MERGE_BY_KEY,
+    ORDER_EXPLICIT, PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END,
+    SMALL, VARINT, F, f_bytes, f_double, f_str, f_varint, packet, tag, varint)
 
 FLUSH_BYTES = 4 << 20
 CACHE_LIMIT = 2048            # past this many distinct ints of one key, they are not cached
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
 
-_ANN = b"\x22"                # TrackEvent.debug_annotations
+# field tags and fixed parts of the hot path, encoded once
+_ANN = tag(F.ANNOTATIONS, LEN)
 _TE_BEGIN = f_varint(F.TYPE, SLICE_BEGIN)
 _TE_INSTANT = f_varint(F.TYPE, INSTANT)
-_FLOW = b"\xf9\x02"           # TrackEvent.flow_ids (fixed64, field 47)
-_A_INT = b"\x20"
-_A_DOUBLE = b"\x29"
-_A_STRING_IID = b"\x88\x01"
-_TS = b"\x40"                 # TracePacket.timestamp
-_INTERNED = b"\x62"
-_TRACK_EVENT = b"\x5a"
+_FLOW = tag(F.FLOW_IDS, FIXED64)
+_A_INT = tag(F.A_INT, VARINT)
+_A_DOUBLE = tag(F.A_DOUBLE, FIXED64)
+_A_STRING_IID = tag(F.A_STRING_IID, VARINT)
+_TS = tag(F.TIMESTAMP, VARINT)
+_INTERNED = tag(F.INTERNED, LEN)
+_TRACK_EVENT = tag(F.TRACK_EVENT, LEN)
 
 
 def flow_field(flow_id: int) -> bytes:
@@ -183,6 +184,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
     """
     names, cats, keys = seq.names, seq.cats, seq.keys
     head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
+    head_len = len(head)
     pending = seq.pending
     small, big = SMALL, varint
     dumps = orjson.dumps
@@ -197,9 +199,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
             d = t - last
             last = t
             vd = small[d] if d < 16384 else big(d)
-            out += end_hdr[len(vd)]
-            out += vd
-            out += end_tail
+            out += end_hdr[len(vd)] + vd + end_tail
         ev = events[index]
         name = ev.get("name", "")
         nb = names.get(name)
@@ -258,11 +258,13 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
             body = b"".join((_TS, vd, head, _INTERNED, big(len(pending)), pending, _TRACK_EVENT,
                              big(len(te)), te))
             pending.clear()
+            out += b"\x0a"
+            out += big(len(body))
+            out += body
         else:
-            body = b"".join((_TS, vd, head, _TRACK_EVENT, big(len(te)), te))
-        out += b"\x0a"
-        out += big(len(body))
-        out += body
+            lte = big(len(te))
+            out += b"".join((b"\x0a", big(2 + len(vd) + head_len + len(lte) + len(te)), _TS, vd,
+                             head, _TRACK_EVENT, lte, te))
         if start != -neg_end:
             stack.append(-neg_end)
         count += 1
@@ -271,9 +273,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         d = t - last
         last = t
         vd = small[d] if d < 16384 else big(d)
-        out += end_hdr[len(vd)]
-        out += vd
-        out += end_tail
+        out += end_hdr[len(vd)] + vd + end_tail
     seq.last_ts = last
     return count
 

@@ -54,10 +54,6 @@ def f_str(field: int, text: str) -> bytes:
     return f_bytes(field, text.encode("utf-8", "surrogatepass"))
 
 
-def f_fixed64(field: int, value: int) -> bytes:
-    return tag(field, FIXED64) + struct.pack("<Q", value & _U64)
-
-
 def f_double(field: int, value: float) -> bytes:
     return tag(field, FIXED64) + struct.pack("<d", value)
 
@@ -74,10 +70,9 @@ class F:
     CLOCK_SNAPSHOT, TIMESTAMP, SEQ_ID, TRACK_EVENT, INTERNED, FLAGS = 6, 8, 10, 11, 12, 13
     CLOCK_ID, DEFAULTS, TRACK_DESCRIPTOR = 58, 59, 60
     # TrackEvent
-    CATEGORY_IIDS, ANNOTATIONS, TYPE, NAME_IID, TRACK_UUID = 3, 4, 9, 10, 11
-    NAME, COUNTER_VALUE, DOUBLE_COUNTER_VALUE, FLOW_IDS, TERMINATING_FLOW_IDS = 23, 30, 44, 47, 48
+    CATEGORY_IIDS, ANNOTATIONS, TYPE, NAME_IID, DOUBLE_COUNTER_VALUE, FLOW_IDS = 3, 4, 9, 10, 44, 47
     # DebugAnnotation
-    A_NAME_IID, A_BOOL, A_UINT, A_INT, A_DOUBLE, A_STRING, A_STRING_IID = 1, 2, 3, 4, 5, 6, 17
+    A_NAME_IID, A_BOOL, A_INT, A_DOUBLE, A_STRING_IID = 1, 2, 4, 5, 17
     # InternedData
     I_CATEGORIES, I_NAMES, I_ANNOTATION_NAMES, I_STRINGS = 1, 2, 3, 29
     # TrackDescriptor
@@ -102,4 +97,4 @@ CLOCK_INCREMENTAL = 64               # sequence-scoped clock id: delta-encoded n
 ORDER_EXPLICIT = 3                   # ChildTracksOrdering.EXPLICIT
 PROCESS_ORDERING_EXPLICIT = 1
 MERGE_BY_KEY = 3                     # SiblingMergeBehavior.BY_SIBLING_MERGE_KEY
-UNIT_COUNT, UNIT_SIZE_BYTES = 2, 3
+UNIT_COUNT = 2
