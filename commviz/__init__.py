@@ -13,6 +13,7 @@ if (_Path(__file__).resolve().parent.parent / "launch" / "__init__.py").is_file(
     __path__.append(str(_Path(__file__).resolve().parent.parent))  # noqa: F821 - package __path__
 
 from commviz.annotate import annotate_collective  # noqa: E402
+from commviz.capture import graph, mark  # noqa: E402
 from commviz.gather import gather
 from commviz.patching import patch, unpatch
 from commviz.record import flush, load_record, profile, start, trace_handler
@@ -21,6 +22,7 @@ from commviz.record.recorder import RECORDER, enable
 __version__ = "0.1.0"
 
 __all__ = [
-    "RECORDER", "annotate_collective", "enable", "flush", "gather", "load_record", "patch",
+    "RECORDER", "annotate_collective", "enable", "flush", "gather", "graph", "load_record",
+    "mark", "patch",
     "profile", "start", "trace_handler", "unpatch", "__version__",
 ]

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from commviz import metadata as md
+from commviz.capture import region as _region
 from commviz.record import recorder as _rec
 
 _profiler_enabled = torch._C._autograd._profiler_enabled
@@ -114,8 +115,6 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
         meta.update(extra)
     region = None
     if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
-        from commviz.capture import region as _region
-
         meta[md.CAPTURED] = True
         region = _region.enter(meta)
     recorder = _rec.RECORDER
@@ -138,8 +137,6 @@ def finish(call: Call, error: BaseException | None = None) -> None:
     if error is not None:
         meta[md.ERROR] = repr(error)
     if call.region is not None:
-        from commviz.capture import region as _region
-
         _region.exit(call.region, meta)
     if call.range is not None:
         call.range.__exit__(None, None, None)

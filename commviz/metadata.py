@@ -55,13 +55,18 @@ CAPTURED = "commviz.captured"    # bool: issued under CUDA graph capture
 GRAPH = "commviz.graph"          # commviz capture id of the graph it was captured into
 GRAPH_NODES = "commviz.graph_nodes"  # CUPTI graph node ids of its kernel nodes
 ORDINAL = "commviz.ordinal"      # ordinal of the collective within its graph, per lane
+REPLAY = "commviz.replay"        # graphed kernels: the replay's number, per graph
+MATCHED_BY = "commviz.matched_by"  # graphed kernels: "graph node id" | "order" | "fingerprint"
+GRAPH_NODE = "commviz.graph_node"  # graphed kernels: CUPTI id of the captured node
+MARK = "commviz.mark"            # commviz.mark label of a compute kernel ("outer/inner")
+MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
 
 COMMVIZ_KEYS = (
     OP, KIND, SEQ, P2P_SEQ, RANK, ROOT, PEER, SRC, DST, PEERS, REDUCE_OP, ASYNC, BYTES_IN,
     BYTES_OUT, CALLSITE, LANE, T_BEGIN, T_END, CAPTURED, GRAPH, GRAPH_NODES, ORDINAL, DEVICE,
-    ERROR,
+    ERROR, REPLAY, MATCHED_BY, GRAPH_NODE, MARK, MARK_LANE,
 )
 
 # Eager "Collective name" per wrapped function, as ProcessGroupNCCL records it.

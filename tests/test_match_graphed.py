@@ -214,6 +214,18 @@ def test_unidentified_replays_are_reported() -> None:
                for u in result.unmatched)
 
 
+def test_no_fingerprint_match_while_a_graph_has_none() -> None:
+    """A graph captured without collectives or marks is not read at capture end: an untagged
+    replay could be that graph, so no fingerprint is trusted."""
+    trace, record = graphed(0)
+    bare = {"graph": 7, "complete": False, "kernel_names": {}, "nodes": [], "exec_ids": []}
+    result = match_graphed(trace, dict(record, graphs=record["graphs"] + [bare]))
+    assert "graph_replays_by_fingerprint" not in result.stats
+    assert result.stats["graph_replays_unidentified"] == 2
+    assert len(result.unmatched) == sum(1 for i in nccl_indices(trace, result)
+                                        if i not in result.kernel_args)
+
+
 def test_without_a_record_graphed_kernels_are_unmatched() -> None:
     trace, _ = graphed(1)
     result = match_graphed(trace, None)

@@ -14,7 +14,7 @@ import pytest
 
 from commviz.errors import SourceError, TraceError
 from commviz.trace.load import load_trace, rank_from_name, read_header
-from commviz.trace.run import load_run
+from commviz.trace.run import load_rank, load_run
 from harness import run_ranks
 
 
@@ -251,3 +251,15 @@ def test_plain_profiler_directory(recorded: Path, tmp_path: Path) -> None:
     assert sorted(run.ranks) == [0, 1]
     assert all(inp.record is None and len(inp.trace_paths) == 1 for inp in run.ranks.values())
     assert run.ranks[1].trace_paths[0].name.startswith("host_101")
+
+
+def test_one_rank_alone(copy: Path) -> None:
+    (copy / "commviz_rank1.pkl").write_bytes(b"garbage")     # another rank's problem
+    inp, problems = load_rank(copy, 0)
+    assert problems == [] and inp.record["rank"] == 0 and inp.host
+    assert [p.name for p in inp.trace_paths] == ["trace_rank0.json.gz"]
+    inp, problems = load_rank(copy, 1)
+    assert inp.record is None and len(problems) == 1 and "commviz_rank1.pkl" in problems[0]
+    assert [p.name for p in inp.trace_paths] == ["trace_rank1.json.gz"]
+    with pytest.raises(SourceError, match="rank 5"):
+        load_rank(copy, 5)

@@ -16,6 +16,7 @@ The record (``RECORDER.graphs``) is a plain dict::
     {"graph": 1, "capture_id": int|None, "cupti_graph_id": int|None, "exec_ids": [int],
      "tools_exec_ids": [int], "t_begin_ns": int, "t_end_ns": int|None,
      "complete": bool,                  # finalize ran: "after", "kernel_names" are whole-graph
+                                        # (it does not for graphs without collectives or marks)
      "kernel_count": int|None, "kernel_names": {kernel key: count},
      "replays": int,                    # replays seen by the replay hook so far
      "nodes": [{"index": i,             # position in this list (topological order once complete)
@@ -131,6 +132,8 @@ class GraphState:
         """Read the whole graph once (still capturing): fingerprint and dependency order."""
         if self.graph is None or not cb.available() or self.record["complete"]:
             return
+        if not any(n["ordinal"] is not None or n["marks"] for n in self.nodes.values()):
+            return                  # nothing to match in this graph: spare its capture the scan
         all_nodes = cb.nodes(self.graph)
         names: Counter = Counter()
         keys: dict[int, tuple[str, list[int]]] = {}

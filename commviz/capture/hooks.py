@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from commviz import metadata as md
 from commviz.capture import graphs
 from commviz.record import recorder as _rec
 
 REPLAY_RANGE = "commviz::graph_replay"
 GRAPH_ARG = "commviz.graph"
-REPLAY_ARG = "commviz.replay"
+REPLAY_ARG = md.REPLAY
 
 _profiler_enabled = torch._C._autograd._profiler_enabled
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from commviz import metadata as md
 from commviz.capture import graphs, hooks
 from commviz.record import recorder as _rec
 
-MARK = "commviz.mark"
-MARK_LANE = "commviz.mark_lane"
+MARK = md.MARK
+MARK_LANE = md.MARK_LANE
 RANGE_PREFIX = "commviz::mark::"
 
 _profiler_enabled = torch._C._autograd._profiler_enabled

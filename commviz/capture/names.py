@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-_ANON_MANGLED = "_GLOBAL__N_1"
+_ANON_MANGLED = "_GLOBAL__N_"  # GCC: _GLOBAL__N_1; NVCC: _GLOBAL__N__<hash>_<file>
 _ANON = "(anonymous namespace)"
 
 
@@ -30,7 +30,7 @@ def _source_name(name: str, at: int) -> tuple[str | None, int]:
     ident = name[end:end + length]
     if len(ident) != length:
         return None, at
-    return (_ANON if ident == _ANON_MANGLED else ident), end + length
+    return (_ANON if ident.startswith(_ANON_MANGLED) else ident), end + length
 
 
 def _from_mangled(name: str) -> str:

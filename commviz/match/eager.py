@@ -19,13 +19,8 @@ from commviz.match.index import Intervals, NcclSpan, Span, TraceIndex
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.ranges import TOLERANCE_NS, Pairing
 from commviz.match.result import Conflict, RankMatch, Unmatched
-from commviz.trace.kernels import COLLECTIVES_FOR_KERNEL, NcclKernel
+from commviz.trace.kernels import incompatibility
 
-_KNOWN_NAMES = frozenset().union(*COLLECTIVES_FOR_KERNEL.values())
-_REDUCTIONS = frozenset({"sum", "product", "max", "min"})
-# The NCCL dtype ProcessGroupNCCL hands a tensor of this dtype to (bytes or the real part).
-_SENT_AS = {"Bool": "Byte", "ComplexFloat": "Float", "ComplexDouble": "Double",
-            "ComplexHalf": "Half", "Float8_e4m3fn": "Byte", "Float8_e5m2": "Byte"}
 
 
 def _norm(value: Any) -> str:
@@ -44,21 +39,6 @@ def agrees(profiler: Any, record: Any) -> bool:
         head, _, tail = p.partition("...")
         return r.startswith(head) and r.endswith(tail)
     return p == r
-
-
-def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
-    """Why this kernel cannot be the collective ``meta`` describes, or None if it can."""
-    name = str(meta.get(md.COLLECTIVE_NAME))
-    if name in _KNOWN_NAMES and not kernel.can_run(name):
-        return f"a {kernel.collective} kernel cannot carry out {name!r}"
-    dtype = meta.get(md.DTYPE)
-    if kernel.dtype is not None and dtype is not None and kernel.dtype not in (
-            dtype, _SENT_AS.get(dtype)):
-        return f"kernel dtype {kernel.dtype} but the call's dtype is {dtype}"
-    op = meta.get(md.REDUCE_OP)
-    if kernel.reduction in _REDUCTIONS and op in _REDUCTIONS and op != kernel.reduction:
-        return f"kernel reduces by {kernel.reduction} but the call by {op}"
-    return None
 
 
 def _owning_range(index: TraceIndex, kernel: Span) -> Span | None:

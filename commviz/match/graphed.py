@@ -3,7 +3,8 @@
 A replay is one ``cudaGraphLaunch``: every kernel it ran carries that launch's ``correlation``.
 Which graph it replayed comes from, in order: the ``commviz::graph_replay`` range around the
 launch (its ``commviz.graph`` arg), the recorded replay whose time window holds the launch, or
-the replay's kernel fingerprint (the multiset of its kernels equals exactly one captured graph's).
+the replay's kernel fingerprint (the multiset of its kernels equals exactly one captured graph's,
+and every captured graph has one).
 
 Which kernel is which captured node:
 
@@ -34,11 +35,11 @@ from commviz.capture.names import kernel_key
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.result import Unmatched
-from commviz.trace.kernels import parse_nccl
+from commviz.trace.kernels import incompatibility, parse_nccl
 
 REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number, per graph
-MATCHED_BY = "commviz.matched_by"        # "graph node id" | "order"
-NODE = "commviz.graph_node"              # CUPTI id of the captured node (capture graph's id)
+MATCHED_BY = md.MATCHED_BY
+NODE = md.GRAPH_NODE
 GRAPH_NODE_ID = "graph node id"
 _LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 _GRAPH_LAUNCH_CBIDS = frozenset({311, 312})     # cudaGraphLaunch(_ptsz)_v10000
@@ -46,7 +47,6 @@ _WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _DROP = frozenset({md.T_BEGIN, md.T_END, md.GRAPH_NODES})
 # recorded reduction -> reductions an NCCL kernel may run it with (avg: PreMulSum for floats,
 # SumPostDiv for integers)
-_REDUCTIONS = {"avg": {"avg", "premul_sum", "sum"}, "premul_sum": {"premul_sum"}}
 
 
 @dataclass
@@ -136,33 +136,10 @@ def _dims(args: dict[str, Any]) -> tuple | None:
     return None if None in dims else dims
 
 
-def _reduction_ok(recorded: str | None, kernel: str | None) -> bool:
-    # NCCL (2.28) compiles reduction-specialised kernels for sum only: max, min, product...
-    # run in the kernel named ..._Sum_... (seen on the H200s, eager and graphed alike), so a
-    # "Sum" kernel fits any reduction; another name must agree with the recorded one.
-    if recorded is None or kernel is None or kernel == "sum":
-        return True
-    return kernel == recorded or kernel in _REDUCTIONS.get(recorded, ())
-
-
 def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
     """Why an NCCL kernel named ``name`` cannot be the collective ``meta`` (None: it can)."""
     nk = parse_nccl(name)
-    if nk is None:
-        return None
-    coll = meta.get(md.COLLECTIVE_NAME)
-    if coll is not None and nk.collective in ("AllReduce", "AllGather", "ReduceScatter",
-                                              "Broadcast", "Reduce", "SendRecv") \
-            and not nk.can_run(str(coll)):
-        return f"a {nk.collective} kernel cannot carry collective {coll!r}"
-    dtype = meta.get(md.DTYPE)
-    if dtype != "Bool":               # torch reduces bools as bytes with max/min
-        if nk.dtype is not None and dtype is not None and nk.dtype != dtype:
-            return f"kernel dtype {nk.dtype} but the collective's dtype is {dtype}"
-        if not _reduction_ok(meta.get(md.REDUCE_OP), nk.reduction):
-            return (f"kernel reduction {nk.reduction} but the collective reduces with "
-                    f"{meta.get(md.REDUCE_OP)}")
-    return None
+    return None if nk is None else incompatibility(nk, meta)
 
 
 class _Index:
@@ -278,6 +255,8 @@ class _Matcher:
             if len(hits) == 1:
                 rep.graph, rep.number, rep.how = hits[0]["graph"], hits[0].get("replay"), "time"
                 return
+        if any(g.fingerprint is None for g in self.graphs.values()):
+            return                  # a graph without a fingerprint could be this one too
         names = Counter(k.key for k in rep.kernels)
         fits = [g.gid for g in self.graphs.values() if g.fingerprint == names]
         if len(fits) == 1:

@@ -30,7 +30,7 @@ from commviz.merge.cross import write_cross
 from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank, load_traces,
                                  no_gc)
 from commviz.merge.shard import fingerprint, read_shard, shard_path
-from commviz.trace.run import RankInput, Run, load_run
+from commviz.trace.run import RankInput, Run, load_rank, load_run
 from commviz.write.chrome import join as join_json
 
 FORMATS = ("pftrace", "json")
@@ -259,19 +259,17 @@ def write_shard(run_dir: str | os.PathLike[str], rank: int,
     The clock offset is the one in the rank's record (measured by ``commviz.gather``: call it
     first). Problems are warned about; the shard holds whatever could be read.
     """
-    run = load_run(run_dir)
-    inp = run.ranks.get(rank)
-    if inp is None:
-        raise SourceError(str(Path(run_dir)), f"no record and no trace of rank {rank}")
+    inp, problems = load_rank(run_dir, rank)
     plan = clk.ClockPlan()
     recorded = int(((inp.record or {}).get("clock") or {}).get("offset_ns") or 0)
-    plan.offsets[rank] = plan.record_offsets[rank] = recorded if inp.record is not None else 0
+    plan.offsets[rank] = plan.record_offsets[rank] = recorded
+    run = Run(run_dir=Path(run_dir), ranks={rank: inp}, world_size=None, problems=problems)
     target = Path(out) if out is not None else shard_path(run.run_dir, rank)
     with tempfile.TemporaryDirectory(prefix=".commviz-shard-", dir=target.parent) as tmp:
         job = _job(run, rank, inp, plan, Path(tmp), "pftrace")
         result = convert_rank(job)
         os.replace(job.out, target)
-    if result.problems:
-        warnings.warn(f"commviz shard of rank {rank}: " + "; ".join(result.problems),
+    if problems or result.problems:
+        warnings.warn(f"commviz shard of rank {rank}: " + "; ".join(problems + result.problems),
                       stacklevel=2)
     return target

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 COMM, GEMM, MEMORY, OTHER = "communication", "gemm", "memcpy/memset", "other"
 KERNEL_CLASSES = (COMM, GEMM, MEMORY, OTHER)
@@ -89,6 +90,33 @@ def parse_nccl(name: str) -> NcclKernel | None:
             pass
         i += 1
     return NcclKernel(coll, reduction, dtype, algorithm, protocol)
+
+
+_KNOWN_COLLECTIVES = frozenset().union(*COLLECTIVES_FOR_KERNEL.values())
+# The NCCL dtype ProcessGroupNCCL hands a tensor of this dtype to (bytes, or the real part).
+_SENT_AS = {"Bool": "Byte", "ComplexFloat": "Float", "ComplexDouble": "Double",
+            "ComplexHalf": "Half", "Float8_e4m3fn": "Byte", "Float8_e5m2": "Byte"}
+# Kernel reductions that can carry out a recorded reduce op other than their own name.
+_REDUCTION_FITS = {"avg": {"avg", "premul_sum", "sum"}, "premul_sum": {"premul_sum"}}
+
+
+def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
+    """Why ``kernel`` cannot be the collective whose metadata is ``meta`` (None: it can).
+
+    NCCL 2.28 runs max, min and product in the kernel named ``..._Sum_...`` (seen on the
+    H200s, eager and graphed alike), so a sum kernel fits any reduction.
+    """
+    coll = meta.get("Collective name")
+    if coll in _KNOWN_COLLECTIVES and not kernel.can_run(str(coll)):
+        return f"a {kernel.collective} kernel cannot carry out {coll!r}"
+    dtype = meta.get("dtype")
+    if kernel.dtype is not None and dtype is not None and kernel.dtype not in (
+            dtype, _SENT_AS.get(dtype)):
+        return f"kernel dtype {kernel.dtype} but the call's dtype is {dtype}"
+    op, red = meta.get("commviz.reduce_op"), kernel.reduction
+    if op and red and red != "sum" and red != op and red not in _REDUCTION_FITS.get(op, ()):
+        return f"kernel reduction {red} but the call reduces by {op}"
+    return None
 
 
 @lru_cache(maxsize=65536)

@@ -28,7 +28,7 @@ HEADER_BYTES = 1 << 20          # how much of a trace read_header looks at (deco
 # Where a file name says the rank: commviz's ``trace_rank3_step2.json.gz``, and the usual
 # ``rank3`` / ``rank_3`` / ``rank-3`` / ``-rank-3`` spellings (not ``rank3`` inside ``crank3``).
 _RANK_NAME_RE = re.compile(r"(?:^|[^a-z0-9])rank[_-]?(\d+)(?![0-9])", re.IGNORECASE)
-_DIST_KEY = '"distributedInfo"'
+_DIST_RE = re.compile(r'"distributedInfo"\s*:\s*')
 _PID_RE = re.compile(r'"pid"\s*:\s*(-?\d+)')
 _HOST_RE = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TRACE_ID_RE = re.compile(r'"trace_id"\s*:\s*"([^"]*)"')
@@ -105,21 +105,21 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
         head = _partial_gunzip(path)
     text = head.decode("utf-8", errors="replace")
     events_at = text.find('"traceEvents"')
+    meta_end = events_at if events_at >= 0 else len(text)   # top-level keys before the events
     info = None
-    at = text.find(_DIST_KEY)
-    if at >= 0:
-        colon = text.find(":", at + len(_DIST_KEY))
+    at = _DIST_RE.search(text)
+    if at:
         try:
-            info, _ = json.JSONDecoder().raw_decode(text, colon + 1 + _skip_ws(text, colon + 1))
-        except (ValueError, IndexError):
+            info, _ = json.JSONDecoder().raw_decode(text, at.end())
+        except ValueError:
             info = None
         if not isinstance(info, dict):
             info = None
-    host = _HOST_RE.search(text)
-    base = _BASE_RE.search(text)
+    host = _HOST_RE.search(text, 0, meta_end)
+    base = _BASE_RE.search(text, 0, meta_end)
     pid = _PID_RE.search(text, events_at) if events_at >= 0 else None
-    ident = _TRACE_ID_RE.search(text) or (_TS_RE.search(text, events_at) if events_at >= 0
-                                          else None)
+    ident = _TRACE_ID_RE.search(text, 0, meta_end) or (
+        _TS_RE.search(text, events_at) if events_at >= 0 else None)
     return TraceHeader(
         path=path, distributed_info=info,
         rank=_int_or_none(info, "rank"), world_size=_int_or_none(info, "world_size"),
@@ -129,13 +129,6 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
         is_trace=events_at >= 0 or info is not None or '"schemaVersion"' in text[:4096]
         or text.lstrip().startswith("[{"),
         merged='"commviz_merged"' in text[:4096])
-
-
-def _skip_ws(text: str, start: int) -> int:
-    n = 0
-    while start + n < len(text) and text[start + n] in " \t\r\n":
-        n += 1
-    return n
 
 
 def _partial_gunzip(path: Path) -> bytes:

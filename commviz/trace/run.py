@@ -228,3 +228,30 @@ def _check_record(path: Path, record: dict, traces: list[Path],
                 return None
     return record
 
+
+
+def load_rank(run_dir: str | os.PathLike[str], rank: int) -> tuple[RankInput, list[str]]:
+    """One rank's inputs only, without looking at the other ranks' files (what a rank needs
+    to convert its own trace at the end of a job, when thousands of ranks share the dir).
+
+    Its traces are those its record lists, else the files named ``trace_rank{R}*.json[.gz]``.
+    """
+    run_dir = Path(run_dir)
+    problems: list[str] = []
+    record_path = run_dir / schema.record_name(rank)
+    record = None
+    if record_path.exists():
+        try:
+            record = load_record(record_path)
+        except RecordError as exc:
+            problems.append(str(exc))
+    listed = [run_dir / name for name in (record or {}).get("traces") or []
+              if (run_dir / name).exists()]
+    traces = listed or sorted(p for p in run_dir.glob(schema.TRACE_GLOB)
+                              if schema.rank_of_trace(p.name) == rank)
+    if record is None and not traces:
+        raise SourceError(str(run_dir), f"no record and no trace of rank {rank}")
+    host = (record or {}).get("host") or next(
+        (h.host for h in map(read_header, traces) if h.host), None)
+    return RankInput(rank=rank, record=record, record_path=record_path if record else None,
+                     trace_paths=traces, host=host), problems
