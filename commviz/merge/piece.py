@@ -114,8 +114,13 @@ def comm_events(traces: list[Trace], record: dict | None, rank: int,
         result = parts[0] if len(parts) == 1 else combine_matches(rank, parts)
     except CommvizError as exc:
         problems.append(str(exc))
-        return (events_from_record(record) if record is not None else []), None
-    return list(result.events), result
+    except Exception as exc:  # the matcher's failure must not cost the rank its trace
+        where = ", ".join(str(t.path) for t in traces) or f"rank {rank}"
+        problems.append(f"{where}: matching failed ({type(exc).__name__}: {exc}); its lanes "
+                        "come from the record alone")
+    else:
+        return list(result.events), result
+    return (events_from_record(record) if record is not None else []), None
 
 
 def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
