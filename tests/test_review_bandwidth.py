@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 
+from commviz import metadata as md
 from commviz.match.model import events_from_record
 from commviz.record.store import load_record
 from commviz.review import bandwidth as bw
-from commviz.review.instances import ERROR_KEY, build_instances
+from commviz.review.instances import build_instances
 from harness import run_ranks
 
 WORLD = 3
@@ -124,9 +125,9 @@ EXPECTED = {
 def test_size_and_bandwidth_of_each_type(instances, op):
     ctype, size = EXPECTED[op]
     inst = instances[op]
-    if any(ERROR_KEY in e.args for e in inst.events.values()):
+    if any(md.ERROR in e.args for e in inst.events.values()):
         assert inst.bandwidth is None and inst.comm_ns is None     # a failed call moved nothing
-        pytest.skip(f"{op}: {inst.events[0].args[ERROR_KEY]}")
+        pytest.skip(f"{op}: {inst.events[0].args[md.ERROR]}")
     assert inst.ctype == ctype
     assert inst.size_bytes == size
     assert sorted(inst.events) == ([0, 1] if ctype == "p2p" else list(range(WORLD)))

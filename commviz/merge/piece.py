@@ -30,8 +30,7 @@ import orjson
 
 from commviz import metadata as md
 from commviz.errors import CommvizError, TraceError
-from commviz.match import RankMatch, match_rank
-from commviz.match import _combine as combine_matches   # MATCH: asked to make this public
+from commviz.match import RankMatch, match_traces
 from commviz.match.model import CommEvent, events_from_record
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
@@ -109,9 +108,7 @@ def comm_events(traces: list[Trace], record: dict | None, rank: int,
     each recorded call appears once. If matching fails, the record's own spans are the lanes.
     """
     try:
-        parts = [match_rank(t, record, rank=rank) for t in traces] or [
-            match_rank(None, record, rank=rank)]
-        result = parts[0] if len(parts) == 1 else combine_matches(rank, parts)
+        result = match_traces(traces, record, rank=rank)
     except CommvizError as exc:
         problems.append(str(exc))
     except Exception as exc:  # the matcher's failure must not cost the rank its trace

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything commviz checks on a machine with 2 GPUs, in one go: the GPU tests (graphed
+# collectives vs the profiler's eager metadata, bus bandwidth beside CUDA events), the 2-GPU
+# launch config with CUDA graphs (every graphed NCCL kernel annotated?), and the GPU benchmarks.
+# Logs go to $OUT (the device tool's result folder) or /tmp/commviz-gpu.
+# Wheels missing on the GPU image (perfetto, orjson, pydantic, ...) are taken from .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/commviz-gpu}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || true
+export PATH=$HOME/.local/bin:$PATH
+cv="python3 -m commviz"
+python3 -c "import torch, commviz; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'commviz', commviz.__file__)" | tee "$out/env.log"
+
+step() { echo "== $1"; }
+step "GPU tests"
+timeout 420 python3 -m pytest -q -m gpu -s -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/gpu_tests.log"
+step "launch configs/gpu-2x-graphs.yaml"
+rm -rf /tmp/cvruns
+timeout 240 $cv launch configs/gpu-2x-graphs.yaml --set output.dir=/tmp/cvruns \
+  --set output.run_name=graphed 2>&1 | tail -40 | tee "$out/launch.log"
+timeout 120 python3 scripts/check_annotated.py /tmp/cvruns/graphed 2>&1 | tee "$out/annotated.log"
+step "benchmarks"
+timeout 200 python3 -m torch.distributed.run --nproc_per_node 2 scripts/bench_graph_overhead.py 2>&1 | tail -30 | tee "$out/bench_graph_overhead.log"
+timeout 120 python3 scripts/bench_overhead.py --device cuda 2>&1 | tail -12 | tee "$out/bench_overhead_cuda.log"
+tar czf "$out/gpu_run.tgz" -C /tmp/cvruns graphed 2>/dev/null
+echo "== done"
