@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from commviz import metadata as md
+from commviz.capture import hooks as _hooks
 from commviz.capture import region as _region
 from commviz.record import recorder as _rec
 
@@ -107,14 +108,16 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
         md.BYTES_IN: in_nelems * esize,
         md.BYTES_OUT: out_nelems * esize,
         md.CALLSITE: f"{frame.f_code.co_filename}:{frame.f_lineno}",
-        md.DEVICE: tensor.device.type if tensor is not None else "cpu",
+        md.DEVICE: "cuda" if tensor is not None and tensor.is_cuda else (
+            tensor.device.type if tensor is not None else "cpu"),
     }
     if kind == "collective":
         meta[md.SEQ] = next(info.seq)
     if extra:
         meta.update(extra)
     region = None
-    if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+    if tensor is not None and tensor.is_cuda and _hooks.capture_possible() and \
+            torch.cuda.is_current_stream_capturing():
         meta[md.CAPTURED] = True
         region = _region.enter(meta)
     recorder = _rec.RECORDER

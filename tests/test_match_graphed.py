@@ -287,9 +287,10 @@ def test_cupti_absent_gives_no_ids(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_hooks_install_and_restore_cudagraph_methods() -> None:
     import torch
 
-    before = {n: torch.cuda.CUDAGraph.__dict__.get(n) for n in ("replay", "capture_end")}
-    was = hooks.installed()
+    was = hooks.installed()                      # commviz installs them on import
     hooks.uninstall()
+    before = {n: torch.cuda.CUDAGraph.__dict__.get(n) for n in ("replay", "capture_end")}
+    assert torch.cuda.CUDAGraph.replay is not hooks._replay and hooks.capture_possible()
     hooks.install()
     hooks.install()                               # idempotent
     assert torch.cuda.CUDAGraph.replay is hooks._replay

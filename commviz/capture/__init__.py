@@ -3,11 +3,13 @@
 - ``graph(cuda_graph, ...)``: ``torch.cuda.graph`` with commviz's capture records and replay tags.
 - ``mark(name, stream=None)``: label the compute kernels of a block (captured or eager).
 - ``install()`` / ``uninstall()``: the ``torch.cuda.CUDAGraph`` hooks behind both (installed
-  automatically by ``graph`` and by the first annotated collective or mark under capture).
+  when commviz is imported; again by ``graph`` and under capture if they were taken off).
 - ``region.enter`` / ``region.exit``: called by ``commviz.annotate`` for collectives under capture.
 """
 
 from commviz.capture.hooks import graph, install, installed, uninstall
 from commviz.capture.mark import mark
+
+install()
 
 __all__ = ["graph", "install", "installed", "mark", "uninstall"]
