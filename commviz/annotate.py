@@ -51,6 +51,17 @@ class _Nesting(threading.local):
 NESTING = _Nesting()
 
 
+class unrecorded:  # noqa: N801 - a context manager used like a function
+    """Collectives issued inside are passed straight to torch: commviz's own traffic (gather,
+    clock offsets) must not show up among the job's collectives, even under ``patch()``."""
+
+    def __enter__(self) -> None:
+        NESTING.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        NESTING.depth -= 1
+
+
 def _rank() -> int:
     global _global_rank
     if _global_rank is None:

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from commviz.annotate import unrecorded
 from commviz.record import clock, schema, store
 from commviz.record import recorder as _rec
 
@@ -87,7 +88,14 @@ def gather(run_dir: str | os.PathLike[str] | None = None, *, extra_patterns: Ite
     """Collective: gather records and traces into rank 0's ``run_dir`` (default: the recorder's).
 
     ``extra_patterns`` adds per-rank files to move, e.g. ``"shard_rank{rank}.pftrace"``.
+    The gather's own collectives are not recorded.
     """
+    with unrecorded():
+        return _gather(run_dir, extra_patterns, measure_clock)
+
+
+def _gather(run_dir: str | os.PathLike[str] | None, extra_patterns: Iterable[str],
+            measure_clock: bool) -> GatherResult:
     target = Path(run_dir) if run_dir is not None else _rec.RECORDER.run_dir
     if target is None:
         raise ValueError("commviz.gather: no run dir (pass one or call commviz.start)")

@@ -103,7 +103,8 @@ def _finish(run_dir: Path, rank: int) -> None:
     if rank == 0:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
-    dist.barrier(group=group)
+    with commviz.annotate.unrecorded():
+        dist.barrier(group=group)
 
 
 def run(config_path: str) -> None:

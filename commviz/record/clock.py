@@ -19,7 +19,16 @@ ROUNDS = 8
 
 
 def measure_offsets(group: Any) -> dict[str, Any]:
-    """Collective over ``group`` (gloo, all ranks): this rank's clock entry for its record."""
+    """Collective over ``group`` (gloo, all ranks): this rank's clock entry for its record.
+
+    Its own messages are not recorded as the job's collectives."""
+    from commviz.annotate import unrecorded
+
+    with unrecorded():
+        return _measure(group)
+
+
+def _measure(group: Any) -> dict[str, Any]:
     rank = dist.get_rank()
     world = dist.get_world_size(group)
     host = socket.gethostname().encode()[:255]
