@@ -78,75 +78,72 @@ def reset_rank_cache() -> None:
 
 
 class Call:
-    """One in-flight annotated collective: its metadata and what must be closed at the end."""
+    """One in-flight annotated collective: its record, and what must be closed at the end.
 
-    __slots__ = ("meta", "range", "region")
+    ``meta`` is the expanded metadata dict when something needed it at the start (a profiler
+    range, a capture region, annotate_collective's caller); otherwise only the compact ``rec``.
+    """
 
-    def __init__(self, meta: dict[str, Any], rng: Any, region: Any) -> None:
+    __slots__ = ("rec", "meta", "range", "region")
+
+    def __init__(self, rec: list[Any], meta: dict[str, Any] | None, rng: Any, region: Any) -> None:
+        self.rec = rec
         self.meta = meta
         self.range = rng
         self.region = region
 
 
 def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
-          *, kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
+          kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
           async_op: bool = False, extra: dict[str, Any] | None = None,
-          depth: int = 2) -> Call:
-    """Start a collective: build its metadata, record it, open its profiler range and region.
+          depth: int = 2, want_meta: bool = False) -> Call:
+    """Start a collective: record it, open its profiler range and capture region if needed.
 
     ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
     """
     info = md.group_info(group)
-    dtype = tensor.dtype if tensor is not None else torch.uint8
-    esize = tensor.element_size() if tensor is not None else 0
     frame = _getframe(depth)
-    meta: dict[str, Any] = {
-        md.COLLECTIVE_NAME: md.COLLECTIVE_NAMES.get(op, op),
-        md.IN_NELEMS: in_nelems,
-        md.OUT_NELEMS: out_nelems,
-        md.GROUP_SIZE: len(info.ranks),
-        md.DTYPE: md.dtype_name(dtype),
-        md.IN_SPLIT: in_split,
-        md.OUT_SPLIT: out_split,
-        md.PG_NAME: info.name,
-        md.PG_DESC: info.desc,
-        md.PG_RANKS: info.ranks_str,
-        md.OP: op,
-        md.KIND: kind,
-        md.RANK: _rank(),
-        md.LANE: info.lane,
-        md.ASYNC: async_op,
-        md.BYTES_IN: in_nelems * esize,
-        md.BYTES_OUT: out_nelems * esize,
-        md.CALLSITE: f"{frame.f_code.co_filename}:{frame.f_lineno}",
-        md.DEVICE: "cuda" if tensor is not None and tensor.is_cuda else (
-            tensor.device.type if tensor is not None else "cpu"),
-    }
-    if kind == "collective":
-        meta[md.SEQ] = next(info.seq)
-    if extra:
-        meta.update(extra)
-    region = None
-    if tensor is not None and tensor.is_cuda and _hooks.capture_possible() and \
-            torch.cuda.is_current_stream_capturing():
+    if tensor is None:
+        dtype, esize, device = "Byte", 0, "cpu"
+    else:
+        dtype, esize = md.dtype_name(tensor.dtype), tensor.element_size()
+        device = "cuda" if tensor.is_cuda else tensor.device.type
+    rec = [op, kind, info, in_nelems, out_nelems, dtype, esize, in_split, out_split, async_op,
+           frame.f_code.co_filename, frame.f_lineno, _rank(), device,
+           next(info.seq) if kind == "collective" else None, extra, None, None, None]
+    meta = region = rng = None
+    if device == "cuda" and _hooks.capture_possible() and torch.cuda.is_current_stream_capturing():
+        meta = md.expand(rec)
         meta[md.CAPTURED] = True
         region = _region.enter(meta)
-    recorder = _rec.RECORDER
-    if recorder.enabled:
-        recorder.append(meta)
-    rng = None
     if _profiler_enabled():
+        if meta is None:
+            meta = md.expand(rec)
         rng = _RecordFunctionFast(
             "commviz::" + op, [],
             {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
         rng.__enter__()
-    meta[md.T_BEGIN] = _time_ns()
-    return Call(meta, rng, region)
+    elif want_meta and meta is None:
+        meta = md.expand(rec)
+    recorder = _rec.RECORDER
+    if recorder.enabled:
+        recorder.append(rec if meta is None else meta)
+    if meta is None:
+        rec[md.R_T_BEGIN] = _time_ns()
+    else:
+        meta[md.T_BEGIN] = _time_ns()
+    return Call(rec, meta, rng, region)
 
 
 def finish(call: Call, error: BaseException | None = None) -> None:
     """Close what ``begin`` opened; under capture this is where the new graph nodes are found."""
     meta = call.meta
+    if meta is None:
+        rec = call.rec
+        rec[md.R_T_END] = _time_ns()
+        if error is not None:
+            rec[md.R_ERROR] = repr(error)
+        return
     meta[md.T_END] = _time_ns()
     if error is not None:
         meta[md.ERROR] = repr(error)
@@ -214,7 +211,7 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         async_op = bool(mapped.pop(md.ASYNC, False))
         self._call = begin(name, group, tensor if tensor is not None else out_tensor, in_n, out_n,
                            kind=kind, in_split=in_split, out_split=out_split, async_op=async_op,
-                           extra=mapped, depth=2)
+                           extra=mapped, depth=2, want_meta=True)
         return self._call.meta
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -95,6 +95,49 @@ COLLECTIVE_NAMES = {
 
 LANE_BASE = 1_000_000
 
+# A compact record: what the hot path stores (a list, so the end time can be set later). It is
+# expanded into the metadata dict only when something reads it: a flush, a profiler range, a
+# capture region, annotate_collective's caller. Building the 20-key dict on every call would
+# cost more than the rest of the wrapper.
+(R_OP, R_KIND, R_INFO, R_IN, R_OUT, R_DTYPE, R_ESIZE, R_IN_SPLIT, R_OUT_SPLIT, R_ASYNC, R_FILE,
+ R_LINE, R_RANK, R_DEVICE, R_SEQ, R_EXTRA, R_T_BEGIN, R_T_END, R_ERROR) = range(19)
+
+
+def expand(rec: list[Any] | dict[str, Any]) -> dict[str, Any]:
+    """The metadata dict of a compact record (a dict is returned as it is)."""
+    if isinstance(rec, dict):
+        return rec
+    info, op, esize = rec[R_INFO], rec[R_OP], rec[R_ESIZE]
+    meta: dict[str, Any] = {
+        COLLECTIVE_NAME: COLLECTIVE_NAMES.get(op, op),
+        IN_NELEMS: rec[R_IN],
+        OUT_NELEMS: rec[R_OUT],
+        GROUP_SIZE: len(info.ranks),
+        DTYPE: rec[R_DTYPE],
+        IN_SPLIT: rec[R_IN_SPLIT],
+        OUT_SPLIT: rec[R_OUT_SPLIT],
+        PG_NAME: info.name,
+        PG_DESC: info.desc,
+        PG_RANKS: info.ranks_str,
+        OP: op,
+        KIND: rec[R_KIND],
+        RANK: rec[R_RANK],
+        LANE: info.lane,
+        ASYNC: rec[R_ASYNC],
+        BYTES_IN: rec[R_IN] * esize,
+        BYTES_OUT: rec[R_OUT] * esize,
+        CALLSITE: f"{rec[R_FILE]}:{rec[R_LINE]}",
+        DEVICE: rec[R_DEVICE],
+    }
+    if rec[R_SEQ] is not None:
+        meta[SEQ] = rec[R_SEQ]
+    if rec[R_EXTRA]:
+        meta.update(rec[R_EXTRA])
+    for key, pos in ((T_BEGIN, R_T_BEGIN), (T_END, R_T_END), (ERROR, R_ERROR)):
+        if rec[pos] is not None:
+            meta[key] = rec[pos]
+    return meta
+
 
 def lane_id(pg_name: str) -> int:
     """A stable comm-lane id for a process group: the same on every rank and in every run."""

@@ -61,8 +61,8 @@ class Recorder:
         return max(0, self._recorded - len(self._ring))
 
     def records(self) -> list[dict[str, Any]]:
-        """A copy of the records still in the ring, oldest first."""
-        return list(self._ring)
+        """The records still in the ring as metadata dicts, oldest first."""
+        return [md.expand(r) for r in list(self._ring)]
 
     def clear(self) -> None:
         with self._lock:
