@@ -290,7 +290,7 @@ def test_overlapping_kernels_keep_their_stream(tmp_path: Path) -> None:
 def test_clock_offset_derived_across_hosts(run2: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(run2, run_dir, ignore=shutil.ignore_patterns("merged*", "shard*"))
-    shift = 7_000_000                                 # rank 1's clock runs 7 ms ahead
+    shift = 50_000_000                                # rank 1's clock runs 50 ms ahead
     record = pickle.loads((run_dir / "commviz_rank1.pkl").read_bytes())
     record["host"] = "other-host"
     record["clock"] = {"offset_ns": 0, "offset_source": "none"}
@@ -305,14 +305,22 @@ def test_clock_offset_derived_across_hosts(run2: Path, tmp_path: Path) -> None:
     result = merge_run(run_dir, workers=1, progress=False)
     assert result.problems == []
     assert result.stats["clock_sources"][1].startswith("derived")
-    m = Merged(result.out)
-    ends = defaultdict(dict)
-    for rank in (0, 1):
-        for s in m.lane_slices(rank):
-            ends[s.args["commviz.instance"]][rank] = s.end
-    diffs = [abs(e[0] - e[1]) for e in ends.values() if len(e) == 2]
-    assert len(diffs) >= 4
-    assert sorted(diffs)[len(diffs) // 2] < 1_000_000          # back within 1 ms, not 7
+
+    def median_end_gap(merged: Path) -> int:
+        m = Merged(merged)
+        ends = defaultdict(dict)
+        for rank in (0, 1):
+            for s in m.lane_slices(rank):
+                ends[s.args["commviz.instance"]][rank] = s.end
+        diffs = sorted(abs(e[0] - e[1]) for e in ends.values() if len(e) == 2)
+        assert len(diffs) >= 4
+        return diffs[len(diffs) // 2]
+
+    # The unshifted run's own gap (gloo ranks end a collective at slightly different times,
+    # more so on a loaded machine) bounds what alignment can restore; 50 ms must be gone.
+    natural = median_end_gap(merge_run(run2, tmp_path / "plain.pftrace", workers=1,
+                                       progress=False).out)
+    assert median_end_gap(result.out) < max(1_000_000, 2 * natural)
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
