@@ -84,13 +84,9 @@ def _plan(loaded: C.Loaded, cfg: Config, out: TextIO) -> None:
 
 
 def _merge(run_dir: Path, cfg: Config, out: TextIO) -> tuple[Path | None, bool]:
-    """Merge through MERGE's ``merge_run`` (CONTRACTS 3); (merged path, ok)."""
-    try:
-        from commviz.merge import merge_run
-    except ImportError:
-        out.write("merge: skipped: commviz.merge.merge_run is not available in this "
-                  "installation; run `commviz merge RUN_DIR` once it is\n")
-        return None, True
+    """Merge the run (``commviz.merge.merge_run``); (merged path, ok)."""
+    from commviz.merge import merge_run
+
     try:
         result = merge_run(run_dir, fmt=cfg.output.format, progress=sys.stderr.isatty())
     except CommvizError as exc:
@@ -102,12 +98,9 @@ def _merge(run_dir: Path, cfg: Config, out: TextIO) -> tuple[Path | None, bool]:
 
 
 def _report(run_dir: Path, out: TextIO) -> bool:
-    """The review through REVIEW's ``write_report`` (CONTRACTS 5), as RUN_DIR/report.md."""
-    try:
-        from commviz.review.report import write_report
-    except ImportError:
-        out.write("report: skipped: commviz.review.report.write_report is not available\n")
-        return True
+    """The review (``commviz.review.report.write_report``), as RUN_DIR/report.md."""
+    from commviz.review.report import write_report
+
     try:
         result = write_report(run_dir, fmt="markdown")
     except CommvizError as exc:

@@ -74,11 +74,9 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
 
 
 def _write_shard(run_dir: Path, rank: int) -> None:
-    """This rank's Perfetto shard, made here on its own node (once commviz.merge has it)."""
-    try:
-        from commviz.merge import write_shard
-    except ImportError:
-        return
+    """This rank's Perfetto shard, made here on its own node."""
+    from commviz.merge import write_shard
+
     try:
         write_shard(run_dir, rank)
     except Exception as exc:  # the merge converts this rank itself; the job still succeeds

@@ -30,19 +30,8 @@ def records(run_dir: Path, world: int) -> list[dict]:
     return [load_record(run_dir / f"commviz_rank{r}.pkl") for r in range(world)]
 
 
-def merge_available() -> bool:
-    try:
-        from commviz.merge import merge_run  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def check_merged(run_dir: Path, out: str) -> None:
-    """Once MERGE has landed: the launch merged the run and the trace verifies."""
-    if not merge_available():
-        assert "merge: skipped" in out
-        return
+    """The launch merged the run and the merged trace verifies."""
     merged = run_dir / "merged.pftrace"
     assert merged.exists() and f"merged:  {merged}" in out, out
     from commviz.verify import verify_pftrace
@@ -191,8 +180,7 @@ def test_rank_failing_mid_run(tmp_path):
     assert len(survivor["collectives"]) == 4 and survivor["exit"] == "failed"
     assert any(run_dir.glob("trace_rank0*.json.gz"))
     assert "records: 2/2 ranks" in out
-    if merge_available():
-        assert "merge: " in out or "merged: " in out
+    assert "merge: " in out or "merged: " in out
 
 
 def test_rank_killed_without_a_word(tmp_path):

@@ -35,14 +35,12 @@ from commviz.capture.names import kernel_key
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.result import Unmatched
-from commviz.trace.kernels import incompatibility, parse_nccl
+from commviz.trace.kernels import LAUNCH_CATS, incompatibility, is_graph_launch, parse_nccl
 
 REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
 NODE = md.GRAPH_NODE
 GRAPH_NODE_ID = "graph node id"
-_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
-_GRAPH_LAUNCH_CBIDS = frozenset({311, 312})     # cudaGraphLaunch(_ptsz)_v10000
 _WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _DROP = frozenset({md.T_BEGIN, md.T_END, md.GRAPH_NODES})
 # recorded reduction -> reductions an NCCL kernel may run it with (avg: PreMulSum for floats,
@@ -165,12 +163,11 @@ class _Index:
                 ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
             except (KeyError, TypeError, ValueError):
                 continue
-            if cat in _LAUNCH_CATS:
+            if cat in LAUNCH_CATS:
                 corr = args.get("correlation")
                 if corr is None:
                     continue
-                if name.startswith(("cudaGraphLaunch", "cuGraphLaunch")) or \
-                        args.get("cbid") in _GRAPH_LAUNCH_CBIDS:
+                if is_graph_launch(name, cat, args):
                     self.replays[corr] = _Replay(thread, ts)
                 else:
                     self.launches[corr] = (thread, ts)

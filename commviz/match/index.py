@@ -14,13 +14,10 @@ from typing import Any
 
 from commviz.capture.hooks import REPLAY_RANGE
 from commviz.capture.mark import RANGE_PREFIX as MARK_PREFIX
-from commviz.trace.kernels import NcclKernel, parse_nccl
+from commviz.trace.kernels import LAUNCH_CATS, NcclKernel, is_graph_launch, parse_nccl
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
 PARAM_COMMS = "record_param_comms"
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
-GRAPH_LAUNCH_CBIDS = frozenset({311, 312})   # runtime API: cudaGraphLaunch(_ptsz)_v10000
-GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
 GRAPH_NODE_ID = "graph node id"
 
 
@@ -108,8 +105,7 @@ class TraceIndex:
                 corr = args.get("correlation")
                 if corr is not None:
                     self.launches[corr] = span
-                    if name.startswith(GRAPH_LAUNCH_NAMES) or (
-                            cat == "cuda_runtime" and args.get("cbid") in GRAPH_LAUNCH_CBIDS):
+                    if is_graph_launch(name, cat, args):
                         self.graph_launches.add(corr)
             elif name.startswith(RANGE_PREFIX) and not is_other_range(name):
                 self.ranges.append(span)

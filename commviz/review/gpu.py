@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from commviz.trace.kernels import is_graph_launch
+
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_GRAPH_LAUNCH_CBID = 311
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,8 @@ class GpuOp:
 def _graph_launches(events: Iterable[dict]) -> set[Any]:
     out = set()
     for ev in events:
-        if ev.get("cat") not in ("cuda_runtime", "cuda_driver"):
-            continue
         args = ev.get("args") or {}
-        if args.get("cbid") == _GRAPH_LAUNCH_CBID or str(ev.get("name", "")).startswith(
-                "cudaGraphLaunch"):
+        if is_graph_launch(str(ev.get("name", "")), str(ev.get("cat")), args):
             out.add(args.get("correlation"))
     out.discard(None)
     return out

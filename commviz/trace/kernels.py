@@ -131,5 +131,18 @@ def classify(name: str, category: str = "kernel") -> str:
     return OTHER
 
 
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+_GRAPH_LAUNCH_CBIDS = frozenset({311, 312})   # runtime API: cudaGraphLaunch(_ptsz)_v10000
+_GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+
+
+def is_graph_launch(name: str, category: str, args: dict[str, Any]) -> bool:
+    """Whether a CPU-side launch event (``cuda_runtime``/``cuda_driver``) launched a CUDA graph:
+    every kernel of that replay then shares its ``correlation``. The callback ids are runtime
+    API numbers, so they count only on runtime events."""
+    return category in LAUNCH_CATS and (name.startswith(_GRAPH_LAUNCH_NAMES) or (
+        category == "cuda_runtime" and args.get("cbid") in _GRAPH_LAUNCH_CBIDS))
+
+
 def is_comm_kernel(name: str) -> bool:
     return parse_nccl(name) is not None
