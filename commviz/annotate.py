@@ -18,7 +18,6 @@ import time
 from typing import Any, Iterable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.capture import hooks as _hooks
@@ -38,12 +37,8 @@ _EXTRA_KEYS = {
     "async_op": md.ASYNC, "in_split": md.IN_SPLIT, "out_split": md.OUT_SPLIT, "kind": md.KIND,
 }
 
-_global_rank: int | None = None
-
-
 class _Nesting(threading.local):
-    """Per-thread depth of commviz wrappers: a wrapped function that torch implements through
-    another wrapped one (all_gather_into_tensor -> all_gather_single) is annotated once."""
+    """Per-thread depth of ``unrecorded`` blocks: wrappers inside pass straight to torch."""
 
     depth = 0
 
@@ -62,84 +57,63 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
         NESTING.depth -= 1
 
 
-def _rank() -> int:
-    global _global_rank
-    if _global_rank is None:
-        if not dist.is_initialized():
-            return 0
-        _global_rank = dist.get_rank()
-    return _global_rank
-
-
-def reset_rank_cache() -> None:
-    """Forget the cached global rank (a new process group was initialised)."""
-    global _global_rank
-    _global_rank = None
-
-
-class Call:
-    """One in-flight annotated collective: its record, and what must be closed at the end.
-
-    ``meta`` is the expanded metadata dict when something needed it at the start (a profiler
-    range, a capture region, annotate_collective's caller); otherwise only the compact ``rec``.
-    """
-
-    __slots__ = ("rec", "meta", "range", "region")
-
-    def __init__(self, rec: list[Any], meta: dict[str, Any] | None, rng: Any, region: Any) -> None:
-        self.rec = rec
-        self.meta = meta
-        self.range = rng
-        self.region = region
+# Runtime-only slots after a compact record's fields (never read by ``md.expand``): the
+# expanded metadata when something needed it at the start, the profiler range, the capture
+# region. ``begin`` returns the record itself, so a call costs one list and nothing else.
+_META, _RANGE, _REGION = md.R_ERROR + 1, md.R_ERROR + 2, md.R_ERROR + 3
 
 
 def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
           kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
           async_op: bool = False, extra: dict[str, Any] | None = None,
-          depth: int = 2, want_meta: bool = False) -> Call:
+          depth: int = 2, want_meta: bool = False) -> list[Any]:
     """Start a collective: record it, open its profiler range and capture region if needed.
 
     ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
+    Returns the call's compact record, to hand to ``finish``.
     """
     info = md.group_info(group)
     frame = _getframe(depth)
     if tensor is None:
         dtype, esize, device = "Byte", 0, "cpu"
     else:
-        dtype, esize = md.dtype_name(tensor.dtype), tensor.element_size()
+        dtype, esize = md.dtype_info(tensor.dtype)
         device = "cuda" if tensor.is_cuda else tensor.device.type
     rec = [op, kind, info, in_nelems, out_nelems, dtype, esize, in_split, out_split, async_op,
-           frame.f_code.co_filename, frame.f_lineno, _rank(), device,
-           next(info.seq) if kind == "collective" else None, extra, None, None, None]
-    meta = region = rng = None
+           frame.f_code.co_filename, frame.f_lineno, info.my_rank, device,
+           next(info.seq) if kind == "collective" else None, extra, None, None, None,
+           None, None, None]
+    meta = None
     if device == "cuda" and _hooks.capture_possible() and torch.cuda.is_current_stream_capturing():
         meta = md.expand(rec)
         meta[md.CAPTURED] = True
-        region = _region.enter(meta)
+        rec[_REGION] = _region.enter(meta)
     if _profiler_enabled():
         if meta is None:
             meta = md.expand(rec)
-        rng = _RecordFunctionFast(
+        rng = rec[_RANGE] = _RecordFunctionFast(
             "commviz::" + op, [],
             {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
         rng.__enter__()
     elif want_meta and meta is None:
         meta = md.expand(rec)
     recorder = _rec.RECORDER
-    if recorder.enabled:
-        recorder.append(rec if meta is None else meta)
     if meta is None:
+        if recorder.enabled:
+            recorder.append(rec)
         rec[md.R_T_BEGIN] = _time_ns()
     else:
+        rec[_META] = meta
+        if recorder.enabled:
+            recorder.append(meta)
         meta[md.T_BEGIN] = _time_ns()
-    return Call(rec, meta, rng, region)
+    return rec
 
 
-def finish(call: Call, error: BaseException | None = None) -> None:
+def finish(rec: list[Any], error: BaseException | None = None) -> None:
     """Close what ``begin`` opened; under capture this is where the new graph nodes are found."""
-    meta = call.meta
+    meta = rec[_META]
     if meta is None:
-        rec = call.rec
         rec[md.R_T_END] = _time_ns()
         if error is not None:
             rec[md.R_ERROR] = repr(error)
@@ -147,23 +121,20 @@ def finish(call: Call, error: BaseException | None = None) -> None:
     meta[md.T_END] = _time_ns()
     if error is not None:
         meta[md.ERROR] = repr(error)
-    if call.region is not None:
-        _region.exit(call.region, meta)
-    if call.range is not None:
-        call.range.__exit__(None, None, None)
+    if rec[_REGION] is not None:
+        _region.exit(rec[_REGION], meta)
+    if rec[_RANGE] is not None:
+        rec[_RANGE].__exit__(None, None, None)
 
 
-def invoke(call: Call, fn: Any, *args: Any) -> Any:
+def invoke(rec: list[Any], fn: Any, *args: Any) -> Any:
     """Run the real torch.distributed call between ``begin`` and ``finish``."""
-    NESTING.depth += 1
     try:
         result = fn(*args)
     except BaseException as exc:
-        NESTING.depth -= 1
-        finish(call, exc)
+        finish(rec, exc)
         raise
-    NESTING.depth -= 1
-    finish(call)
+    finish(rec)
     return result
 
 
@@ -191,7 +162,7 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
     def __init__(self, name: str, input: Any, output: Any, group: Any = None,
                  **extra: Any) -> None:
         self._args = (name, input, output, group, extra)
-        self._call: Call | None = None
+        self._call: list[Any] | None = None
 
     def __enter__(self) -> dict[str, Any]:
         name, inp, out, group, extra = self._args
@@ -212,7 +183,7 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         self._call = begin(name, group, tensor if tensor is not None else out_tensor, in_n, out_n,
                            kind=kind, in_split=in_split, out_split=out_split, async_op=async_op,
                            extra=mapped, depth=2, want_meta=True)
-        return self._call.meta
+        return self._call[_META]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self._call is not None

@@ -35,7 +35,7 @@ _raw_isend, _raw_irecv = RAW["isend"], RAW["irecv"]
 
 
 def _quiet() -> bool:
-    """Nothing to do: recording off and no profiler running, or already inside a wrapper."""
+    """Nothing to do: recording off and no profiler running, or inside ``unrecorded()``."""
     return NESTING.depth > 0 or (not _rec.RECORDER.enabled and not _profiler_enabled())
 
 
@@ -100,12 +100,19 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
                   RAW["all_gather"], tensor_list, tensor, group, async_op)
 
 
+# torch >= 2.13 implements the older names through the *_single ones (module globals, so the
+# patched wrapper would run twice): call the implementation directly.
+_IMPL = {"all_gather_into_tensor": RAW.get("all_gather_single", RAW["all_gather_into_tensor"]),
+         "reduce_scatter_tensor": RAW.get("reduce_scatter_single", RAW["reduce_scatter_tensor"])}
+
+
 def _gather_into(op: str, output_tensor, input_tensor, group, async_op):
+    fn = _IMPL.get(op) or RAW[op]
     if _quiet():
-        return RAW[op](output_tensor, input_tensor, group, async_op)
+        return fn(output_tensor, input_tensor, group, async_op)
     return invoke(begin(op, group, input_tensor, input_tensor.numel(), output_tensor.numel(),
                         async_op=async_op, depth=3),
-                  RAW[op], output_tensor, input_tensor, group, async_op)
+                  fn, output_tensor, input_tensor, group, async_op)
 
 
 @_mirrors("all_gather_into_tensor")
@@ -130,11 +137,12 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 
 def _scatter_from(name: str, output, input, op, group, async_op):
+    fn = _IMPL.get(name) or RAW[name]
     if _quiet():
-        return RAW[name](output, input, op, group, async_op)
+        return fn(output, input, op, group, async_op)
     return invoke(begin(name, group, input, input.numel(), output.numel(), async_op=async_op,
                         extra={md.REDUCE_OP: md.reduce_op_name(op)}, depth=3),
-                  RAW[name], output, input, op, group, async_op)
+                  fn, output, input, op, group, async_op)
 
 
 @_mirrors("reduce_scatter_tensor")

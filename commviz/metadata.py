@@ -144,21 +144,26 @@ def lane_id(pg_name: str) -> int:
     return LANE_BASE + zlib.crc32(pg_name.encode()) % LANE_BASE
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_DTYPES: dict[torch.dtype, tuple[str, int]] = {}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """c10's ScalarType name ("Float", "BFloat16", "Long"), the profiler's "dtype" format."""
+def dtype_info(dtype: torch.dtype) -> tuple[str, int]:
+    """(c10's ScalarType name, the profiler's "dtype" format: "Float", "BFloat16"; item size)."""
     try:
-        return _DTYPE_NAMES[dtype]
+        return _DTYPES[dtype]
     except KeyError:
         pass
     try:
         name = torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
     except (TypeError, RuntimeError):
         name = str(dtype).removeprefix("torch.")
-    _DTYPE_NAMES[dtype] = name
-    return name
+    info = _DTYPES[dtype] = (name, dtype.itemsize)
+    return info
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """c10's ScalarType name of ``dtype`` ("Float", "BFloat16", "Long")."""
+    return dtype_info(dtype)[0]
 
 
 _REDUCE_OP_NAMES: dict[Any, str] = {}
@@ -191,6 +196,7 @@ class GroupInfo:
     ranks: list[int]
     backend: str
     lane: int
+    my_rank: int = 0                 # this process's global rank (the same for every group)
     ranks_str: str = ""
     seq: Any = field(default_factory=lambda: itertools.count(1))
     p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
@@ -230,7 +236,7 @@ def group_info(group: Any = None) -> GroupInfo:
         backend = "unknown"
     info = GroupInfo(pg=pg, name=str(name), desc=str(desc),
                      ranks=list(dist.get_process_group_ranks(pg)), backend=backend,
-                     lane=lane_id(str(name)))
+                     lane=lane_id(str(name)), my_rank=dist.get_rank())
     _GROUPS[id(pg)] = info
     return info
 

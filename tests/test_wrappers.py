@@ -290,3 +290,26 @@ def _job_patch(rank: int, world: int, run_dir: str) -> tuple[int, int, bool]:
 def test_patch_instruments_unmodified_code(run_dir: Path) -> None:
     for count, patched, restored in run_ranks(_job_patch, 2, str(run_dir)):
         assert (count, patched, restored) == (3, 1, True)
+
+
+def _job_patch_all(rank: int, world: int, run_dir: str) -> tuple[list[str], list[str]]:
+    import torch.distributed as td
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir)
+    groups = _groups(world)
+    _all_ops(cvd, rank, world, groups)               # the drop-in module: one record a call
+    module_ops = [c[md.OP] for c in commviz.RECORDER.records()]
+    commviz.RECORDER.clear()
+    with commviz.patch():
+        _all_ops(td, rank, world, groups)            # an unmodified program, patched
+    patched_ops = [c[md.OP] for c in commviz.RECORDER.records()]
+    return module_ops, patched_ops
+
+
+def test_patch_records_every_call_exactly_once(run_dir: Path) -> None:
+    """torch may implement one wrapped function through another (all_gather_into_tensor ->
+    all_gather_single in 2.13): under patch() each call must still be recorded once."""
+    for module_ops, patched_ops in run_ranks(_job_patch_all, 2, str(run_dir)):
+        assert patched_ops == module_ops
+        assert set(module_ops) == set(cvd.WRAPPED)
