@@ -65,7 +65,7 @@ def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[
 
     A trace that cannot be used costs its GPU ops and is named in the problems; the rest loads.
     """
-    from commviz.match import match_run
+    from commviz.match import match_traces
     from commviz.trace.load import load_trace
     from commviz.trace.run import load_run
 
@@ -74,15 +74,17 @@ def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[
     if not run.ranks:
         why = "; ".join(problems) if problems else "no commviz records and no profiler traces"
         raise SourceError(str(run_dir), f"nothing to review: {why}")
-    events = [ev for m in match_run(run).values() for ev in m.events]
+    events: list[CommEvent] = []
     ops: list[GpuOp] = []
-    for item in run.ranks.values():
+    for item in run.ranks.values():          # one rank's traces in memory at a time, read once
+        traces = []
         for path in item.trace_paths:
             try:
-                trace = load_trace(path, rank=item.rank)
+                traces.append(load_trace(path, rank=item.rank))
             except CommvizError as exc:
                 problems.append(str(exc))
-                continue
+        events.extend(match_traces(traces, item.record, rank=item.rank).events)
+        for trace in traces:
             ops.extend(gpu_ops(trace))
     return events, ops, set(run.ranks), problems
 
