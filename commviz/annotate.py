@@ -66,13 +66,16 @@ _META, _RANGE, _REGION = md.R_ERROR + 1, md.R_ERROR + 2, md.R_ERROR + 3
 def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
           kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
           async_op: bool = False, extra: dict[str, Any] | None = None,
-          depth: int = 2, want_meta: bool = False) -> list[Any]:
+          depth: int = 2, want_meta: bool = False) -> list[Any] | None:
     """Start a collective: record it, open its profiler range and capture region if needed.
 
     ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
-    Returns the call's compact record, to hand to ``finish``.
+    Returns the call's compact record, to hand to ``finish``; None when this rank is not in
+    ``group`` (torch skips such a call, so there is nothing to record).
     """
     info = md.group_info(group)
+    if not info.member:
+        return None
     frame = _getframe(depth)
     if tensor is None:
         dtype, esize, device = "Byte", 0, "cpu"
@@ -127,8 +130,10 @@ def finish(rec: list[Any], error: BaseException | None = None) -> None:
         rec[_RANGE].__exit__(None, None, None)
 
 
-def invoke(rec: list[Any], fn: Any, *args: Any) -> Any:
+def invoke(rec: list[Any] | None, fn: Any, *args: Any) -> Any:
     """Run the real torch.distributed call between ``begin`` and ``finish``."""
+    if rec is None:
+        return fn(*args)
     try:
         result = fn(*args)
     except BaseException as exc:
@@ -183,9 +188,9 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         self._call = begin(name, group, tensor if tensor is not None else out_tensor, in_n, out_n,
                            kind=kind, in_split=in_split, out_split=out_split, async_op=async_op,
                            extra=mapped, depth=2, want_meta=True)
-        return self._call[_META]
+        return self._call[_META] if self._call is not None else {}
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        assert self._call is not None
-        finish(self._call, exc)
+        if self._call is not None:
+            finish(self._call, exc)
         self._call = None

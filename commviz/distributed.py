@@ -49,7 +49,11 @@ def _global(group: Any, group_rank: int | None, global_rank: int | None) -> int 
     """A peer/root as a global rank, whichever way the caller gave it."""
     if global_rank is not None or group_rank is None:
         return global_rank
-    return _c10d.get_global_rank(_c10d.GroupMember.WORLD if group is None else group, group_rank)
+    try:
+        return _c10d.get_global_rank(_c10d.GroupMember.WORLD if group is None else group,
+                                     group_rank)
+    except (ValueError, RuntimeError):  # a group this rank is not in: torch skips the call
+        return None
 
 
 def _group_size(group: Any) -> int:
@@ -215,6 +219,8 @@ def _p2p(op: str, tensor: torch.Tensor, peer: int | None, group: Any, sending: b
          async_op: bool) -> Any:
     """Start a point-to-point call: its (group, src, dst) sequence number pairs it with the peer."""
     info = md.group_info(group)
+    if not info.member:
+        return None
     me = _c10d.get_rank()
     src, dst = (me, peer) if sending else (peer, me)
     n = tensor.numel()
@@ -275,6 +281,8 @@ def batch_isend_irecv(p2p_op_list):
     first = p2p_op_list[0]
     group = first.group
     info = md.group_info(group)
+    if not info.member:
+        return RAW["batch_isend_irecv"](p2p_op_list)
     me = _c10d.get_rank()
     peers, seqs, in_n, out_n = [], [], 0, 0
     for p in p2p_op_list:

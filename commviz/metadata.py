@@ -197,6 +197,7 @@ class GroupInfo:
     backend: str
     lane: int
     my_rank: int = 0                 # this process's global rank (the same for every group)
+    member: bool = True              # False: this rank is not in the group (torch skips the call)
     ranks_str: str = ""
     seq: Any = field(default_factory=lambda: itertools.count(1))
     p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
@@ -227,6 +228,11 @@ def group_info(group: Any = None) -> GroupInfo:
     pg = dist.group.WORLD if group is None else group
     info = _GROUPS.get(id(pg))
     if info is not None and info.pg is pg:
+        return info
+    if pg is dist.GroupMember.NON_GROUP_MEMBER:
+        info = GroupInfo(pg=pg, name="", desc="", ranks=[], backend="none", lane=0,
+                         member=False)
+        _GROUPS[id(pg)] = info
         return info
     name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
     desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "undefined")

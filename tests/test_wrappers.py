@@ -313,3 +313,29 @@ def test_patch_records_every_call_exactly_once(run_dir: Path) -> None:
     for module_ops, patched_ops in run_ranks(_job_patch_all, 2, str(run_dir)):
         assert patched_ops == module_ops
         assert set(module_ops) == set(cvd.WRAPPED)
+
+
+def _job_non_member(rank: int, world: int, run_dir: str) -> tuple[Any, Any, list[str]]:
+    import warnings
+
+    import torch.distributed as td
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir)
+    only0 = td.new_group([0])
+    t = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # torch warns the non-member rank
+        ours = cvd.all_reduce(t, group=only0)
+        theirs = td.all_reduce(t.clone(), group=only0)
+        cvd.broadcast(t, group=only0, group_src=0)
+        with commviz.annotate_collective("all_reduce", t, t, group=only0) as meta:
+            pass
+    return (ours, theirs, [c[md.PG_RANKS] for c in commviz.RECORDER.records()], meta)
+
+
+def test_calls_on_a_group_this_rank_is_not_in_are_not_recorded(run_dir: Path) -> None:
+    (r0, r1) = run_ranks(_job_non_member, 2, str(run_dir))
+    assert r0[2] == ["[0]", "[0]", "[0]"] and r0[3][md.PG_RANKS] == "[0]"
+    assert r1[0] is None and r1[1] is None             # torch returns None there too
+    assert r1[2] == [] and r1[3] == {}
