@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from commviz import metadata as md
 from commviz.annotate import unrecorded
 from commviz.record import clock, schema, store
 from commviz.record import recorder as _rec
@@ -46,7 +47,7 @@ def side_group(timeout_s: float = 600.0) -> Any:
     if _side_group is None:
         _side_group = dist.new_group(backend="gloo",
                                      timeout=datetime.timedelta(seconds=timeout_s),
-                                     group_desc="commviz_side")
+                                     group_desc=md.SIDE_GROUP_DESC)
     return _side_group
 
 
@@ -66,14 +67,16 @@ def _recv_bytes(src: int, group: Any) -> bytes:
     return buf.numpy().tobytes()
 
 
-def rank_files(run_dir: Path, rank: int, patterns: Iterable[str] = ()) -> list[Path]:
-    """This rank's files in the run dir: its record, its traces, and any extra ``patterns``."""
+def rank_files(run_dir: Path, rank: int, patterns: Iterable[str] = (), traces: bool = True
+               ) -> list[Path]:
+    """This rank's files in the run dir: its record, its traces (unless ``traces`` is False),
+    and any extra ``patterns``."""
     names = [schema.record_name(rank)]
     found = []
     for p in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
         if not p.is_file():
             continue
-        if p.name in names or schema.rank_of_trace(p.name) == rank or any(
+        if p.name in names or (traces and schema.rank_of_trace(p.name) == rank) or any(
                 fnmatch.fnmatch(p.name, pat.format(rank=rank)) for pat in patterns):
             found.append(p)
     return found
@@ -84,18 +87,20 @@ def missing_ranks(run_dir: Path, world_size: int) -> list[int]:
 
 
 def gather(run_dir: str | os.PathLike[str] | None = None, *, extra_patterns: Iterable[str] = (),
-           measure_clock: bool = True) -> GatherResult:
+           measure_clock: bool = True, traces: bool = True) -> GatherResult:
     """Collective: gather records and traces into rank 0's ``run_dir`` (default: the recorder's).
 
     ``extra_patterns`` adds per-rank files to move, e.g. ``"shard_rank{rank}.pftrace"``.
+    ``traces=False`` leaves this rank's profiler traces on its node (a rank that made its own
+    Perfetto shard sends only that: big jobs must not funnel every trace through rank 0).
     The gather's own collectives are not recorded.
     """
     with unrecorded():
-        return _gather(run_dir, extra_patterns, measure_clock)
+        return _gather(run_dir, extra_patterns, measure_clock, traces)
 
 
 def _gather(run_dir: str | os.PathLike[str] | None, extra_patterns: Iterable[str],
-            measure_clock: bool) -> GatherResult:
+            measure_clock: bool, traces: bool) -> GatherResult:
     target = Path(run_dir) if run_dir is not None else _rec.RECORDER.run_dir
     if target is None:
         raise ValueError("commviz.gather: no run dir (pass one or call commviz.start)")
@@ -127,7 +132,7 @@ def _gather(run_dir: str | os.PathLike[str] | None, extra_patterns: Iterable[str
 
     result = GatherResult(target, world, shared=shared)
     if rank != 0 and rank not in shared:
-        files = rank_files(target, rank, extra_patterns)
+        files = rank_files(target, rank, extra_patterns, traces)
         _send_bytes(json.dumps([p.name for p in files]).encode(), 0, group)
         for p in files:
             _send_bytes(p.read_bytes(), 0, group)

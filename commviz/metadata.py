@@ -94,6 +94,7 @@ COLLECTIVE_NAMES = {
 }
 
 LANE_BASE = 1_000_000
+SIDE_GROUP_DESC = "commviz_side"   # commviz's own gloo group (gather, clocks): not the job's
 
 # A compact record: what the hot path stores (a list, so the end time can be set later). It is
 # expanded into the metadata dict only when something reads it: a flush, a profiler range, a
@@ -258,12 +259,13 @@ def known_groups() -> list[GroupInfo]:
             infos.append(group_info(pg))
         except Exception:  # a group being torn down: skip it, the others still count
             continue
-    return sorted(infos, key=lambda i: (i.name != "0", i.name))
+    return sorted((i for i in infos if i.desc != SIDE_GROUP_DESC),
+                  key=lambda i: (i.name != "0", i.name))
 
 
 def seen_groups() -> list[GroupInfo]:
     """Groups commviz has looked up on this rank (still known after they are destroyed)."""
-    return list(_GROUPS.values())
+    return [i for i in _GROUPS.values() if i.member and i.desc != SIDE_GROUP_DESC]
 
 
 def forget_groups() -> None:

@@ -192,6 +192,10 @@ class Output(Strict):
     run_name: str = Field("{name}-{time}", description="run dir name; placeholders {name}, "
                           "{time}, {rdzv_id}, {world}")
     merge: bool = Field(True, description="merge the per-rank traces when the job ends")
+    gather_traces: bool = Field(True, description="bring every rank's raw profiler traces to "
+                                "rank 0's run dir when it is not shared; false: a rank that made "
+                                "its Perfetto shard sends only the shard and its record (large "
+                                "jobs; the report then has no stream/overlap rows for it)")
     format: Literal["pftrace", "json"] = Field("pftrace", description="merged trace format")
     report: bool = Field(True, description="write report.md after merging")
 

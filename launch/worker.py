@@ -73,8 +73,8 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
                            with_stack=p.with_stack)
 
 
-def _write_shard(run_dir: Path, rank: int) -> None:
-    """This rank's Perfetto shard, made here on its own node."""
+def _write_shard(run_dir: Path, rank: int) -> bool:
+    """This rank's Perfetto shard, made here on its own node; whether it was written."""
     from commviz.merge import write_shard
 
     try:
@@ -82,10 +82,15 @@ def _write_shard(run_dir: Path, rank: int) -> None:
     except Exception as exc:  # the merge converts this rank itself; the job still succeeds
         print(f"[commviz] rank {rank}: write_shard failed ({type(exc).__name__}: {exc}); the "
               "merge will convert this rank's trace", file=sys.stderr)
+        return False
+    return True
 
 
-def _finish(run_dir: Path, rank: int) -> None:
-    """Collective: clock offsets, flush, shard, gather, final barrier."""
+def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
+    """Collective: clock offsets, flush, shard, gather, final barrier.
+
+    ``gather_traces=False``: a rank whose shard was written sends only the shard and its record
+    to rank 0's run dir (when it is not shared); its raw traces stay on its node."""
     import torch.distributed as dist
 
     import commviz
@@ -96,8 +101,9 @@ def _finish(run_dir: Path, rank: int) -> None:
     group = side_group()
     RECORDER.clock = clock.measure_offsets(group)
     commviz.flush("finished")
-    _write_shard(run_dir, rank)
-    commviz.gather(run_dir, extra_patterns=(SHARD_PATTERN,), measure_clock=False)
+    shard_ok = _write_shard(run_dir, rank)
+    commviz.gather(run_dir, extra_patterns=(SHARD_PATTERN,), measure_clock=False,
+                   traces=gather_traces or not shard_ok)
     if rank == 0:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
@@ -135,7 +141,7 @@ def run(config_path: str) -> None:
                             seed=cfg.workload.seed)
     step = workloads.build(cfg.workload, ctx, C.pythonpath(loaded))
     workloads.run(step, cfg.workload, ctx, _profiler(cfg, run_dir))
-    _finish(run_dir, rank)
+    _finish(run_dir, rank, cfg.output.gather_traces)
 
 
 def _fail(exc: BaseException) -> None:

@@ -22,6 +22,7 @@ from commviz.merge import merge_run, write_shard
 from commviz.merge.piece import CROSS_FLOW_BIT, PID_BASE
 from commviz.record import store
 from commviz.trace.run import load_run
+from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
 from harness import run_ranks
 
@@ -255,6 +256,42 @@ def test_shards_are_reused_only_for_the_same_inputs(copy4: Path) -> None:
     doc = gzip.decompress((copy4 / "trace_rank1.json.gz").read_bytes())
     (copy4 / "trace_rank1.json.gz").write_bytes(gzip.compress(doc, 1))   # new bytes, same trace
     assert merge_run(copy4, workers=1, progress=False).stats["reused_shards"] == 3
+
+
+def _job_shards_only(rank: int, world: int, base: str) -> None:
+    """Each rank on its own "node" (run dir): shard written locally, only shard + record sent."""
+    import torch
+
+    import commviz
+    import commviz.distributed as cvd
+
+    run_dir = Path(base) / f"node{rank}"
+    commviz.RECORDER.clear()
+    commviz.start(run_dir)
+    with commviz.profile(run_dir):
+        t = torch.ones(64) * (rank + 1)
+        cvd.all_reduce(t)
+        cvd.broadcast(t, src=1)
+    commviz.flush()
+    write_shard(run_dir, rank)
+    commviz.gather(run_dir, extra_patterns=("shard_rank{rank}.pftrace",), measure_clock=False,
+                   traces=False)
+
+
+def test_shards_alone_reach_rank0_and_are_merged(tmp_path: Path) -> None:
+    """Big jobs: a rank's raw trace stays on its node; rank 0 merges its shard as it is."""
+    run_ranks(_job_shards_only, 3, str(tmp_path))
+    node0 = tmp_path / "node0"
+    assert sorted(p.name for p in node0.glob("trace_rank*")) == ["trace_rank0.json.gz"]
+    assert sorted(p.name for p in node0.glob("shard_rank*")) == [
+        f"shard_rank{r}.pftrace" for r in range(3)]
+    result = merge_run(node0, workers=1, progress=False)
+    assert result.problems == [] and result.stats["reused_shards"] == 3
+    m = Merged(result.out)
+    for rank in range(3):          # every rank's collectives on its lane, from its own shard
+        assert sorted(s.name for s in m.lane_slices(rank)) == ["all_reduce", "broadcast"]
+    report = verify_pftrace(result.out)
+    assert report.ok, report.errors[:5]
 
 
 def test_overlapping_kernels_keep_their_stream(tmp_path: Path) -> None:

@@ -57,16 +57,24 @@ def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fm
                    record=inp.record, trace_paths=list(inp.trace_paths), offset_ns=offset,
                    record_offset_ns=plan.record_offsets.get(rank, 0), host=inp.host, fmt=fmt,
                    fingerprint=fingerprint(inp.record, list(inp.trace_paths), offset)
-                   if fmt == "pftrace" else None, json_base_ns=json_base_ns,
+                   if fmt == "pftrace" else None,
+                   record_fingerprint=fingerprint(inp.record, [], offset)
+                   if fmt == "pftrace" and inp.record is not None else None,
+                   json_base_ns=json_base_ns,
                    shard=shard if fmt == "pftrace" and shard.exists() else None)
 
 
 def _run_job(job: RankJob) -> RankResult:
-    """A worker's task: reuse the rank's shard when it matches, else convert."""
+    """A worker's task: reuse the rank's shard when it matches, else convert.
+
+    A shard matches when it was made from the same inputs, or, when this rank's traces are not
+    in the run dir (``gather(..., traces=False)`` left them on their node), from the same record.
+    """
     try:
         if job.shard is not None and job.fingerprint:
-            seen, events = read_shard(job.shard)
-            if seen == job.fingerprint:
+            (seen, seen_record), events = read_shard(job.shard)
+            if seen == job.fingerprint or (not job.trace_paths and seen_record is not None
+                                           and seen_record == job.record_fingerprint):
                 return RankResult(rank=job.rank, out=job.shard, events=events,
                                   stats={"rank": job.rank, "reused_shard": job.shard.name,
                                          "comm_events": len(events)})

@@ -86,6 +86,7 @@ class RankJob:
     host: str | None = None
     fmt: str = "pftrace"
     fingerprint: str | None = None      # of the inputs, written into the piece
+    record_fingerprint: str | None = None   # of the record alone (its traces may stay on its node)
     shard: Path | None = None           # the rank's own shard, reused if its fingerprint matches
     json_base_ns: int = 0               # --format json: ts are µs after this wall time
 
@@ -437,7 +438,8 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
     sources = ", ".join(p.name for p in job.trace_paths) or "its record"
     desc = f"converted by commviz from {sources}"
     if job.fingerprint:
-        desc += f" (inputs {job.fingerprint})"
+        desc += f" (inputs {job.fingerprint}" + (
+            f", record {job.record_fingerprint})" if job.record_fingerprint else ")")
     with open(job.out, "wb") as f:
         piece = Piece(f, job.rank + 1)
         proc = piece.new_uuid()

@@ -17,16 +17,17 @@ import orjson
 
 from commviz.match.model import CommEvent
 from commviz.merge.piece import INSTANCE, LANE_CAT, PID_BASE, instance_from_text
+from commviz.record import schema
 from commviz.write.read import Reader, iter_packets, slices
 
 WRITER_VERSION = "commviz-pftrace-1"
 _SAMPLE = 1 << 16
-_FINGERPRINT_RE = re.compile(r"\(inputs ([0-9a-f]{16,})\)")
+_FINGERPRINT_RE = re.compile(r"\(inputs ([0-9a-f]{16,})(?:, record ([0-9a-f]{16,}))?\)")
 _ADDED = ("commviz.source", "commviz.stream", "commviz.graphed", INSTANCE)
 
 
 def shard_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / f"shard_rank{rank}.pftrace"
+    return Path(run_dir) / schema.shard_name(rank)
 
 
 def _file_sample(path: Path) -> bytes:
@@ -57,11 +58,12 @@ def fingerprint(record: dict | None, trace_paths: list[Path], offset_ns: int) ->
     return h.hexdigest()
 
 
-def read_shard(path: Path) -> tuple[str | None, list[CommEvent]]:
-    """The shard's input fingerprint and the collectives on its comm lanes."""
+def read_shard(path: Path) -> tuple[tuple[str | None, str | None], list[CommEvent]]:
+    """The shard's fingerprints (of all its inputs; of its record alone) and the collectives on
+    its comm lanes."""
     reader = Reader()
     lanes: dict[int, str] = {}            # lane track uuid -> pg
-    fingerprint_seen: str | None = None
+    fingerprint_seen: tuple[str | None, str | None] = (None, None)
     rank: int | None = None
     for raw in iter_packets(path):
         packet = reader.feed(raw)
@@ -70,7 +72,7 @@ def read_shard(path: Path) -> tuple[str | None, list[CommEvent]]:
             if d.HasField("process"):
                 rank = d.process.pid - PID_BASE
                 m = _FINGERPRINT_RE.search(d.description)
-                fingerprint_seen = m.group(1) if m else None
+                fingerprint_seen = (m.group(1), m.group(2)) if m else (None, None)
             elif d.sibling_merge_key.startswith("lane "):
                 lanes[d.uuid] = d.sibling_merge_key[5:]
             continue
@@ -78,7 +80,7 @@ def read_shard(path: Path) -> tuple[str | None, list[CommEvent]]:
             if packet.trace_packet_defaults.track_event_defaults.track_uuid not in lanes:
                 break                      # past the lanes: the rest is the rank's own events
     if rank is None:
-        return None, []
+        return (None, None), []
     done, _ = slices(reader.contents)
     events = []
     for s in done:

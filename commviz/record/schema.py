@@ -46,6 +46,11 @@ def trace_name(rank: int, step: int | None = None) -> str:
     return f"trace_rank{rank}{suffix}.json.gz"
 
 
+def shard_name(rank: int) -> str:
+    """Rank R's Perfetto shard, converted on its own node (``commviz.merge.write_shard``)."""
+    return f"shard_rank{rank}.pftrace"
+
+
 def rank_of_record(file_name: str) -> int | None:
     m = _RECORD_RE.search(file_name)
     return int(m.group(1)) if m else None

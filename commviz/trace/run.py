@@ -203,8 +203,9 @@ def _check_record(path: Path, record: dict, traces: list[Path],
                   headers: dict[Path, TraceHeader], problems: _Problems) -> dict | None:
     """The record, or None when it contradicts its rank's trace (the trace is kept)."""
     run_dir = path.parent
+    shard_only = (run_dir / schema.shard_name(int(record["rank"]))).exists()
     for name in record.get("traces") or []:
-        if not (run_dir / name).exists():
+        if not (run_dir / name).exists() and not shard_only:  # a shard stands in for its traces
             problems.add(RecordError(str(path), f"lists trace {name}, which is not in the run dir"))
     mine = {str(g.get("name")): g for g in record["process_groups"] if isinstance(g, dict)}
     for trace in traces:
