@@ -17,7 +17,6 @@ bounded memory. Args are decoded on demand, one rank at a time, by seeking back 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import re
@@ -25,13 +24,14 @@ from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commviz.errors import SourceError, TraceError
+from commviz.write.read import iter_packet_batches, open_trace, varint
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                                 pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
@@ -39,7 +39,6 @@ CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 BOOTTIME = pb.BUILTIN_CLOCK_BOOTTIME     # trace time, unless a snapshot says otherwise
 _SEQ_CLOCKS = range(64, 128)             # clock ids scoped to one packet sequence
-_CHUNK = 8 << 20
 _DETAILS_PER_KIND = 20            # problems kept in full per kind; all are counted
 _RANK_RE = re.compile(r"^\s*rank\s+(\d+)\b", re.IGNORECASE)
 # Tracks commviz derives from the inputs (comm lanes, per-PG summaries) may repeat an input
@@ -111,71 +110,10 @@ class Slice:
 
 # --- reading packets --------------------------------------------------------------------------
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int] | None:
-    """(value, next position), or None if ``buf`` ends inside the varint."""
-    result = shift = 0
-    n = len(buf)
-    while pos < n:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-    return None
-
-
-def _open(path: Path) -> BinaryIO:
-    f = open(path, "rb")
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        f.close()
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return f
-
-
-def iter_packet_batches(path: Path) -> Iterator[tuple[list[int], Any]]:
-    """Yield (byte offsets, packets) in file order, a few MB of packets at a time.
-
-    A .pftrace is ``repeated TracePacket packet = 1`` on the wire; framing it here instead of
-    one ``Trace.ParseFromString`` keeps memory flat for any file size.
-    """
-    with _open(path) as f:
-        buf, base = b"", 0
-        while True:
-            chunk = f.read(_CHUNK)
-            buf += chunk
-            pos, offs, n = 0, [], len(buf)
-            while pos < n:
-                if buf[pos] != 0x0A:
-                    raise SourceError(str(path), f"byte {base + pos}: not a Perfetto trace "
-                                      f"(expected a TracePacket field, found 0x{buf[pos]:02x})")
-                try:
-                    head = _varint(buf, pos + 1)
-                except ValueError:
-                    raise SourceError(str(path), f"byte {base + pos}: corrupt packet length "
-                                      "(not a Perfetto trace?)") from None
-                if head is None or head[1] + head[0] > n:
-                    break
-                offs.append(base + pos)
-                pos = head[1] + head[0]
-            if offs:
-                yield offs, pb.Trace.FromString(buf[:pos]).packet
-            buf, base = buf[pos:], base + pos
-            if not chunk:
-                if buf:
-                    raise SourceError(str(path), f"truncated: {len(buf)} bytes of an incomplete "
-                                      f"packet at byte {base}")
-                return
-
-
 def _packet_at(f: BinaryIO, offset: int) -> Any:
     f.seek(offset)
     head = f.read(11)
-    length, pos = _varint(head, 1) or (0, 0)
+    length, pos = varint(head, 1) or (0, 0)
     payload = head[pos:] + f.read(length - (len(head) - pos))
     return pb.TracePacket.FromString(payload[:length])
 
@@ -782,7 +720,7 @@ class _InputCheck:
         v = self.v
         for problem in getattr(self.run, "problems", None) or ():
             v.problem("input", str(problem), warn=True)
-        with _open(v.path) as f:
+        with open_trace(v.path) as f:
             for rank in sorted(self.run.ranks):
                 paths = self.run.ranks[rank].trace_paths
                 if not paths:
@@ -954,7 +892,7 @@ def read_slices(path: str | Path) -> tuple[list[Slice], VerifyReport]:
     report = v.run()
     flows = v.flow_map()
     out = []
-    with _open(v.path) as f:
+    with open_trace(v.path) as f:
         for k in range(len(v.slice_idx)):
             b = int(v.slice_idx[k])
             uuid = v.track_uuid[v.track[b]]

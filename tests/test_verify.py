@@ -15,6 +15,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import commviz
 from commviz import verify
+from commviz.write import read
 from commviz.cli import main as cli_main
 from commviz.errors import SourceError
 from commviz.trace.run import load_run
@@ -337,7 +338,7 @@ def test_streamed_in_small_chunks_and_gzip(tmp_path, monkeypatch):
     whole = verify_pftrace(path)
     gz = tmp_path / "t.pftrace.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))
-    monkeypatch.setattr(verify, "_CHUNK", 7)          # packets straddle every read
+    monkeypatch.setattr(read, "_CHUNK", 7)            # packets straddle every read
     for p in (path, gz):
         small = verify_pftrace(p)
         assert small.ok and small.counts == whole.counts and small.per_lane == whole.per_lane

@@ -65,8 +65,8 @@ def read_shard(path: Path) -> tuple[tuple[str | None, str | None], list[CommEven
     lanes: dict[int, str] = {}            # lane track uuid -> pg
     fingerprint_seen: tuple[str | None, str | None] = (None, None)
     rank: int | None = None
-    for raw in iter_packets(path):
-        packet = reader.feed(raw)
+    for packet in iter_packets(path):
+        reader.feed(packet)
         if packet.HasField("track_descriptor"):
             d = packet.track_descriptor
             if d.HasField("process"):

@@ -2,18 +2,23 @@
 
 Resolves what the writer leaves implicit: interned names, categories, annotation names and
 string values (per sequence), TracePacketDefaults (track uuid, clock), and sequence-scoped
-incremental clocks. Packets are parsed one at a time, so big files stream. Used by the tests
-and by anyone who wants to check a merged trace without trace processor.
+incremental clocks. Packets are framed and parsed a few MB at a time (gzip too), so big files
+stream. The merger reads shards with it and ``commviz verify`` frames packets with it.
 """
 
 from __future__ import annotations
 
-import mmap
+import gzip
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from commviz.errors import SourceError
+
+_CHUNK = 8 << 20                    # bytes read and parsed at a time: memory stays flat
 
 BEGIN, END, INSTANT, COUNTER = 1, 2, 3, 4
 
@@ -80,29 +85,72 @@ class _SeqState:
     cleared: bool = False
 
 
-def iter_packets(path: str | os.PathLike[str]) -> Iterator[bytes]:
-    """Each serialized TracePacket of a trace file (``Trace.packet`` entries), streamed."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            pos = 0
-            while pos < size:
-                tag = data[pos]
-                pos += 1
-                length = shift = 0
-                while True:
-                    b = data[pos]
-                    pos += 1
-                    length |= (b & 0x7F) << shift
-                    shift += 7
-                    if b < 0x80:
-                        break
-                if tag != 0x0A:
-                    raise ValueError(f"{path}: unexpected field tag {tag:#x} at byte {pos}")
-                yield data[pos:pos + length]
-                pos += length
+def varint(buf: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position), or None if ``buf`` ends inside the varint."""
+    result = shift = 0
+    n = len(buf)
+    while pos < n:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+    return None
+
+
+def open_trace(path: Path) -> BinaryIO:
+    """The file, decompressed on the fly when it is gzipped."""
+    f = open(path, "rb")
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        f.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return f
+
+
+def iter_packet_batches(path: Path) -> Iterator[tuple[list[int], Any]]:
+    """Yield (byte offsets, packets) in file order, a few MB of packets at a time.
+
+    A .pftrace is ``repeated TracePacket packet = 1`` on the wire; framing it here instead of
+    one ``Trace.ParseFromString`` keeps memory flat for any file size.
+    """
+    with open_trace(path) as f:
+        buf, base = b"", 0
+        while True:
+            chunk = f.read(_CHUNK)
+            buf += chunk
+            pos, offs, n = 0, [], len(buf)
+            while pos < n:
+                if buf[pos] != 0x0A:
+                    raise SourceError(str(path), f"byte {base + pos}: not a Perfetto trace "
+                                      f"(expected a TracePacket field, found 0x{buf[pos]:02x})")
+                try:
+                    head = varint(buf, pos + 1)
+                except ValueError:
+                    raise SourceError(str(path), f"byte {base + pos}: corrupt packet length "
+                                      "(not a Perfetto trace?)") from None
+                if head is None or head[1] + head[0] > n:
+                    break
+                offs.append(base + pos)
+                pos = head[1] + head[0]
+            if offs:
+                yield offs, pb.Trace.FromString(buf[:pos]).packet
+            buf, base = buf[pos:], base + pos
+            if not chunk:
+                if buf:
+                    raise SourceError(str(path), f"truncated: {len(buf)} bytes of an incomplete "
+                                      f"packet at byte {base}")
+                return
+
+
+def iter_packets(path: str | os.PathLike[str]) -> Iterator[pb.TracePacket]:
+    """Each TracePacket of a trace file, parsed, streamed in file order."""
+    for _, packets in iter_packet_batches(Path(path)):
+        yield from packets
 
 
 def _annotation(ann: Any, st: _SeqState) -> tuple[str, Any]:
@@ -122,9 +170,8 @@ class Reader:
         self.contents = Contents()
         self._states: dict[int, _SeqState] = {}
 
-    def feed(self, raw: bytes) -> pb.TracePacket:
+    def feed(self, p: pb.TracePacket) -> pb.TracePacket:
         out = self.contents
-        p = pb.TracePacket.FromString(raw)
         out.packets += 1
         seq = p.trusted_packet_sequence_id
         out.sequences.add(seq)
@@ -193,8 +240,8 @@ class Reader:
 def read_pftrace(path: str | os.PathLike[str]) -> Contents:
     """Every track descriptor and every track event of a trace, resolved."""
     reader = Reader()
-    for raw in iter_packets(path):
-        reader.feed(raw)
+    for packet in iter_packets(path):
+        reader.feed(packet)
     return reader.contents
 
 
