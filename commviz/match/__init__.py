@@ -9,7 +9,7 @@ own metadata is all there is (``derive``). Whatever is not certain is reported, 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from commviz.errors import RecordError, TraceError
 from commviz.match import cpu, derive, eager
@@ -17,7 +17,6 @@ from commviz.match.index import TraceIndex
 from commviz.match.model import CommEvent, InstanceKey, events_from_record, instance_key
 from commviz.match.ranges import pair_ranges
 from commviz.match.result import Conflict, RankMatch, Unmatched
-from commviz.trace.load import load_trace
 
 __all__ = ["CommEvent", "Conflict", "InstanceKey", "RankMatch", "Unmatched",
            "events_from_record", "instance_key", "match_rank", "match_run", "match_traces"]
@@ -112,14 +111,7 @@ def match_run(run: Any) -> dict[int, RankMatch]:
     A trace that cannot be parsed is added to ``run.problems`` and left out; the rank's record
     (and its other traces) still count.
     """
-    def readable(rank: int, paths: list) -> Iterator[Any]:
-        for path in paths:
-            try:
-                yield load_trace(path, rank=rank)
-            except TraceError as exc:
-                run.problems.append(str(exc))
-
-    return {rank: match_traces(readable(rank, item.trace_paths), item.record, rank=rank)
+    return {rank: match_traces(item.load_traces(run.problems), item.record, rank=rank)
             for rank, item in sorted(run.ranks.items())}
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commviz.errors import CommvizError, SourceError
+from commviz.errors import SourceError
 from commviz.match.model import CommEvent
 from commviz.review import instances as inst_mod
 from commviz.review.desync import Desync, find_desyncs
@@ -66,7 +66,6 @@ def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[
     A trace that cannot be used costs its GPU ops and is named in the problems; the rest loads.
     """
     from commviz.match import match_traces
-    from commviz.trace.load import load_trace
     from commviz.trace.run import load_run
 
     run = load_run(run_dir)
@@ -77,12 +76,7 @@ def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[
     events: list[CommEvent] = []
     ops: list[GpuOp] = []
     for item in run.ranks.values():          # one rank's traces in memory at a time, read once
-        traces = []
-        for path in item.trace_paths:
-            try:
-                traces.append(load_trace(path, rank=item.rank))
-            except CommvizError as exc:
-                problems.append(str(exc))
+        traces = list(item.load_traces(problems))
         events.extend(match_traces(traces, item.record, rank=item.rank).events)
         for trace in traces:
             ops.extend(gpu_ops(trace))

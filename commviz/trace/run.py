@@ -31,10 +31,17 @@ class RankInput:
     trace_paths: list[Path]           # possibly several (profiler steps); loaded lazily
     host: str | None = None           # from the record, else the trace's host_name
 
-    def load_traces(self) -> Iterator[Trace]:
-        """Each of this rank's traces, parsed one at a time (raises TraceError)."""
+    def load_traces(self, problems: list[str] | None = None) -> Iterator[Trace]:
+        """Each of this rank's traces, parsed one at a time. With ``problems``, a trace that
+        cannot be read is named there and skipped (the rank's others still load); without,
+        its TraceError is raised."""
         for path in self.trace_paths:
-            yield load_trace(path, rank=self.rank)
+            try:
+                yield load_trace(path, rank=self.rank)
+            except TraceError as exc:
+                if problems is None:
+                    raise
+                problems.append(str(exc))
 
 
 @dataclass
