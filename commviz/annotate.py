@@ -37,6 +37,7 @@ _EXTRA_KEYS = {
     "async_op": md.ASYNC, "in_split": md.IN_SPLIT, "out_split": md.OUT_SPLIT, "kind": md.KIND,
 }
 
+
 class _Nesting(threading.local):
     """Per-thread depth of ``unrecorded`` blocks: wrappers inside pass straight to torch."""
 

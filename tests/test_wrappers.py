@@ -339,3 +339,32 @@ def test_calls_on_a_group_this_rank_is_not_in_are_not_recorded(run_dir: Path) ->
     assert r0[2] == ["[0]", "[0]", "[0]"] and r0[3][md.PG_RANKS] == "[0]"
     assert r1[0] is None and r1[1] is None             # torch returns None there too
     assert r1[2] == [] and r1[3] == {}
+
+
+def _job_annotate(rank: int, world: int, run_dir: str) -> tuple[dict, list[dict]]:
+    import torch.distributed as td
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir)
+    t = torch.ones(8, dtype=torch.bfloat16)
+    parts = [torch.zeros(4), torch.zeros(4)]
+    with commviz.annotate_collective("my_allreduce", t, t, reduce_op=td.ReduceOp.MAX,
+                                     root=1, note="custom") as meta:
+        td.all_reduce(t, op=td.ReduceOp.MAX)          # the user's own, unwrapped call
+    with commviz.annotate_collective("all_gather", torch.ones(4), parts, async_op=True):
+        td.all_gather(parts, torch.ones(4))
+    return dict(meta), commviz.RECORDER.records()
+
+
+def test_annotate_collective_on_user_code(run_dir: Path) -> None:
+    meta, records = run_ranks(_job_annotate, 2, str(run_dir))[1]
+    assert meta[md.COLLECTIVE_NAME] == "my_allreduce" and meta[md.OP] == "my_allreduce"
+    assert (meta[md.IN_NELEMS], meta[md.DTYPE], meta[md.BYTES_IN]) == (8, "BFloat16", 16)
+    assert (meta[md.REDUCE_OP], meta[md.ROOT], meta["note"]) == ("max", 1, "custom")
+    assert meta[md.SEQ] == 1 and meta[md.RANK] == 1 and meta[md.PG_RANKS] == "[0, 1]"
+    assert meta[md.CALLSITE].endswith(f"test_wrappers.py:{meta[md.CALLSITE].rsplit(':')[-1]}")
+    assert records[0] == meta and records[0][md.T_END] >= records[0][md.T_BEGIN]
+    gather = records[1]
+    assert (gather[md.COLLECTIVE_NAME], gather[md.IN_NELEMS], gather[md.OUT_NELEMS]) == \
+        ("all_gather", 4, 8)
+    assert gather[md.ASYNC] is True and gather[md.SEQ] == 2
