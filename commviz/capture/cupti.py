@@ -80,34 +80,27 @@ _u64 = ctypes.c_uint64
 _u32 = ctypes.c_uint32
 
 
-def node_id(node: int) -> int | None:
-    """CUPTI's id of a graph node: ``(graph id << 32) | node index``; None without CUPTI."""
+def _query(fn: str, handle: int, out_type: type) -> int | None:
+    """One CUPTI id query: ``fn(handle, &out)``; None without CUPTI or on failure."""
     lib = _lib if _tried else _load()
-    if lib is None:
+    if lib is None or not handle:
         return None
-    out = _u64()
-    if lib.cuptiGetGraphNodeId(node, ctypes.byref(out)) != 0:
+    out = out_type()
+    if getattr(lib, fn)(handle, ctypes.byref(out)) != 0:
         return None
     return out.value
+
+
+def node_id(node: int) -> int | None:
+    """CUPTI's id of a graph node: ``(graph id << 32) | node index``; None without CUPTI."""
+    return _query("cuptiGetGraphNodeId", node, _u64)
 
 
 def graph_id(graph: int) -> int | None:
     """CUPTI's id of a (capture) graph."""
-    lib = _lib if _tried else _load()
-    if lib is None:
-        return None
-    out = _u32()
-    if lib.cuptiGetGraphId(graph, ctypes.byref(out)) != 0:
-        return None
-    return out.value
+    return _query("cuptiGetGraphId", graph, _u32)
 
 
 def exec_id(graph_exec: int) -> int | None:
     """CUPTI's id of an instantiated graph: the ``"graph id"`` its replayed kernels carry."""
-    lib = _lib if _tried else _load()
-    if lib is None or not graph_exec:
-        return None
-    out = _u32()
-    if lib.cuptiGetGraphExecId(graph_exec, ctypes.byref(out)) != 0:
-        return None
-    return out.value
+    return _query("cuptiGetGraphExecId", graph_exec, _u32)
