@@ -58,10 +58,7 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
         NESTING.depth -= 1
 
 
-# Runtime-only slots after a compact record's fields (never read by ``md.expand``): the
-# expanded metadata when something needed it at the start, the profiler range, the capture
-# region. ``begin`` returns the record itself, so a call costs one list and nothing else.
-_META, _RANGE, _REGION = md.R_ERROR + 1, md.R_ERROR + 2, md.R_ERROR + 3
+_META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
 
 
 def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
@@ -71,8 +68,8 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
     """Start a collective: record it, open its profiler range and capture region if needed.
 
     ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
-    Returns the call's compact record, to hand to ``finish``; None when this rank is not in
-    ``group`` (torch skips such a call, so there is nothing to record).
+    Returns the call's compact record (``md.R_*``), to hand to ``finish``; None when this rank
+    is not in ``group`` (torch skips such a call, so there is nothing to record).
     """
     info = md.group_info(group)
     if not info.member:
@@ -86,28 +83,28 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
     rec = [op, kind, info, in_nelems, out_nelems, dtype, esize, in_split, out_split, async_op,
            frame.f_code.co_filename, frame.f_lineno, info.my_rank, device,
            next(info.seq) if kind == "collective" else None, extra, None, None, None,
-           None, None, None]
+           None, None, None, None, None, None]
+    if device == "cuda" and _hooks.capture_possible():
+        capture = _region.probe()
+        if capture is not None:
+            # work the caller did not issue (async ops, user-annotated code) is walked as it
+            # ends; a wrapper's synchronous collective is resolved when the capture ends
+            rec[_REGION] = _region.enter(rec, capture, walk=async_op or want_meta)
     meta = None
-    if device == "cuda" and _hooks.capture_possible() and torch.cuda.is_current_stream_capturing():
-        meta = md.expand(rec)
-        meta[md.CAPTURED] = True
-        rec[_REGION] = _region.enter(meta)
     if _profiler_enabled():
-        if meta is None:
-            meta = md.expand(rec)
+        meta = rec[_META] = md.expand(rec)
         rng = rec[_RANGE] = _RecordFunctionFast(
             "commviz::" + op, [],
             {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
         rng.__enter__()
-    elif want_meta and meta is None:
-        meta = md.expand(rec)
+    elif want_meta:
+        meta = rec[_META] = md.expand(rec)
     recorder = _rec.RECORDER
     if meta is None:
         if recorder.enabled:
             recorder.append(rec)
         rec[md.R_T_BEGIN] = _time_ns()
     else:
-        rec[_META] = meta
         if recorder.enabled:
             recorder.append(meta)
         meta[md.T_BEGIN] = _time_ns()
@@ -115,7 +112,9 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
 
 
 def finish(rec: list[Any], error: BaseException | None = None) -> None:
-    """Close what ``begin`` opened; under capture this is where the new graph nodes are found."""
+    """Close what ``begin`` opened; under capture this is where the region ends."""
+    if rec[_REGION] is not None:
+        _region.exit(rec[_REGION])
     meta = rec[_META]
     if meta is None:
         rec[md.R_T_END] = _time_ns()
@@ -125,8 +124,6 @@ def finish(rec: list[Any], error: BaseException | None = None) -> None:
     meta[md.T_END] = _time_ns()
     if error is not None:
         meta[md.ERROR] = repr(error)
-    if rec[_REGION] is not None:
-        _region.exit(rec[_REGION], meta)
     if rec[_RANGE] is not None:
         rec[_RANGE].__exit__(None, None, None)
 

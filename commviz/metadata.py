@@ -100,8 +100,14 @@ SIDE_GROUP_DESC = "commviz_side"   # commviz's own gloo group (gather, clocks): 
 # expanded into the metadata dict only when something reads it: a flush, a profiler range, a
 # capture region, annotate_collective's caller. Building the 20-key dict on every call would
 # cost more than the rest of the wrapper.
+# Under CUDA graph capture the capture fields are kept here too (the graph nodes are filled in
+# when the capture ends), so a captured collective does not need its dict either.
 (R_OP, R_KIND, R_INFO, R_IN, R_OUT, R_DTYPE, R_ESIZE, R_IN_SPLIT, R_OUT_SPLIT, R_ASYNC, R_FILE,
- R_LINE, R_RANK, R_DEVICE, R_SEQ, R_EXTRA, R_T_BEGIN, R_T_END, R_ERROR) = range(19)
+ R_LINE, R_RANK, R_DEVICE, R_SEQ, R_EXTRA, R_T_BEGIN, R_T_END, R_ERROR, R_GRAPH, R_ORDINAL,
+ R_GRAPH_NODES) = range(22)
+# Runtime-only slots after the fields (never read by ``expand``): the expanded metadata when
+# something needed it at the start, the open profiler range, the capture region's token.
+R_META, R_RANGE, R_REGION = range(22, 25)
 
 
 def expand(rec: list[Any] | dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +143,13 @@ def expand(rec: list[Any] | dict[str, Any]) -> dict[str, Any]:
     for key, pos in ((T_BEGIN, R_T_BEGIN), (T_END, R_T_END), (ERROR, R_ERROR)):
         if rec[pos] is not None:
             meta[key] = rec[pos]
+    if rec[R_GRAPH] is not None:                # captured; graph 0: its capture was not read
+        meta[CAPTURED] = True
+        if rec[R_GRAPH]:
+            meta[GRAPH] = rec[R_GRAPH]
+            meta[ORDINAL] = rec[R_ORDINAL]
+        if rec[R_GRAPH_NODES] is not None:
+            meta[GRAPH_NODES] = rec[R_GRAPH_NODES]
     return meta
 
 

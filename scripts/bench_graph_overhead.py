@@ -58,8 +58,8 @@ def capture(fn, *, annotated: bool, keep_graph: bool = False) -> tuple[torch.cud
 class Parts:
     """Seconds spent in each part of commviz's capture path (wrapping its functions)."""
 
-    TARGETS = ((region, "enter"), (region, "exit"), (graphs, "open_region"),
-               (graphs, "label_collective"), (graphs.GraphState, "finalize"))
+    TARGETS = ((region, "probe"), (region, "enter"), (region, "exit"),
+               (graphs.GraphState, "finalize"), (graphs.GraphState, "_resolve"))
 
     def __init__(self) -> None:
         self.seconds = {self.label(o, n): 0.0 for o, n in self.TARGETS}

@@ -339,7 +339,8 @@ def test_every_captured_collective_found_its_kernel(gpu_run: Path) -> None:
         assert len(captured) > 0
         for meta in captured:
             assert len(meta[md.GRAPH_NODES]) == 1, (meta[md.OP], meta[md.GRAPH_NODES])
-        assert all(g["complete"] and g["exec_ids"] for g in record["graphs"])
+        assert all(g["complete"] and g["exec_ids"] and g["unresolved"] == 0
+                   for g in record["graphs"])
 
 
 @pytest.mark.gpu(count=1)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import pytest
 
 from commviz import metadata as md
 from commviz.capture import cupti, hooks
-from commviz.capture.graphs import dependency_order
 from commviz.capture.mark import MARK, MARK_LANE
 from commviz.capture.names import kernel_key
 from commviz.match.graphed import MATCHED_BY, REPLAY, check_kernel, match_graphed
@@ -264,15 +262,6 @@ def test_check_kernel_agrees_with_the_collective() -> None:
                         {md.COLLECTIVE_NAME: "batch_isend_irecv", md.DTYPE: "Float"}) is None
 
 
-def test_dependency_order_keeps_nearest_listed_ancestors() -> None:
-    # 1 -> 2 -> 3 -> 5 and 1 -> 4 -> 5; only 1, 3, 5 are listed (2, 4 are other nodes)
-    order, after = dependency_order([5, 4, 3, 2, 1], [(1, 2), (2, 3), (1, 4), (4, 5), (3, 5)],
-                                    {1, 3, 5})
-    assert order == [1, 3, 5]
-    assert after == {1: [], 3: [0], 5: [0, 1]}
-    assert dependency_order([7, 8], [], {7, 8}) == ([7, 8], {7: [], 8: []})
-
-
 def test_cupti_absent_gives_no_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """No CUPTI library anywhere: ids are None, nothing raises."""
     monkeypatch.setattr(cupti, "_candidates", lambda: ["/nonexistent/libcupti.so.13"])
@@ -305,130 +294,3 @@ def test_fixture_files_stay_small() -> None:
     assert total < 600_000, total
     for path in FIX.rglob("trace_rank*.json.gz"):
         assert json.loads(gzip.open(path).read())["traceEvents"]
-
-
-# -- the capture side, on a graph built in Python (the CUDA calls are the only thing faked) -----
-class FakeCapture:
-    """A graph under stream capture as the driver keeps it: each stream has a frontier, a new
-    node depends on its stream's frontier and replaces it, a wait merges another stream's."""
-
-    def __init__(self) -> None:
-        self.order: list[int] = []
-        self.preds: dict[int, list[int]] = {}
-        self.succs: dict[int, list[int]] = {}
-        self.kernels: dict[int, tuple[str, list[int]]] = {}
-        self.frontier: dict[int, list[int]] = {}
-        self.current = 1
-
-    def add(self, stream: int, kernel: str | None = None) -> int:
-        node = 0x1000 + 16 * len(self.order)
-        self.order.append(node)
-        self.preds[node] = list(self.frontier.get(stream, []))
-        self.succs[node] = []
-        for p in self.preds[node]:
-            self.succs[p].append(node)
-        if kernel is not None:
-            self.kernels[node] = (kernel, [2, 1, 1, 512, 1, 1])
-        self.frontier[stream] = [node]
-        return node
-
-    def wait(self, stream: int, other: int) -> None:
-        merged = self.frontier.get(stream, []) + self.frontier.get(other, [])
-        self.frontier[stream] = list(dict.fromkeys(merged))
-
-    # the backend interface of commviz.capture.bindings
-    def capture_info(self, stream: int):
-        from commviz.capture.bindings import CaptureInfo
-
-        return CaptureInfo(77, 0xABC, list(self.frontier.get(stream, [])))
-
-    def dependents(self, node: int) -> list[int]:
-        return list(self.succs[node])
-
-    def roots(self, graph: int) -> list[int]:
-        return [n for n in self.order if not self.preds[n]]
-
-    def nodes(self, graph: int) -> list[int]:
-        return list(self.order)
-
-    def edges(self, graph: int) -> list[tuple[int, int]]:
-        return [(p, n) for n in self.order for p in self.preds[n]]
-
-    def kernel(self, node: int):
-        return self.kernels.get(node)
-
-    def tools_id(self, node: int) -> None:
-        return None
-
-
-AR = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"
-BC = "_Z31ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE"
-GEMM = "_ZN2at6native4gemmIfEEvv"
-
-
-def test_frontier_walk_finds_each_regions_own_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sync, async and first-in-capture collectives, nested marks, then the end of capture."""
-    from commviz.capture import bindings, graphs, region
-    from commviz.capture.mark import mark
-    from commviz.record.recorder import RECORDER
-
-    fake = FakeCapture()
-    index = {}
-    monkeypatch.setattr(bindings, "_backend", fake)
-    monkeypatch.setattr(bindings, "_picked", True)
-    monkeypatch.setattr(graphs, "_current_stream", lambda: fake.current)
-    monkeypatch.setattr(graphs.cupti, "node_id", lambda h: (1 << 32) | index.setdefault(
-        h, fake.order.index(h)))
-    monkeypatch.setattr(graphs.cupti, "graph_id", lambda g: 1)
-    # (the package exports the class ``mark``, which hides the module of the same name)
-    monkeypatch.setattr(sys.modules["commviz.capture.mark"], "_capturing", lambda: True)
-    was_installed = hooks.installed()
-    S, N_WORLD, N_TP = 1, 2, 3                    # capture stream, two groups' NCCL streams
-
-    def collective(op: str, lane: int, kernel: str, nccl: int, *, join: bool = True) -> dict:
-        meta = {md.LANE: lane, md.OP: op}
-        token = region.enter(meta)
-        fake.add(S)                              # an event/empty node on the capture stream
-        fake.wait(nccl, S)
-        fake.add(nccl, kernel)
-        if join:
-            fake.wait(S, nccl)
-        region.exit(token, meta)
-        return meta
-
-    try:
-        first = collective("all_reduce", 10, AR, N_WORLD)          # nothing captured before it
-        with mark("outer"):
-            fake.add(S, GEMM)
-            with mark("inner", stream=61):
-                fake.add(S, GEMM)
-        pending = collective("all_reduce", 20, AR, N_TP, join=False)   # async: joined later
-        bcast = collective("broadcast", 10, BC, N_WORLD)
-        fake.wait(S, N_TP)                       # work.wait() of the async one
-        last = collective("all_reduce", 20, AR, N_TP)
-        state = graphs.state_for(fake.capture_info(S))
-        state.finalize()
-    finally:
-        if not was_installed:
-            hooks.uninstall()
-    record = state.record
-    RECORDER.graphs.remove(record)
-    graphs.forget(state)
-    kernel_of = {(1 << 32) | fake.order.index(n): k[0] for n, k in fake.kernels.items()}
-    for meta, kernel, ordinal in ((first, AR, 1), (pending, AR, 1), (bcast, BC, 2),
-                                  (last, AR, 2)):
-        assert meta[md.GRAPH] == state.gid and meta[md.ORDINAL] == ordinal
-        assert [kernel_of[n] for n in meta[md.GRAPH_NODES]] == [kernel]
-    assert record["complete"] and record["kernel_count"] == 6
-    assert record["kernel_names"] == {"ncclDevKernel_AllReduce_Sum_f32_RING_LL": 3,
-                                      "ncclDevKernel_Broadcast_RING_LL": 1, "at::native::gemm": 2}
-    nodes = record["nodes"]
-    assert [n["index"] for n in nodes] == list(range(len(nodes)))
-    by_label = {(n["lane"], n["ordinal"]): n for n in nodes if n["ordinal"] is not None}
-    assert [n["marks"] for n in nodes if n["marks"]] == [["outer"], ["outer", "inner"]]
-    assert [n["mark_lane"] for n in nodes if n["marks"]] == [None, 61]
-    # the dependency order the matcher relies on: the async all_reduce is not after the
-    # broadcast, the last all_reduce is after both
-    pos = {key: n["index"] for key, n in by_label.items()}
-    assert pos[(10, 2)] not in by_label[(20, 1)]["after"]
-    assert {pos[(20, 1)], pos[(10, 2)]} <= set(by_label[(20, 2)]["after"])

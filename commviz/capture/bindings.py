@@ -99,8 +99,7 @@ class _Driver:
         if self._info(stream, s.status_p, s.id_p, s.graph_p, s.deps_p, s.edges_p, s.num_p) != 0 \
                 or s.status.value != self._ACTIVE:
             return None
-        deps = s.deps
-        return CaptureInfo(s.id.value, s.graph.value or 0, [deps[i] for i in range(s.num.value)])
+        return CaptureInfo(s.id.value, s.graph.value or 0, s.deps[:s.num.value])
 
     def dependents(self, node: int) -> list[int]:
         s = self._scratch()

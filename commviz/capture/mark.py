@@ -66,9 +66,10 @@ class mark:  # noqa: N801 - used like torch.profiler.record_function
             return
         try:
             found = graphs.label_mark(region, self.name, self.stream)
-            _rec.RECORDER.marks.append({
-                "graph": region.state.gid, "name": self.name, "lane": self.stream,
-                "nodes": [n["node"] for n in found], "kernels": len(found),
-                "t_begin_ns": self._t0, "t_end_ns": time.time_ns()})
+            entry = {"graph": region.state.gid, "name": self.name, "lane": self.stream,
+                     "nodes": [], "kernels": len(found),        # node ids: when capture ends
+                     "t_begin_ns": self._t0, "t_end_ns": time.time_ns()}
+            _rec.RECORDER.marks.append(entry)
+            region.state.claim(entry, found)
         except Exception as err:
             graphs.warn_once("could not walk the nodes of a mark", err)

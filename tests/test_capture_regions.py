@@ -1,0 +1,230 @@
+"""The capture side on a graph built in Python: which graph nodes each collective and mark owns.
+
+Only the CUDA calls are faked (``FakeCapture`` keeps a graph the way the driver does under
+stream capture); the region, graph-record and resolution code is commviz's own. The same code
+runs on the H200s in ``test_gpu_graphs.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Iterator
+
+import pytest
+
+from commviz import metadata as md
+from commviz.capture import bindings, graphs, hooks, region
+from commviz.capture.graphs import dependency_order
+from commviz.capture.mark import mark
+from commviz.capture.names import kernel_key
+from commviz.record.recorder import RECORDER
+
+
+class FakeCapture:
+    """A graph under stream capture as the driver keeps it: each stream has a frontier, a new
+    node depends on its stream's frontier and replaces it, a wait merges another stream's."""
+
+    def __init__(self) -> None:
+        self.order: list[int] = []
+        self.preds: dict[int, list[int]] = {}
+        self.succs: dict[int, list[int]] = {}
+        self.kernels: dict[int, tuple[str, list[int]]] = {}
+        self.frontier: dict[int, list[int]] = {}
+        self.current = 1
+        self.listing = lambda order: list(order)     # how cuGraphGetNodes lists them
+
+    def add(self, stream: int, kernel: str | None = None) -> int:
+        node = 0x1000 + 16 * len(self.order)
+        self.order.append(node)
+        self.preds[node] = list(self.frontier.get(stream, []))
+        self.succs[node] = []
+        for p in self.preds[node]:
+            self.succs[p].append(node)
+        if kernel is not None:
+            self.kernels[node] = (kernel, [2, 1, 1, 512, 1, 1])
+        self.frontier[stream] = [node]
+        return node
+
+    def wait(self, stream: int, other: int) -> None:
+        merged = self.frontier.get(stream, []) + self.frontier.get(other, [])
+        self.frontier[stream] = list(dict.fromkeys(merged))
+
+    # the backend interface of commviz.capture.bindings
+    def capture_info(self, stream: int) -> bindings.CaptureInfo:
+        return bindings.CaptureInfo(77, 0xABC, list(self.frontier.get(stream, [])))
+
+    def dependents(self, node: int) -> list[int]:
+        return list(self.succs[node])
+
+    def roots(self, graph: int) -> list[int]:
+        return [n for n in self.order if not self.preds[n]]
+
+    def nodes(self, graph: int) -> list[int]:
+        return self.listing(self.order)
+
+    def edges(self, graph: int) -> list[tuple[int, int]]:
+        return [(p, n) for n in self.order for p in self.preds[n]]
+
+    def kernel(self, node: int) -> tuple[str, list[int]] | None:
+        return self.kernels.get(node)
+
+    def tools_id(self, node: int) -> None:
+        return None
+
+
+AR = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+BC = "_Z31ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+GEMM = "_ZN2at6native4gemmIfEEvv"
+COPY = "_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_"
+S, N_WORLD, N_TP = 1, 2, 3                    # the capture stream, two groups' NCCL streams
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
+    graph = FakeCapture()
+    monkeypatch.setattr(bindings, "_backend", graph)
+    monkeypatch.setattr(bindings, "_picked", True)
+    monkeypatch.setattr(graphs, "_current_stream", lambda: graph.current)
+    monkeypatch.setattr(graphs.cupti, "node_id", lambda h: (1 << 32) | graph.order.index(h))
+    monkeypatch.setattr(graphs.cupti, "graph_id", lambda g: 1)
+    # (the package exports the class ``mark``, which hides the module of the same name)
+    monkeypatch.setattr(sys.modules["commviz.capture.mark"], "_capturing", lambda: True)
+    was_installed = hooks.installed()
+    yield graph
+    if not was_installed:
+        hooks.uninstall()
+    for state in list(graphs._by_capture.values()):
+        RECORDER.graphs.remove(state.record)
+        graphs.forget(state)
+
+
+def record(op: str, lane: int, nelems: int = 4096) -> list[Any]:
+    """A wrapper's compact record, as ``commviz.annotate.begin`` builds it."""
+    rec: list[Any] = [None] * (md.R_REGION + 1)
+    rec[md.R_OP], rec[md.R_IN], rec[md.R_OUT] = op, nelems, nelems
+    rec[md.R_INFO] = md.GroupInfo(pg=None, name=f"pg{lane}", desc="", ranks=[0, 1],
+                                  backend="nccl", lane=lane)
+    return rec
+
+
+def collective(fake: FakeCapture, op: str, lane: int, kernel: str | None, nccl: int, *,
+               join: bool = True, tail: str | None = None, nelems: int = 4096) -> list[Any]:
+    """What ProcessGroupNCCL captures: the NCCL stream waits for the capture stream, runs the
+    kernel, and (synchronous ops) the capture stream waits for it; ``tail``: a kernel after
+    it on the capture stream (a list all_gather's copies)."""
+    rec = record(op, lane, nelems)
+    token = region.enter(rec, region.probe(), walk=not join)
+    fake.wait(nccl, S)
+    if kernel is not None:
+        fake.add(nccl, kernel)
+    fake.add(nccl)                               # the work's end event
+    if join:
+        fake.wait(S, nccl)
+    if tail is not None:
+        fake.add(S, tail)
+    region.exit(token)
+    return rec
+
+
+def end_capture(fake: FakeCapture) -> graphs.GraphState:
+    state = graphs.state_for(fake.capture_info(S))
+    state.finalize()
+    return state
+
+
+def kernel_of(fake: FakeCapture, rec: list[Any]) -> list[str]:
+    names = {(1 << 32) | fake.order.index(n): k[0] for n, k in fake.kernels.items()}
+    return [names[n] for n in rec[md.R_GRAPH_NODES]]
+
+
+def test_regions_find_each_collectives_own_kernels(fake: FakeCapture) -> None:
+    """Sync, async and first-in-capture collectives, nested marks, then the end of capture."""
+    first = collective(fake, "all_reduce", 10, AR, N_WORLD)      # nothing captured before it
+    with mark("outer"):
+        fake.add(S, GEMM)
+        with mark("inner", stream=61):
+            fake.add(S, GEMM)
+    pending = collective(fake, "all_reduce", 20, AR, N_TP, join=False)   # async: joined later
+    bcast = collective(fake, "broadcast", 10, BC, N_WORLD)
+    fake.wait(S, N_TP)                           # work.wait() of the async one
+    last = collective(fake, "all_reduce", 20, AR, N_TP)
+    state = end_capture(fake)
+    for rec, kernel, ordinal in ((first, AR, 1), (pending, AR, 1), (bcast, BC, 2),
+                                 (last, AR, 2)):
+        assert rec[md.R_GRAPH] == state.gid and rec[md.R_ORDINAL] == ordinal
+        assert kernel_of(fake, rec) == [kernel]
+    record_ = state.record
+    assert record_["complete"] and record_["kernel_count"] == 6 and record_["unresolved"] == 0
+    assert record_["kernel_names"] == {"ncclDevKernel_AllReduce_Sum_f32_RING_LL": 3,
+                                       "ncclDevKernel_Broadcast_RING_LL": 1,
+                                       "at::native::gemm": 2}
+    nodes = record_["nodes"]
+    assert [n["index"] for n in nodes] == list(range(len(nodes)))
+    for n in nodes:                               # each id names the node it describes
+        assert n["local"] == n["node"] & 0xFFFFFFFF
+        assert kernel_key(fake.kernels[fake.order[n["local"]]][0]) == n["kernel"]
+    assert [n["node"] for n in nodes] == sorted(n["node"] for n in nodes)   # creation order
+    by_label = {(n["lane"], n["ordinal"]): n for n in nodes if n["ordinal"] is not None}
+    assert [n["marks"] for n in nodes if n["marks"]] == [["outer"], ["outer", "inner"]]
+    assert [n["mark_lane"] for n in nodes if n["marks"]] == [None, 61]
+    assert [m["nodes"] for m in RECORDER.marks[-2:]] == [           # inner ends first
+        [nodes[2]["node"]], [nodes[1]["node"], nodes[2]["node"]]]
+    # the dependency order the matcher relies on: the async all_reduce is not after the
+    # broadcast, the last all_reduce is after both
+    pos = {key: n["index"] for key, n in by_label.items()}
+    assert pos[(10, 2)] not in by_label[(20, 1)]["after"]
+    assert {pos[(20, 1)], pos[(10, 2)]} <= set(by_label[(20, 2)]["after"])
+
+
+def test_copies_after_the_collective_are_not_its_kernel(fake: FakeCapture) -> None:
+    fake.add(S, GEMM)
+    gather = collective(fake, "all_gather", 10, AR, N_WORLD, tail=COPY)
+    end_capture(fake)
+    assert kernel_of(fake, gather) == [AR]
+
+
+def test_foreign_kernel_on_the_same_communicator_is_never_taken(
+        fake: FakeCapture, caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel launched on the collective's NCCL stream by code commviz does not see (torch's
+    C++ callers, an unpatched call) lies between the frontiers: it is never labelled, and a
+    collective that launched nothing (zero elements) takes nothing."""
+    caplog.set_level(logging.WARNING, logger="commviz.capture")
+    graphs._warned.clear()
+
+    def foreign_kernel() -> int:
+        fake.add(S, GEMM)
+        fake.wait(N_WORLD, S)
+        return fake.add(N_WORLD, AR)             # not annotated, not waited for
+
+    collective(fake, "all_reduce", 10, AR, N_WORLD)
+    foreign = [foreign_kernel()]
+    after = collective(fake, "all_reduce", 10, AR, N_WORLD)
+    foreign.append(foreign_kernel())
+    empty = collective(fake, "all_reduce", 10, None, N_WORLD, nelems=0)
+    state = end_capture(fake)
+    assert kernel_of(fake, after) == [AR] and empty[md.R_GRAPH_NODES] == []
+    listed = {n["local"]: n for n in state.record["nodes"]}
+    for handle in foreign:                       # listed (same kernel), never labelled
+        assert listed[fake.order.index(handle)]["ordinal"] is None
+    assert state.record["unresolved"] == 1
+    assert "several NCCL kernels" in caplog.text
+
+
+def test_listing_out_of_creation_order_labels_nothing(fake: FakeCapture) -> None:
+    fake.listing = lambda order: list(reversed(order))
+    fake.add(S, GEMM)
+    rec = collective(fake, "all_reduce", 10, AR, N_WORLD)
+    state = end_capture(fake)
+    assert rec[md.R_GRAPH_NODES] == [] and state.record["unresolved"] == 1
+
+
+def test_dependency_order_keeps_nearest_listed_ancestors() -> None:
+    # 1 -> 2 -> 3 -> 5 and 1 -> 4 -> 5; only 1, 3, 5 are listed (2, 4 are other nodes)
+    order, after = dependency_order([5, 4, 3, 2, 1], [(1, 2), (2, 3), (1, 4), (4, 5), (3, 5)],
+                                    {1, 3, 5})
+    assert order == [1, 3, 5]
+    assert after == {1: [], 3: [0], 5: [0, 1]}
+    assert dependency_order([1, 2, 3, 4, 5], [(1, 2), (2, 3), (1, 4), (4, 5), (3, 5)],
+                            {1, 3, 5}) == (order, after)
+    assert dependency_order([7, 8], [], {7, 8}) == ([7, 8], {7: [], 8: []})
