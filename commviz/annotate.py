@@ -84,14 +84,13 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
            frame.f_code.co_filename, frame.f_lineno, info.my_rank, device,
            next(info.seq) if kind == "collective" else None, extra, None, None, None,
            None, None, None, None, None, None]
+    profiling = _profiler_enabled()
     if device == "cuda" and _hooks.capture_possible():
-        capture = _region.probe()
-        if capture is not None:
-            # work the caller did not issue (async ops, user-annotated code) is walked as it
-            # ends; a wrapper's synchronous collective is resolved when the capture ends
-            rec[_REGION] = _region.enter(rec, capture, walk=async_op or want_meta)
+        # a wrapper's synchronous call costs least (its nodes are worked out after capture);
+        # work the stream does not wait for, user code and profiled calls are walked
+        rec[_REGION] = _region.enter(rec, walk=async_op or want_meta or profiling)
     meta = None
-    if _profiler_enabled():
+    if profiling:
         meta = rec[_META] = md.expand(rec)
         rng = rec[_RANGE] = _RecordFunctionFast(
             "commviz::" + op, [],
@@ -114,7 +113,7 @@ def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_
 def finish(rec: list[Any], error: BaseException | None = None) -> None:
     """Close what ``begin`` opened; under capture this is where the region ends."""
     if rec[_REGION] is not None:
-        _region.exit(rec[_REGION])
+        _region.exit(rec[_REGION], rec)
     meta = rec[_META]
     if meta is None:
         rec[md.R_T_END] = _time_ns()

@@ -29,30 +29,38 @@ class FakeCapture:
         self.order: list[int] = []
         self.preds: dict[int, list[int]] = {}
         self.succs: dict[int, list[int]] = {}
-        self.kernels: dict[int, tuple[str, list[int]]] = {}
-        self.frontier: dict[int, list[int]] = {}
+        self.functions: dict[int, tuple[str, list[int]]] = {}
+        self.frontier_of: dict[int, list[int]] = {}
         self.current = 1
         self.listing = lambda order: list(order)     # how cuGraphGetNodes lists them
 
     def add(self, stream: int, kernel: str | None = None) -> int:
         node = 0x1000 + 16 * len(self.order)
         self.order.append(node)
-        self.preds[node] = list(self.frontier.get(stream, []))
+        self.preds[node] = list(self.frontier_of.get(stream, []))
         self.succs[node] = []
         for p in self.preds[node]:
             self.succs[p].append(node)
         if kernel is not None:
-            self.kernels[node] = (kernel, [2, 1, 1, 512, 1, 1])
-        self.frontier[stream] = [node]
+            self.functions[node] = (kernel, [2, 1, 1, 512, 1, 1])
+        self.frontier_of[stream] = [node]
         return node
 
     def wait(self, stream: int, other: int) -> None:
-        merged = self.frontier.get(stream, []) + self.frontier.get(other, [])
-        self.frontier[stream] = list(dict.fromkeys(merged))
+        """Join ``other``'s work: like the driver, keep only nodes nothing else here follows."""
+        merged = list(dict.fromkeys(self.frontier_of.get(stream, []) + self.frontier_of.get(other, [])))
+        covered: set[int] = set()
+        stack = [p for n in merged for p in self.preds[n]]
+        while stack:
+            n = stack.pop()
+            if n not in covered:
+                covered.add(n)
+                stack.extend(self.preds[n])
+        self.frontier_of[stream] = [n for n in merged if n not in covered]
 
     # the backend interface of commviz.capture.bindings
     def capture_info(self, stream: int) -> bindings.CaptureInfo:
-        return bindings.CaptureInfo(77, 0xABC, list(self.frontier.get(stream, [])))
+        return bindings.CaptureInfo(77, 0xABC, list(self.frontier_of.get(stream, [])), stream)
 
     def dependents(self, node: int) -> list[int]:
         return list(self.succs[node])
@@ -67,7 +75,10 @@ class FakeCapture:
         return [(p, n) for n in self.order for p in self.preds[n]]
 
     def kernel(self, node: int) -> tuple[str, list[int]] | None:
-        return self.kernels.get(node)
+        return self.functions.get(node)
+
+    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+        return [self.kernel(n) for n in nodes]
 
     def tools_id(self, node: int) -> None:
         return None
@@ -86,6 +97,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
     monkeypatch.setattr(bindings, "_backend", graph)
     monkeypatch.setattr(bindings, "_picked", True)
     monkeypatch.setattr(graphs, "_current_stream", lambda: graph.current)
+    monkeypatch.setattr(region, "_capturing", lambda: True)
     monkeypatch.setattr(graphs.cupti, "node_id", lambda h: (1 << 32) | graph.order.index(h))
     monkeypatch.setattr(graphs.cupti, "graph_id", lambda g: 1)
     # (the package exports the class ``mark``, which hides the module of the same name)
@@ -114,7 +126,7 @@ def collective(fake: FakeCapture, op: str, lane: int, kernel: str | None, nccl: 
     kernel, and (synchronous ops) the capture stream waits for it; ``tail``: a kernel after
     it on the capture stream (a list all_gather's copies)."""
     rec = record(op, lane, nelems)
-    token = region.enter(rec, region.probe(), walk=not join)
+    token = region.enter(rec, walk=not join)
     fake.wait(nccl, S)
     if kernel is not None:
         fake.add(nccl, kernel)
@@ -123,18 +135,19 @@ def collective(fake: FakeCapture, op: str, lane: int, kernel: str | None, nccl: 
         fake.wait(S, nccl)
     if tail is not None:
         fake.add(S, tail)
-    region.exit(token)
+    region.exit(token, rec)
     return rec
 
 
 def end_capture(fake: FakeCapture) -> graphs.GraphState:
     state = graphs.state_for(fake.capture_info(S))
-    state.finalize()
+    state.read()                                 # at capture end
+    graphs.resolve_all()                         # before records are written
     return state
 
 
 def kernel_of(fake: FakeCapture, rec: list[Any]) -> list[str]:
-    names = {(1 << 32) | fake.order.index(n): k[0] for n, k in fake.kernels.items()}
+    names = {(1 << 32) | fake.order.index(n): k[0] for n, k in fake.functions.items()}
     return [names[n] for n in rec[md.R_GRAPH_NODES]]
 
 
@@ -163,7 +176,7 @@ def test_regions_find_each_collectives_own_kernels(fake: FakeCapture) -> None:
     assert [n["index"] for n in nodes] == list(range(len(nodes)))
     for n in nodes:                               # each id names the node it describes
         assert n["local"] == n["node"] & 0xFFFFFFFF
-        assert kernel_key(fake.kernels[fake.order[n["local"]]][0]) == n["kernel"]
+        assert kernel_key(fake.functions[fake.order[n["local"]]][0]) == n["kernel"]
     assert [n["node"] for n in nodes] == sorted(n["node"] for n in nodes)   # creation order
     by_label = {(n["lane"], n["ordinal"]): n for n in nodes if n["ordinal"] is not None}
     assert [n["marks"] for n in nodes if n["marks"]] == [["outer"], ["outer", "inner"]]
@@ -208,7 +221,18 @@ def test_foreign_kernel_on_the_same_communicator_is_never_taken(
     for handle in foreign:                       # listed (same kernel), never labelled
         assert listed[fake.order.index(handle)]["ordinal"] is None
     assert state.record["unresolved"] == 1
-    assert "several NCCL kernels" in caplog.text
+    assert "no annotated call launched" in caplog.text
+
+
+def test_records_are_finished_before_they_are_written(fake: FakeCapture) -> None:
+    """The capture pays only for reading the graph; the record is finished on its way out."""
+    rec = collective(fake, "all_reduce", 10, AR, N_WORLD)
+    state = graphs.state_for(fake.capture_info(S))
+    state.read()
+    assert not state.record["complete"] and rec[md.R_GRAPH_NODES] is None
+    payload = RECORDER.payload("explicit")
+    assert state.record in payload["graphs"] and state.record["complete"]
+    assert kernel_of(fake, rec) == [AR]
 
 
 def test_listing_out_of_creation_order_labels_nothing(fake: FakeCapture) -> None:

@@ -133,6 +133,7 @@ def job(out: Path) -> None:
 
     from commviz.capture import bindings, cupti
 
+    capture.resolve_all()                            # (flush does it; the info below reads it)
     info = {"rank": rank, "torch": torch.__version__, "cupti": cupti.path,
             "backend": bindings.backend().name if bindings.available() else None,
             "nccl": list(torch.cuda.nccl.version()),

@@ -19,14 +19,17 @@ _func_names: dict[int, str] = {}
 
 
 class CaptureInfo:
-    """A stream's active capture: its process-unique id, the graph, the stream's frontier."""
+    """A stream's active capture: its process-unique id, the graph, the stream's frontier
+    (``capture_id`` and ``graph`` None: capturing, but no backend to read the capture with)."""
 
-    __slots__ = ("capture_id", "graph", "frontier")
+    __slots__ = ("capture_id", "graph", "frontier", "stream")
 
-    def __init__(self, capture_id: int, graph: int, frontier: list[int]) -> None:
+    def __init__(self, capture_id: int | None, graph: int | None, frontier: list[int],
+                 stream: int = 0) -> None:
         self.capture_id = capture_id
         self.graph = graph
         self.frontier = frontier
+        self.stream = stream
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +45,8 @@ class _Scratch:
         self.deps_p, self.edges_p, self.num_p = c.byref(self.deps), c.byref(self.edges), \
             c.byref(self.num)
         self.buf, self.edata = (c.c_void_p * _BUF)(), (c.c_uint64 * _BUF)()
+        self.type = c.c_int()
+        self.type_p = c.byref(self.type)
         self.params = params()
         self.params_p = c.byref(self.params)
 
@@ -51,6 +56,7 @@ class _Driver:
 
     name = "driver"
     _ACTIVE = 1                     # CU_STREAM_CAPTURE_STATUS_ACTIVE
+    _KERNEL = 0                     # CU_GRAPH_NODE_TYPE_KERNEL
 
     class Params(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
         _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint),
@@ -72,10 +78,14 @@ class _Driver:
             f.restype = ctypes.c_int
             return f
 
-        self._info = fn("cuStreamGetCaptureInfo_v3", vp, P(ctypes.c_int), P(u64), P(vp),
-                        P(P(vp)), P(vp), P(sz))
+        # called once or twice per captured collective: without argtypes, on argument objects
+        # made once (a stream handle per stream), ctypes converts nothing per call
+        self._info_raw = lib["cuStreamGetCaptureInfo_v3"]
+        self._info_raw.restype = ctypes.c_int
+        self._streams: dict[int, ctypes.c_void_p] = {}
         self._deps = fn("cuGraphNodeGetDependentNodes_v2", vp, P(vp), P(u64), P(sz))
         self._params = fn("cuGraphKernelNodeGetParams_v2", vp, P(self.Params))
+        self._type = fn("cuGraphNodeGetType", vp, P(ctypes.c_int))
         self._fname = fn("cuFuncGetName", P(ctypes.c_char_p), vp)
         self._kname = fn("cuKernelGetName", P(ctypes.c_char_p), vp)
         self._nodes = fn("cuGraphGetNodes", vp, P(vp), P(sz))
@@ -96,10 +106,15 @@ class _Driver:
 
     def capture_info(self, stream: int) -> CaptureInfo | None:
         s = self._scratch()
-        if self._info(stream, s.status_p, s.id_p, s.graph_p, s.deps_p, s.edges_p, s.num_p) != 0 \
-                or s.status.value != self._ACTIVE:
+        handle = self._streams.get(stream)
+        if handle is None:
+            if len(self._streams) > 4096:
+                self._streams.clear()
+            handle = self._streams[stream] = ctypes.c_void_p(stream)
+        if self._info_raw(handle, s.status_p, s.id_p, s.graph_p, s.deps_p, s.edges_p,
+                          s.num_p) != 0 or s.status.value != self._ACTIVE:
             return None
-        return CaptureInfo(s.id.value, s.graph.value or 0, s.deps[:s.num.value])
+        return CaptureInfo(s.id.value, s.graph.value or 0, s.deps[:s.num.value], stream)
 
     def dependents(self, node: int) -> list[int]:
         s = self._scratch()
@@ -144,9 +159,10 @@ class _Driver:
 
     def kernel(self, node: int) -> tuple[str, list[int]] | None:
         s = self._scratch()
-        if self._params(node, s.params_p) != 0:
-            return None
-        p = s.params
+        return self._read_kernel(s.params) if self._params(node, s.params_p) == 0 else None
+
+    def _read_kernel(self, p: Any) -> tuple[str, list[int]] | None:
+        """(name, dims) from the kernel parameters just read into ``p``."""
         key = p.func or p.kern
         name = _func_names.get(key)
         if name is None:
@@ -157,6 +173,14 @@ class _Driver:
                 return None
             name = _func_names[key] = raw.value.decode(errors="replace")
         return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
+
+    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+        s = self._scratch()
+        kind, kind_p, node_type, params, read = s.type, s.type_p, self._type, self._params, \
+            self._read_kernel
+        p, p_ref, kernel_type = s.params, s.params_p, self._KERNEL
+        return [read(p) if node_type(n, kind_p) == 0 and kind.value == kernel_type
+                and params(n, p_ref) == 0 else None for n in nodes]
 
     def tools_id(self, node: int) -> int | None:
         if self._tools is None:
@@ -196,7 +220,8 @@ class _Bindings:
         if res[0] != self._OK or res[1] != self._ACTIVE:
             return None
         num = int(res[-1])
-        return CaptureInfo(int(res[2]), int(res[3]), [int(d) for d in (res[4] or [])[:num]])
+        return CaptureInfo(int(res[2]), int(res[3]), [int(d) for d in (res[4] or [])[:num]],
+                           stream)
 
     def dependents(self, node: int) -> list[int]:
         fn = self._rt.cudaGraphNodeGetDependentNodes
@@ -246,6 +271,14 @@ class _Bindings:
             name = _func_names[key] = raw.decode(errors="replace") if isinstance(raw, bytes) \
                 else str(raw)
         return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
+
+    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+        drv, kernel_type = self._drv, self._drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        out: list[tuple[str, list[int]] | None] = []
+        for n in nodes:
+            err, kind = drv.cuGraphNodeGetType(n)
+            out.append(self.kernel(n) if err == self._DRV_OK and kind == kernel_type else None)
+        return out
 
     def tools_id(self, node: int) -> int | None:
         if not self._tools_ok:
@@ -324,6 +357,12 @@ def kernel(node: int) -> tuple[str, list[int]] | None:
     """A kernel node's (mangled) function name and launch dims ``[gx, gy, gz, bx, by, bz]``;
     None for any other kind of node (its parameters cannot be read as a kernel's)."""
     return _backend.kernel(node)
+
+
+def kernels(nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+    """``kernel`` of each node, asking the node's type first (reading a kernel's parameters
+    off another kind of node fails, and failing is the slow path in the driver)."""
+    return _backend.kernels(nodes)
 
 
 def tools_id(node: int) -> int | None:

@@ -3,27 +3,32 @@
 A capture gets a small commviz graph id (``commviz.graph``, 1, 2, ... per process). Its regions
 (one annotated collective, one ``commviz.mark`` block) find their nodes in one of two ways:
 
-- a synchronous collective notes the capturing stream's frontier at entry and at exit
-  (``defer``); when the capture ends its kernels are the nodes the exit frontier depends on
-  that were created after the entry frontier, read from the whole graph in one pass;
+- a synchronous collective notes the capturing stream's frontier as it returns (``pending``);
+  its kernel is the newest NCCL kernel that frontier depends on, created since the previous
+  such return on the stream, worked out from the whole graph after the capture;
 - other regions snapshot the frontier on entry and, on exit, walk only the dependent edges
   added since (``Region``): the cost is proportional to the nodes the region added.
 
-When the capture ends (``capture_end`` of ``torch.cuda.CUDAGraph``, still inside the capture),
-``finalize`` reads the whole graph once: it resolves the deferred collectives, names every
-kernel (the replay fingerprint), orders the kernels the matcher has to tell apart with the
-nearest such kernels each one depends on, and gives each its CUPTI node id. After
-instantiation the exec graph's CUPTI id is added: replayed kernels carry it (torch >= 2.12).
+Capture time is what users wait for, so the end of capture (``capture_end`` of
+``torch.cuda.CUDAGraph``, still inside the capture) only reads what the live graph alone can
+tell (``read``: nodes, edges, kernel names and dims, node ids that cannot be computed). The
+record is finished later (``resolve``, run before records are written): the deferred
+collectives' kernels, every kernel's name (the replay fingerprint), the order of the kernels
+the matcher has to tell apart with the nearest such kernels each one depends on, and their
+CUPTI node ids. After instantiation the exec graph's CUPTI id is added: replayed kernels carry
+it (torch >= 2.12).
 
 The record (``RECORDER.graphs``) is a plain dict::
 
     {"graph": 1, "capture_id": int|None, "cupti_graph_id": int|None, "exec_ids": [int],
      "tools_exec_ids": [int], "t_begin_ns": int, "t_end_ns": int|None,
-     "complete": bool,                  # finalize ran: "after", "kernel_names" are whole-graph
-                                        # (it does not for graphs without collectives or marks)
+     "complete": bool,                  # resolved: "after", "kernel_names" are whole-graph
+                                        # (never for graphs without collectives or marks)
      "kernel_count": int|None, "kernel_names": {kernel key: count},
      "replays": int,                    # replays seen by the replay hook so far
-     "unresolved": int,                 # collectives whose kernels could not be told apart
+     "unresolved": int,                 # collectives among whose kernels were NCCL kernels
+                                        # no annotated call launched (left unlabelled), or
+                                        # whose graph could not be read in creation order
      "nodes": [{"index": i,             # position in this list (topological order once complete)
                 "node": int|None,       # CUPTI node id (capture graph id << 32 | node index)
                 "local": int|None,      # the node's index in its graph (low 32 bits)
@@ -61,6 +66,7 @@ _gids = itertools.count(1)
 _by_capture: dict[int, "GraphState"] = {}
 _local = threading.local()          # .current: the capture this thread began (no cuda-bindings)
 _warned: set[str] = set()
+_unresolved: list["GraphState"] = []    # read at capture end, records not finished yet
 
 
 def warn_once(what: str, exc: BaseException | None = None) -> None:
@@ -95,8 +101,11 @@ class GraphState:
         self.nodes: dict[int, Node] = {}
         self.others: set[int] = set()          # nodes seen that are not kernels
         self.ordinals: Counter = Counter()
-        # synchronous collectives: (compact record, frontier at entry, frontier at exit)
+        # synchronous collectives: (compact record, the previous such exit frontier on its
+        # stream, its own exit frontier); ``last_exit``: that previous frontier, per stream
         self.pending: list[tuple[list[Any], list[int], list[int]]] = []
+        self.last_exit: dict[int, list[int]] = {}
+        self.raw: tuple | None = None           # what ``read`` took off the graph
         # who gets which nodes' ids once they are known: a compact record or a mark's dict
         self.claims: list[tuple[Any, list[Node]]] = []
         self.replays = 0
@@ -113,10 +122,6 @@ class GraphState:
     def next_ordinal(self, lane: Any) -> int:
         self.ordinals[lane] += 1
         return self.ordinals[lane]
-
-    def defer(self, rec: list[Any], entry: list[int], exit: list[int]) -> None:  # noqa: A002
-        """A synchronous collective's frontiers: its nodes are found when the capture ends."""
-        self.pending.append((rec, entry, exit))
 
     def claim(self, holder: Any, nodes: list[Node]) -> None:
         """``holder`` (a compact record or a mark's dict) gets these nodes' ids at the end."""
@@ -143,26 +148,53 @@ class GraphState:
         return entry
 
     # -- end of capture -----------------------------------------------------------------------
-    def finalize(self) -> None:
-        """Read the whole graph once (still capturing): the synchronous collectives' nodes, the
-        fingerprint, the dependency order and the CUPTI ids of every listed node."""
-        if self.graph is None or not cb.available() or self.record["complete"]:
+    def read(self) -> None:
+        """At capture end (still capturing), read what only the live graph can tell: its nodes
+        and edges, each kernel's name and dims, and node ids where they cannot be computed.
+        The rest is plain Python on these lists and waits for ``resolve`` (records are resolved
+        before they are written), so the capture does not pay for it."""
+        if self.graph is None or not cb.available() or self.raw is not None or \
+                self.record["complete"]:
             return
         if not self.pending and not any(n["ordinal"] is not None or n["marks"]
                                         for n in self.nodes.values()):
             return                  # nothing to match in this graph: spare its capture the scan
-        graph = _Graph(cb.nodes(self.graph), cb.edges(self.graph))
-        names: Counter = Counter()
-        keys: dict[int, tuple[str, list[int]]] = {}
+        nodes, edges = cb.nodes(self.graph), cb.edges(self.graph)
         known, others = self.nodes, self.others
-        for handle in graph.nodes:
-            if handle in others:
-                continue
-            entry = known.get(handle)
-            desc = (entry["kernel"], entry["dims"]) if entry is not None else _describe(handle)
+        unknown = [h for h in nodes if h not in known and h not in others]
+        descs = cb.kernels(unknown)
+        kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
+        self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
+        with _lock:
+            _unresolved.append(self)
+
+    def _read_ids(self, nodes: list[int], kernels: list[int]) -> tuple[dict | None, dict | None]:
+        """(CUPTI ids, toolsIds) of the kernel nodes; CUPTI ids None when they can be computed:
+        CUPTI numbers a graph's nodes in creation order, the order the graph lists them in, so
+        when a few real queries agree the rest follow from the node's place in the list."""
+        base = self.record["cupti_graph_id"]
+        samples = {kernels[0], kernels[len(kernels) // 2], kernels[-1]} if kernels else set()
+        computed = base is not None and all(
+            cupti.node_id(h) == (base << 32) | nodes.index(h) for h in samples)
+        ids = None if computed else {h: cupti.node_id(h) for h in kernels}
+        tools = {h: cb.tools_id(h) for h in kernels} \
+            if kernels and cb.tools_id(kernels[0]) is not None else None
+        return ids, tools
+
+    def resolve(self) -> None:
+        """Finish the record from what ``read`` took off the graph: the synchronous
+        collectives' kernels, the fingerprint, the dependency order, every listed node's ids."""
+        raw, self.raw = self.raw, None
+        if raw is None:
+            return
+        nodes, edges, unknown, descs, (ids, tools) = raw
+        graph = _Graph(nodes, edges)
+        known = self.nodes
+        keys = {h: (n["kernel"], n["dims"]) for h, n in known.items()}
+        for handle, desc in zip(unknown, descs):
             if desc is not None:
-                keys[handle] = desc
-                names[desc[0]] += 1
+                keys[handle] = (kernel_key(desc[0]), desc[1])
+        names = Counter(key for key, _ in keys.values())
         if self.pending:
             self._resolve(graph, keys)
         labelled = {n["kernel"] for n in known.values() if n["ordinal"] is not None or n["marks"]}
@@ -171,36 +203,49 @@ class GraphState:
             if h not in known:
                 self._add(h, *keys[h])
         listed, after = graph.dependency_order(relevant)
+        base, position = self.record["cupti_graph_id"], graph.position
         entries = []
         for i, h in enumerate(listed):
             entry = known[h]
-            entry["index"] = i
-            entry["after"] = after[h]
+            cid = ids.get(h) if ids is not None else (base << 32) | position[h]
+            entry.update(index=i, after=after[h], node=cid, tools=tools.get(h) if tools else None,
+                         local=cid & 0xFFFFFFFF if cid is not None else None)
             entries.append(entry)
-        self._identify(listed, graph.position)
         self.record["nodes"] = entries
         self.record["kernel_count"] = sum(names.values())
         self.record["kernel_names"] = dict(names)
         self.record["complete"] = True
-        for holder, nodes in self.claims:
-            _publish(holder, [n["node"] for n in nodes if n["node"] is not None])
+        for holder, claimed in self.claims:
+            _publish(holder, [n["node"] for n in claimed if n["node"] is not None])
+        self.claims = []
 
     def _resolve(self, graph: "_Graph", keys: dict[int, tuple[str, list[int]]]) -> None:
-        """Label each synchronous collective's kernels: the nodes its exit frontier depends on
-        that were created after its entry frontier (walked back from the exit frontier, so the
-        cost is the region's own nodes). Several NCCL kernels in one region (work another path
-        launched on the same communicator meanwhile) leave all but the last one unlabelled."""
+        """Label each synchronous collective's kernels: the NCCL kernels its exit frontier
+        depends on that were created after the previous such exit on its stream (walked back
+        from the exit frontier, so the cost is the nodes since then). The collective's own
+        kernel is the newest of them: it was launched after everything before its call.
+        Older ones (work another path launched on the communicator meanwhile) stay unlabelled."""
         pending, self.pending = self.pending, []
         if not graph.creation:
             self.record["unresolved"] += len(pending)
-            self.claims.extend((rec, []) for rec, _, _ in pending)
+            self.claims.extend((item[0], []) for item in pending)
             warn_once("the graph lists its nodes out of creation order: synchronous "
                       "collectives were left unlabelled")
             return
         position, preds = graph.position, graph.preds
         claimed = {h for h, n in self.nodes.items() if n["ordinal"] is not None}
-        for rec, entry, exit_ in pending:
-            floor = max(position.get(f, -1) for f in entry)
+        for rec, before, exit_ in pending:
+            floor = max((position.get(f, -1) for f in before), default=-1)
+            if len(exit_) == 1 and (rec[md.R_IN] or rec[md.R_OUT]):
+                # the common case: the stream now waits on one new NCCL kernel, the newest of
+                # the region's kernels, so the one the rule below would pick
+                last = exit_[0]
+                desc = keys.get(last)
+                if desc is not None and position.get(last, -1) > floor and \
+                        last not in claimed and _is_nccl(desc[0]):
+                    claimed.add(last)
+                    self.claims.append((rec, [self._label(last, desc, rec)]))
+                    continue
             stack = [n for n in exit_ if position.get(n, -1) > floor]
             seen = set(stack)
             nccl, other = [], []
@@ -208,46 +253,32 @@ class GraphState:
                 n = stack.pop()
                 desc = keys.get(n)
                 if desc is not None and n not in claimed:
-                    (nccl if parse_nccl(desc[0]) is not None else other).append(n)
+                    (nccl if _is_nccl(desc[0]) else other).append(n)
                 for p in preds.get(n, ()):
                     if p not in seen and position[p] > floor:
                         seen.add(p)
                         stack.append(p)
-            info = rec[md.R_INFO]
             if not rec[md.R_IN] and not rec[md.R_OUT]:
                 chosen = []                            # nothing to move: no kernel of its own
             elif nccl:
                 chosen = [max(nccl, key=position.__getitem__)]
                 if len(nccl) > 1:
                     self.record["unresolved"] += 1
-                    warn_once("a collective's region held several NCCL kernels: only the last "
-                              "was labelled")
-            elif "nccl" in info.backend:
+                    warn_once("NCCL kernels that no annotated call launched were found among a "
+                              "collective's: they stay unlabelled")
+            elif "nccl" in rec[md.R_INFO].backend:
                 chosen = []
             else:                                      # another backend's kernels
                 chosen = [n for n in other if not self.nodes.get(n, {}).get("marks")]
-            nodes = []
-            for h in chosen:
-                node = self.nodes.get(h) or self._add(h, *keys[h])
-                node["lane"], node["ordinal"], node["op"] = \
-                    info.lane, rec[md.R_ORDINAL], rec[md.R_OP]
-                claimed.add(h)
-                nodes.append(node)
-            self.claims.append((rec, nodes))
+            claimed.update(chosen)
+            self.claims.append((rec, [self._label(h, keys[h], rec) for h in chosen]))
 
-    def _identify(self, listed: list[int], position: dict[int, int]) -> None:
-        """CUPTI ids of the listed nodes. CUPTI numbers a graph's nodes in creation order, the
-        order the graph lists them in: when a few real queries agree, the rest are computed."""
-        base = self.record["cupti_graph_id"]
-        computed = base is not None and bool(listed) and all(
-            cupti.node_id(h) == (base << 32) | position[h]
-            for h in {listed[0], listed[len(listed) // 2], listed[-1]})
-        for h in listed:
-            cid = (base << 32) | position[h] if computed else cupti.node_id(h)
-            entry = self.nodes[h]
-            entry["node"] = cid
-            entry["local"] = cid & 0xFFFFFFFF if cid is not None else None
-            entry["tools"] = cb.tools_id(h)
+    def _label(self, handle: int, desc: tuple[str, list[int]], rec: list[Any]) -> Node:
+        """The node ``handle`` labelled as the collective ``rec``."""
+        node = self.nodes.get(handle) or self._add(handle, *desc)
+        node["lane"], node["ordinal"], node["op"] = \
+            rec[md.R_INFO].lane, rec[md.R_ORDINAL], rec[md.R_OP]
+        return node
 
     def note_exec(self, cuda_graph: Any) -> None:
         """Add the exec graph's ids once ``cuda_graph`` is instantiated."""
@@ -276,6 +307,17 @@ def _publish(holder: Any, ids: list[int]) -> None:
             meta[md.GRAPH_NODES] = ids
     else:
         holder["nodes"] = ids
+
+
+_nccl_keys: dict[str, bool] = {}
+
+
+def _is_nccl(key: str) -> bool:
+    """Whether a kernel key names an NCCL kernel (a graph repeats a few keys many times)."""
+    known = _nccl_keys.get(key)
+    if known is None:
+        known = _nccl_keys[key] = parse_nccl(key) is not None
+    return known
 
 
 def _describe(handle: int) -> tuple[str, list[int]] | None:
@@ -329,24 +371,23 @@ class _Graph:
         """The ``listed`` nodes in topological order, and for each the positions (in that
         list) of the nearest listed nodes it depends on, through any number of unlisted ones."""
         preds = self.preds
-        nearest: dict[int, frozenset[int]] = {}
-        empty: frozenset[int] = frozenset()
+        nearest: dict[int, tuple[int, ...]] = {}
         order: list[int] = []
         for h in self.topological():
             ps = preds.get(h)
             if not ps:
-                nearest[h] = empty
-            elif len(ps) == 1:                 # the common case: share the set, build nothing
+                nearest[h] = ()
+            elif len(ps) == 1:                 # the common case: share the tuple
                 p = ps[0]
-                nearest[h] = frozenset((p,)) if p in listed else nearest[p]
+                nearest[h] = (p,) if p in listed else nearest[p]
             else:
-                acc: set[int] = set()
+                acc: dict[int, None] = {}
                 for p in ps:
                     if p in listed:
-                        acc.add(p)
+                        acc[p] = None
                     else:
-                        acc |= nearest[p]
-                nearest[h] = frozenset(acc)
+                        acc.update(dict.fromkeys(nearest[p]))
+                nearest[h] = tuple(acc)
             if h in listed:
                 order.append(h)
         position = {h: i for i, h in enumerate(order)}
@@ -362,7 +403,7 @@ def dependency_order(all_nodes: list[int], edges: list[tuple[int, int]], listed:
 # -- which capture is this? -------------------------------------------------------------------
 def state_for(info: cb.CaptureInfo | None) -> GraphState:
     """The state of the capture ``info`` describes (created on first sight)."""
-    if info is None:                       # no cuda-bindings: the capture this thread began
+    if info is None or info.capture_id is None:   # no backend: the capture this thread began
         state = getattr(_local, "current", None)
         if state is None:
             state = _local.current = GraphState(None, None)
@@ -380,6 +421,21 @@ def state_for(info: cb.CaptureInfo | None) -> GraphState:
 def current_capture() -> tuple[GraphState, cb.CaptureInfo | None]:
     info = cb.capture_info(_current_stream()) if cb.available() else None
     return state_for(info), info
+
+
+def resolve_all() -> None:
+    """Finish every capture record still waiting (before records are written or read)."""
+    with _lock:
+        waiting = list(_unresolved)
+        _unresolved.clear()
+    for state in waiting:
+        try:
+            state.resolve()
+        except Exception as exc:  # a broken record must not stop the others being written
+            warn_once("could not resolve a captured graph's record", exc)
+
+
+_rec.RECORDER.before_payload.append(resolve_all)
 
 
 def forget(state: GraphState) -> None:
@@ -445,7 +501,7 @@ def label_collective(region: Region, rec: list[Any]) -> list[Node]:
     """Label the region's NCCL kernels (all its kernels when it has none) as the collective
     ``rec`` (a compact record)."""
     kernels = region.new_kernels()
-    nccl = [n for n in kernels if parse_nccl(n["kernel"]) is not None]
+    nccl = [n for n in kernels if _is_nccl(n["kernel"])]
     chosen = nccl or kernels
     lane, ordinal, op = rec[md.R_INFO].lane, rec[md.R_ORDINAL], rec[md.R_OP]
     for n in chosen:

@@ -5,7 +5,8 @@
 
 - ``capture_begin``: the capture gets its commviz graph id;
 - ``capture_end``: before capture really ends, the whole graph is read once
-  (``GraphState.finalize``); after it, the exec graph's id is noted;
+  (``GraphState.read``; the record is finished later, before it is written); after it, the
+  exec graph's id is noted;
 - ``instantiate``: the exec graph's id (``keep_graph=True`` instantiates late);
 - ``replay``: counts replays and, while a profiler runs, wraps the launch in a
   ``commviz::graph_replay`` range whose args are ``commviz.graph`` and ``commviz.replay``
@@ -81,7 +82,7 @@ def _capture_end(self: Any) -> None:
         if state is None:                 # hooks installed mid-capture: find it by its stream
             state, _ = graphs.current_capture()
             _bind(self, state)
-        state.finalize()
+        state.read()
     except Exception as exc:
         graphs.warn_once("could not read the captured graph", exc)
     try:

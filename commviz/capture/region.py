@@ -1,16 +1,18 @@
 """Capture-time regions of annotated collectives: which graph nodes did this collective add?
 
-``commviz.annotate`` asks ``probe()`` whether the current stream is capturing, then calls
-``enter(rec, capture, walk)`` when a collective starts and ``exit(token)`` when it returns.
-``enter`` names the graph (``commviz.graph``) and the collective's ordinal within it on its lane
-(``commviz.ordinal``, 1-based) in the compact record. The graph nodes (``commviz.graph_nodes``)
-are found one of two ways:
+``commviz.annotate`` calls ``enter(rec, walk)`` when a collective starts on a CUDA device while
+a capture may be running, and ``exit(token, rec)`` when it returns. A captured collective gets
+its graph (``commviz.graph``), its ordinal within that graph on its lane (``commviz.ordinal``,
+1-based) and, once the capture ends, its graph nodes (``commviz.graph_nodes``), all in the
+compact record. The nodes are found one of two ways:
 
-- a synchronous collective costs two reads of the stream's capture frontier, at entry and at
-  exit; the nodes between the two are resolved from the whole graph once, when the capture ends
-  (``GraphState.finalize``). Capture time counts, and this is the cheapest exact way;
-- work whose end the current stream does not wait for (async ops, user code in
-  ``annotate_collective``) walks the dependent edges added since entry as it exits.
+- a synchronous wrapper call (the common case, and the one capture time is spent on) costs one
+  cheap "is the stream capturing?" at entry and one read of the stream's capture frontier at
+  exit. Its kernels are worked out from the whole graph after the capture (``GraphState``):
+  the newest NCCL kernel the exit frontier depends on, since the previous exit on the stream;
+- work the current stream does not wait for (async ops), user code in ``annotate_collective``
+  and collectives under a running profiler (whose range needs the graph and ordinal up front)
+  snapshot the frontier on entry and walk the dependent edges added since on exit.
 
 Neither ever raises: a capture problem is logged once and the user's capture goes on.
 """
@@ -25,59 +27,65 @@ from commviz import metadata as md
 from commviz.capture import bindings as cb
 from commviz.capture import graphs, hooks
 
+SYNC = "sync"          # the token of a synchronous region: everything happens at exit
 
-class Capture:
-    """The current stream and its capture (``info`` None: no CUDA backend to read it with)."""
-
-    __slots__ = ("stream", "info")
-
-    def __init__(self, stream: int, info: cb.CaptureInfo | None) -> None:
-        self.stream = stream
-        self.info = info
+_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(
+    torch._C, "_cuda_isCurrentStreamCapturing") else torch.cuda.is_current_stream_capturing
 
 
-def probe() -> Capture | None:
+def probe() -> cb.CaptureInfo | None:
     """The current stream's capture, or None when it is not capturing (one CUDA query)."""
-    try:
-        stream = graphs._current_stream()
-        if cb.available():
-            info = cb.capture_info(stream)
-            return None if info is None else Capture(stream, info)
-        return Capture(stream, None) if torch.cuda.is_current_stream_capturing() else None
-    except Exception as exc:  # never break the user's capture
-        graphs.warn_once("could not ask whether the stream is capturing", exc)
-        return None
+    stream = graphs._current_stream()
+    if cb.backend() is not None:
+        return cb.capture_info(stream)
+    if torch.cuda.is_current_stream_capturing():
+        return cb.CaptureInfo(None, None, [], stream)
+    return None
 
 
-def enter(rec: list[Any], capture: Capture, walk: bool) -> Any:
-    """Start a collective's region in its capture; returns the token for ``exit``."""
+def _place(rec: list[Any], info: cb.CaptureInfo) -> graphs.GraphState:
+    """Give ``rec`` its graph and ordinal in the capture ``info`` describes."""
+    state = graphs.state_for(info)
+    rec[md.R_GRAPH] = state.gid
+    rec[md.R_ORDINAL] = state.next_ordinal(rec[md.R_INFO].lane)
+    return state
+
+
+def enter(rec: list[Any], walk: bool) -> Any:
+    """Start a collective's region if the current stream is capturing; returns the token for
+    ``exit`` (None: not capturing, or nothing to find)."""
     try:
-        hooks.install()
-        state = graphs.state_for(capture.info)
-        lane = rec[md.R_INFO].lane
-        rec[md.R_GRAPH] = state.gid
-        rec[md.R_ORDINAL] = state.next_ordinal(lane)
-        info = capture.info
-        if info is None or state.graph is None:
+        if not walk:
+            return SYNC if _capturing() else None
+        info = probe()
+        if info is None:
             return None
-        if walk or not info.frontier:       # nothing to diff against: walk from the roots
-            return (rec, graphs.Region(state, info))
-        return (rec, state, capture.stream, info.frontier)
-    except Exception as exc:
+        if not hooks._saved:                # taken off since import: captures need them
+            hooks.install()
+        state = _place(rec, info)
+        return graphs.Region(state, info) if state.graph is not None else None
+    except Exception as exc:  # never break the user's capture
         rec[md.R_GRAPH] = rec[md.R_GRAPH] or 0
         graphs.warn_once("could not snapshot the capture frontier", exc)
         return None
 
 
-def exit(token: Any) -> None:  # noqa: A001 - mirrors __exit__
-    """End a region; ``token`` is what ``enter`` returned."""
+def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
+    """End the region ``enter`` returned ``token`` for."""
     try:
-        if len(token) == 4:
-            rec, state, stream, frontier = token
-            info = cb.capture_info(stream)
-            state.defer(rec, frontier, info.frontier if info is not None else [])
+        if token is SYNC:
+            info = probe()
+            if info is None:                    # the capture ended inside the call
+                rec[md.R_GRAPH] = 0
+                return
+            if not hooks._saved:
+                hooks.install()
+            state = _place(rec, info)
+            if state.graph is not None:
+                state.pending.append((rec, state.last_exit.get(info.stream, ()), info.frontier))
+                state.last_exit[info.stream] = info.frontier
         else:
-            rec, region = token
-            region.state.claim(rec, graphs.label_collective(region, rec))
+            token.state.claim(rec, graphs.label_collective(token, rec))
     except Exception as exc:
+        rec[md.R_GRAPH] = rec[md.R_GRAPH] or 0
         graphs.warn_once("could not find the captured nodes of a collective", exc)

@@ -43,6 +43,8 @@ class Recorder:
         self.traces: list[str] = []
         self.clock: dict[str, Any] = {"offset_ns": 0, "offset_source": "none"}
         self._groups: dict[str, dict[str, Any]] = {}
+        # run before a payload is built: parts whose records finish lazily (capture records)
+        self.before_payload: list[Any] = []
         self._identity: dict[str, Any] = {}
 
     # -- hot path ---------------------------------------------------------------------------
@@ -93,6 +95,8 @@ class Recorder:
     # -- output -----------------------------------------------------------------------------
     def payload(self, exit_reason: str) -> dict[str, Any]:
         """The versioned record dict (``schema.py``) for this rank."""
+        for finish in self.before_payload:
+            finish()
         self.note_groups()
         rank = self._identity.get("rank", int(os.environ.get("RANK", 0)))
         world = self._identity.get("world_size", int(os.environ.get("WORLD_SIZE", 1)))
