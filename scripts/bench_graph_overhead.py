@@ -81,9 +81,9 @@ def wrappers_only():
 class Parts:
     """Seconds spent in each part of commviz's capture path (wrapping its functions)."""
 
-    TARGETS = ((region, "enter"), (region, "exit"), (bindings, "capture_info"),
-               (graphs.GraphState, "read"), (bindings, "nodes"), (bindings, "edges"),
-               (bindings, "kernels"), (graphs.GraphState, "_read_ids"))
+    TARGETS = ((region, "enter"), (region, "exit"), (graphs.GraphState, "read"),
+               (bindings, "nodes"), (bindings, "edges"), (bindings, "kernels"),
+               (graphs.GraphState, "_read_ids"))
 
     def __init__(self) -> None:
         self.seconds = {self.label(o, n): 0.0 for o, n in self.TARGETS}

@@ -77,7 +77,8 @@ class FakeCapture:
     def kernel(self, node: int) -> tuple[str, list[int]] | None:
         return self.functions.get(node)
 
-    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+    def kernels(self, nodes: list[int], likely: frozenset[int] | set[int] = frozenset()
+                ) -> list[tuple[str, list[int]] | None]:
         return [self.kernel(n) for n in nodes]
 
     def tools_id(self, node: int) -> None:
@@ -252,3 +253,17 @@ def test_dependency_order_keeps_nearest_listed_ancestors() -> None:
     assert dependency_order([1, 2, 3, 4, 5], [(1, 2), (2, 3), (1, 4), (4, 5), (3, 5)],
                             {1, 3, 5}) == (order, after)
     assert dependency_order([7, 8], [], {7, 8}) == ([7, 8], {7: [], 8: []})
+
+
+def test_kernel_parameters_unpack_as_the_driver_lays_them_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end-of-capture read unpacks CUDA_KERNEL_NODE_PARAMS_v2 in one go: same fields as
+    ctypes reads them one by one, for a function handle and for a library kernel handle."""
+    params = bindings._Driver.Params(gridDimX=3, gridDimY=2, gridDimZ=1, blockDimX=512,
+                                     blockDimY=1, blockDimZ=1, sharedMemBytes=99)
+    driver = object.__new__(bindings._Driver)          # no libcuda here: names come cached
+    for field, handle in (("func", 0x7F00DEAD0000), ("kern", 0x7F00BEEF0000)):
+        setattr(params, field, handle)
+        monkeypatch.setitem(bindings._func_names, handle, f"kernel_via_{field}")
+        assert driver._read_kernel(params) == (f"kernel_via_{field}", [3, 2, 1, 512, 1, 1])
+        setattr(params, field, 0)

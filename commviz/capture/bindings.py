@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 from typing import Any
 
@@ -49,6 +50,11 @@ class _Scratch:
         self.type_p = c.byref(self.type)
         self.params = params()
         self.params_p = c.byref(self.params)
+
+
+# CUDA_KERNEL_NODE_PARAMS_v2 as read: func, grid and block dims, (sharedMemBytes, padding),
+# kernelParams, extra, kern, ctx
+_PARAMS = struct.Struct("P6I4xPPPP")
 
 
 class _Driver:
@@ -162,24 +168,27 @@ class _Driver:
         return self._read_kernel(s.params) if self._params(node, s.params_p) == 0 else None
 
     def _read_kernel(self, p: Any) -> tuple[str, list[int]] | None:
-        """(name, dims) from the kernel parameters just read into ``p``."""
-        key = p.func or p.kern
+        """(name, dims) from the kernel parameters just read into ``p`` (unpacked in one go:
+        this runs for every kernel of a graph at the end of its capture)."""
+        func, gx, gy, gz, bx, by, bz, _, _, kern, _ = _PARAMS.unpack_from(p)
+        key = func or kern
         name = _func_names.get(key)
         if name is None:
             raw = ctypes.c_char_p()
-            err = self._fname(ctypes.byref(raw), p.func) if p.func else \
-                self._kname(ctypes.byref(raw), p.kern)
+            err = self._fname(ctypes.byref(raw), func) if func else \
+                self._kname(ctypes.byref(raw), kern)
             if err != 0 or raw.value is None:
                 return None
             name = _func_names[key] = raw.value.decode(errors="replace")
-        return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
+        return name, [gx, gy, gz, bx, by, bz]
 
-    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+    def kernels(self, nodes: list[int], likely: frozenset[int] | set[int] = frozenset()
+                ) -> list[tuple[str, list[int]] | None]:
         s = self._scratch()
         kind, kind_p, node_type, params, read = s.type, s.type_p, self._type, self._params, \
             self._read_kernel
         p, p_ref, kernel_type = s.params, s.params_p, self._KERNEL
-        return [read(p) if node_type(n, kind_p) == 0 and kind.value == kernel_type
+        return [read(p) if (n in likely or node_type(n, kind_p) == 0 and kind.value == kernel_type)
                 and params(n, p_ref) == 0 else None for n in nodes]
 
     def tools_id(self, node: int) -> int | None:
@@ -272,12 +281,17 @@ class _Bindings:
                 else str(raw)
         return name, [p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ]
 
-    def kernels(self, nodes: list[int]) -> list[tuple[str, list[int]] | None]:
+    def kernels(self, nodes: list[int], likely: frozenset[int] | set[int] = frozenset()
+                ) -> list[tuple[str, list[int]] | None]:
         drv, kernel_type = self._drv, self._drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
         out: list[tuple[str, list[int]] | None] = []
         for n in nodes:
-            err, kind = drv.cuGraphNodeGetType(n)
-            out.append(self.kernel(n) if err == self._DRV_OK and kind == kernel_type else None)
+            if n not in likely:
+                err, kind = drv.cuGraphNodeGetType(n)
+                if err != self._DRV_OK or kind != kernel_type:
+                    out.append(None)
+                    continue
+            out.append(self.kernel(n))
         return out
 
     def tools_id(self, node: int) -> int | None:
@@ -359,10 +373,12 @@ def kernel(node: int) -> tuple[str, list[int]] | None:
     return _backend.kernel(node)
 
 
-def kernels(nodes: list[int]) -> list[tuple[str, list[int]] | None]:
-    """``kernel`` of each node, asking the node's type first (reading a kernel's parameters
-    off another kind of node fails, and failing is the slow path in the driver)."""
-    return _backend.kernels(nodes)
+def kernels(nodes: list[int], likely: frozenset[int] | set[int] = frozenset()
+            ) -> list[tuple[str, list[int]] | None]:
+    """``kernel`` of each node. The node's type is asked first (reading a kernel's parameters
+    off another kind of node fails, and failing is the driver's slow path), except for the
+    nodes in ``likely``, which are most probably kernels: one call each instead of two."""
+    return _backend.kernels(nodes, likely)
 
 
 def tools_id(node: int) -> int | None:

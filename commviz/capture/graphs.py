@@ -119,10 +119,6 @@ class GraphState:
         }
         _rec.RECORDER.graphs.append(self.record)
 
-    def next_ordinal(self, lane: Any) -> int:
-        self.ordinals[lane] += 1
-        return self.ordinals[lane]
-
     def claim(self, holder: Any, nodes: list[Node]) -> None:
         """``holder`` (a compact record or a mark's dict) gets these nodes' ids at the end."""
         self.claims.append((holder, nodes))
@@ -162,7 +158,8 @@ class GraphState:
         nodes, edges = cb.nodes(self.graph), cb.edges(self.graph)
         known, others = self.nodes, self.others
         unknown = [h for h in nodes if h not in known and h not in others]
-        descs = cb.kernels(unknown)
+        # what a synchronous collective's stream waited on is nearly always its kernel
+        descs = cb.kernels(unknown, {h for _, _, after in self.pending for h in after})
         kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
         self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
         with _lock:

@@ -36,8 +36,9 @@ _capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(
 def probe() -> cb.CaptureInfo | None:
     """The current stream's capture, or None when it is not capturing (one CUDA query)."""
     stream = graphs._current_stream()
-    if cb.backend() is not None:
-        return cb.capture_info(stream)
+    backend = cb.backend()
+    if backend is not None:
+        return backend.capture_info(stream)
     if torch.cuda.is_current_stream_capturing():
         return cb.CaptureInfo(None, None, [], stream)
     return None
@@ -46,8 +47,10 @@ def probe() -> cb.CaptureInfo | None:
 def _place(rec: list[Any], info: cb.CaptureInfo) -> graphs.GraphState:
     """Give ``rec`` its graph and ordinal in the capture ``info`` describes."""
     state = graphs.state_for(info)
+    ordinals, lane = state.ordinals, rec[md.R_INFO].lane
+    ordinals[lane] += 1
     rec[md.R_GRAPH] = state.gid
-    rec[md.R_ORDINAL] = state.next_ordinal(rec[md.R_INFO].lane)
+    rec[md.R_ORDINAL] = ordinals[lane]
     return state
 
 
@@ -73,19 +76,20 @@ def enter(rec: list[Any], walk: bool) -> Any:
 def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
     """End the region ``enter`` returned ``token`` for."""
     try:
-        if token is SYNC:
-            info = probe()
-            if info is None:                    # the capture ended inside the call
-                rec[md.R_GRAPH] = 0
-                return
-            if not hooks._saved:
-                hooks.install()
-            state = _place(rec, info)
-            if state.graph is not None:
-                state.pending.append((rec, state.last_exit.get(info.stream, ()), info.frontier))
-                state.last_exit[info.stream] = info.frontier
-        else:
+        if token is not SYNC:
             token.state.claim(rec, graphs.label_collective(token, rec))
+            return
+        info = probe()
+        if info is None:                        # the capture ended inside the call
+            rec[md.R_GRAPH] = 0
+            return
+        if not hooks._saved:
+            hooks.install()
+        state = _place(rec, info)
+        if state.graph is not None:
+            last, stream, frontier = state.last_exit, info.stream, info.frontier
+            state.pending.append((rec, last.get(stream, ()), frontier))
+            last[stream] = frontier
     except Exception as exc:
         rec[md.R_GRAPH] = rec[md.R_GRAPH] or 0
         graphs.warn_once("could not find the captured nodes of a collective", exc)
