@@ -144,8 +144,37 @@ def job(out: Path) -> None:
     commviz.RECORDER.flush("explicit", run_dir=out / "eager")
     commviz.flush()
     dist.barrier()
+    check_node_ids(out, rank, torch, dist, capture, step, groups)
+    dist.barrier()
     torch.cuda.synchronize()
     os._exit(0)
+
+
+def check_node_ids(out: Path, rank: int, torch: Any, dist: Any, capture: Any, fn: Any,
+                   groups: Any) -> None:
+    """After the records are written: capture ``fn`` once more into a graph that outlives its
+    capture (``keep_graph``), and compare every node id commviz recorded (computed from the
+    node's place in the graph) with CUPTI's own id of the node, queried node by node."""
+    import commviz
+    from commviz.capture import bindings, cupti
+    from commviz.capture.names import kernel_key
+
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with capture.graph(g):
+        fn(dist, capture, rank, groups)
+    capture.resolve_all()
+    record = commviz.RECORDER.graphs[-1]
+    real = {}
+    for handle in bindings.nodes(int(g.raw_cuda_graph())):
+        desc = bindings.kernel(handle)
+        if desc is not None:
+            real[cupti.node_id(handle)] = kernel_key(desc[0])
+    checked = [n for n in record["nodes"] if n["node"] is not None]
+    wrong = [n["node"] for n in checked if real.get(n["node"]) != n["kernel"]]
+    (out / f"node_ids_rank{rank}.json").write_text(json.dumps(
+        {"kernels": len(real), "checked": len(checked), "labelled":
+         sum(n["ordinal"] is not None or bool(n["marks"]) for n in checked), "wrong": wrong}))
+    g.instantiate()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,6 +371,13 @@ def test_every_captured_collective_found_its_kernel(gpu_run: Path) -> None:
             assert len(meta[md.GRAPH_NODES]) == 1, (meta[md.OP], meta[md.GRAPH_NODES])
         assert all(g["complete"] and g["exec_ids"] and g["unresolved"] == 0
                    for g in record["graphs"])
+
+
+@pytest.mark.gpu(count=2)
+def test_recorded_node_ids_are_cuptis_own(gpu_run: Path) -> None:
+    for rank in (0, 1):
+        ids = json.loads((gpu_run / f"node_ids_rank{rank}.json").read_text())
+        assert ids["checked"] >= ids["labelled"] >= 5 and ids["wrong"] == [], ids
 
 
 @pytest.mark.gpu(count=1)
