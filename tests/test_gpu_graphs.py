@@ -3,7 +3,8 @@
 One torchrun job (this file run as a script, 2 ranks, NCCL) does the same step on the world
 group and on two more process groups: all_reduce, broadcast, all_gather_into_tensor,
 reduce_scatter_tensor, all_to_all_single (with and without splits), batch_isend_irecv and an
-async all_reduce waited after a ``commviz.mark``-ed matmul, plus a list all_gather. It runs the
+async all_reduce waited after a ``commviz.mark``-ed matmul, plus a list all_gather, a list
+all_to_all and an all_reduce_coalesced. It runs the
 step eagerly under the profiler (the ground truth: the profiler's own metadata on each NCCL
 kernel), then captures it into one graph and a second, different step into another graph on a
 side stream, and replays both several times under the profiler: tagged replays through commviz,
@@ -40,7 +41,9 @@ def _buffers(torch: Any, rank: int, dtype: Any) -> dict[str, Any]:
     return {"x": full(N), "y": full(N), "ag": full(2 * N), "rs": full(N), "a2a": full(N),
             "send": full(N), "recv": full(N), "m": torch.randn(64, 64, device=dev, dtype=dtype),
             "mm": torch.empty(64, 64, device=dev, dtype=dtype),
-            "parts": [full(N) for _ in range(2)]}
+            "parts": [full(N) for _ in range(2)],
+            "a2a_in": [full(N // 2) for _ in range(2)], "a2a_out": [full(N // 2) for _ in range(2)],
+            "co": [full(N), full(N // 2)]}
 
 
 def step(dist: Any, capture: Any, rank: int, groups: list[tuple[str, Any, dict]]) -> None:
@@ -55,6 +58,10 @@ def step(dist: Any, capture: Any, rank: int, groups: list[tuple[str, Any, dict]]
             dist.all_to_all_single(b["a2a"], b["x"], [N // 2, N // 2], [N // 2, N // 2], group=g)
         else:
             dist.all_to_all_single(b["a2a"], b["x"], group=g)
+        if name == "pg_b":                           # grouped: one send/recv per peer
+            dist.all_to_all(b["a2a_out"], b["a2a_in"], group=g)
+        if name == "world":                          # coalesced: one launch, two tensors
+            dist.all_reduce_coalesced(b["co"], group=g)
         works = dist.batch_isend_irecv([dist.P2POp(dist.isend, b["send"], peer, g),
                                         dist.P2POp(dist.irecv, b["recv"], peer, g)])
         for w in works:
