@@ -60,6 +60,20 @@ def _group_size(group: Any) -> int:
     return md.group_info(group).size
 
 
+_REDUCTIONS: dict[Any, dict[str, str]] = {}
+
+
+def _reduction(op: Any) -> dict[str, str]:
+    """A reduction's record extra: one shared dict per op (records only ever read it)."""
+    try:
+        return _REDUCTIONS[op]
+    except KeyError:
+        extra = _REDUCTIONS[op] = {md.REDUCE_OP: md.reduce_op_name(op)}
+        return extra
+    except TypeError:  # an op object that cannot be a key (a premul_sum with its factor)
+        return {md.REDUCE_OP: md.reduce_op_name(op)}
+
+
 def _splits(sizes: Any) -> str:
     return "[]" if not sizes else str(list(sizes))
 
@@ -70,7 +84,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return RAW["all_reduce"](tensor, op, group, async_op)
     n = tensor.numel()
     return invoke(begin("all_reduce", group, tensor, n, n, async_op=async_op,
-                        extra={md.REDUCE_OP: md.reduce_op_name(op)}),
+                        extra=_reduction(op)),
                   RAW["all_reduce"], tensor, op, group, async_op)
 
 
@@ -136,7 +150,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         return RAW["reduce_scatter"](output, input_list, op, group, async_op)
     n = output.numel()
     return invoke(begin("reduce_scatter", group, output, n * _group_size(group), n,
-                        async_op=async_op, extra={md.REDUCE_OP: md.reduce_op_name(op)}),
+                        async_op=async_op, extra=_reduction(op)),
                   RAW["reduce_scatter"], output, input_list, op, group, async_op)
 
 
@@ -145,7 +159,7 @@ def _scatter_from(name: str, output, input, op, group, async_op):
     if _quiet():
         return fn(output, input, op, group, async_op)
     return invoke(begin(name, group, input, input.numel(), output.numel(), async_op=async_op,
-                        extra={md.REDUCE_OP: md.reduce_op_name(op)}, depth=3),
+                        extra=_reduction(op), depth=3),
                   fn, output, input, op, group, async_op)
 
 
@@ -166,7 +180,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
         return RAW["all_reduce_coalesced"](tensors, op, group, async_op)
     n = sum(t.numel() for t in tensors)
     return invoke(begin("all_reduce_coalesced", group, tensors[0], n, n, async_op=async_op,
-                        extra={md.REDUCE_OP: md.reduce_op_name(op)}),
+                        extra=_reduction(op)),
                   RAW["all_reduce_coalesced"], tensors, op, group, async_op)
 
 

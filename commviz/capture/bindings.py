@@ -111,7 +111,10 @@ class _Driver:
         return scratch
 
     def capture_info(self, stream: int) -> CaptureInfo | None:
-        s = self._scratch()
+        try:
+            s = self._local.s
+        except AttributeError:
+            s = self._scratch()
         handle = self._streams.get(stream)
         if handle is None:
             if len(self._streams) > 4096:
