@@ -193,7 +193,7 @@ class GraphState:
                 keys[handle] = (kernel_key(desc[0]), desc[1])
         names = Counter(key for key, _ in keys.values())
         if self.pending:
-            self._resolve(graph, keys)
+            self._label_pending(graph, keys)
         labelled = {n["kernel"] for n in known.values() if n["ordinal"] is not None or n["marks"]}
         relevant = {h for h, (key, _) in keys.items() if key in labelled}
         for h in relevant:
@@ -216,7 +216,7 @@ class GraphState:
             _publish(holder, [n["node"] for n in claimed if n["node"] is not None])
         self.claims = []
 
-    def _resolve(self, graph: "_Graph", keys: dict[int, tuple[str, list[int]]]) -> None:
+    def _label_pending(self, graph: "_Graph", keys: dict[int, tuple[str, list[int]]]) -> None:
         """Label each synchronous collective's kernels: the NCCL kernels its exit frontier
         depends on that were created after the previous such exit on its stream (walked back
         from the exit frontier, so the cost is the nodes since then). The collective's own

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,7 @@ class Recorder:
         self.clock: dict[str, Any] = {"offset_ns": 0, "offset_source": "none"}
         self._groups: dict[str, dict[str, Any]] = {}
         # run before a payload is built: parts whose records finish lazily (capture records)
-        self.before_payload: list[Any] = []
+        self.before_payload: list[Callable[[], None]] = []
         self._identity: dict[str, Any] = {}
 
     # -- hot path ---------------------------------------------------------------------------
