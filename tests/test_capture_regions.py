@@ -87,6 +87,7 @@ class FakeCapture:
 
 AR = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"
 BC = "_Z31ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+AG = "_Z31ncclDevKernel_AllGather_RING_LL24ncclDevKernelArgsStorageILm4096EE"
 GEMM = "_ZN2at6native4gemmIfEEvv"
 COPY = "_ZN2at6native18elementwise_kernelILi128ELi2EEEviT1_"
 S, N_WORLD, N_TP = 1, 2, 3                    # the capture stream, two groups' NCCL streams
@@ -112,21 +113,22 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
         graphs.forget(state)
 
 
-def record(op: str, lane: int, nelems: int = 4096) -> list[Any]:
+def record(op: str, lane: int, nelems: int = 4096, ranks: int = 2) -> list[Any]:
     """A wrapper's compact record, as ``commviz.annotate.begin`` builds it."""
     rec: list[Any] = [None] * (md.R_REGION + 1)
     rec[md.R_OP], rec[md.R_IN], rec[md.R_OUT] = op, nelems, nelems
-    rec[md.R_INFO] = md.GroupInfo(pg=None, name=f"pg{lane}", desc="", ranks=[0, 1],
-                                  backend="nccl", lane=lane)
+    rec[md.R_INFO] = md.GroupInfo(pg=None, name=f"pg{lane}", desc="",
+                                  ranks=list(range(ranks)), backend="nccl", lane=lane)
     return rec
 
 
 def collective(fake: FakeCapture, op: str, lane: int, kernel: str | None, nccl: int, *,
-               join: bool = True, tail: str | None = None, nelems: int = 4096) -> list[Any]:
+               join: bool = True, tail: str | None = None, nelems: int = 4096,
+               ranks: int = 2) -> list[Any]:
     """What ProcessGroupNCCL captures: the NCCL stream waits for the capture stream, runs the
     kernel, and (synchronous ops) the capture stream waits for it; ``tail``: a kernel after
     it on the capture stream (a list all_gather's copies)."""
-    rec = record(op, lane, nelems)
+    rec = record(op, lane, nelems, ranks)
     token = region.enter(rec, walk=not join)
     fake.wait(nccl, S)
     if kernel is not None:
@@ -193,16 +195,17 @@ def test_regions_find_each_collectives_own_kernels(fake: FakeCapture) -> None:
 
 def test_copies_after_the_collective_are_not_its_kernel(fake: FakeCapture) -> None:
     fake.add(S, GEMM)
-    gather = collective(fake, "all_gather", 10, AR, N_WORLD, tail=COPY)
+    gather = collective(fake, "all_gather", 10, AG, N_WORLD, tail=COPY)
     end_capture(fake)
-    assert kernel_of(fake, gather) == [AR]
+    assert kernel_of(fake, gather) == [AG]
 
 
 def test_foreign_kernel_on_the_same_communicator_is_never_taken(
         fake: FakeCapture, caplog: pytest.LogCaptureFixture) -> None:
     """A kernel launched on the collective's NCCL stream by code commviz does not see (torch's
-    C++ callers, an unpatched call) lies between the frontiers: it is never labelled, and a
-    collective that launched nothing (zero elements) takes nothing."""
+    C++ callers, an unpatched call) lies between the frontiers: it is never labelled. A call
+    for which NCCL launches no kernel (zero elements, a one-rank group) takes nothing, and no
+    call takes a kernel of another collective type, even one its stream waited on."""
     caplog.set_level(logging.WARNING, logger="commviz.capture")
     graphs._warned.clear()
 
@@ -216,12 +219,22 @@ def test_foreign_kernel_on_the_same_communicator_is_never_taken(
     after = collective(fake, "all_reduce", 10, AR, N_WORLD)
     foreign.append(foreign_kernel())
     empty = collective(fake, "all_reduce", 10, None, N_WORLD, nelems=0)
+    foreign.append(foreign_kernel())
+    alone = collective(fake, "all_reduce", 10, None, N_WORLD, ranks=1)
+    foreign.append(foreign_kernel())
+    bcast = record("broadcast", 10)              # launches nothing: its stream then waits on
+    token = region.enter(bcast, walk=False)      # the all_reduce NCCL's stream ran last
+    fake.wait(N_WORLD, S)
+    fake.wait(S, N_WORLD)
+    assert fake.frontier_of[S] == [foreign[-1]]
+    region.exit(token, bcast)
     state = end_capture(fake)
-    assert kernel_of(fake, after) == [AR] and empty[md.R_GRAPH_NODES] == []
+    assert kernel_of(fake, after) == [AR]
+    assert empty[md.R_GRAPH_NODES] == alone[md.R_GRAPH_NODES] == bcast[md.R_GRAPH_NODES] == []
     listed = {n["local"]: n for n in state.record["nodes"]}
     for handle in foreign:                       # listed (same kernel), never labelled
         assert listed[fake.order.index(handle)]["ordinal"] is None
-    assert state.record["unresolved"] == 1
+    assert state.record["unresolved"] == 4
     assert "no annotated call launched" in caplog.text
 
 

@@ -57,7 +57,7 @@ from commviz.capture import bindings as cb
 from commviz.capture import cupti
 from commviz.capture.names import kernel_key
 from commviz.record import recorder as _rec
-from commviz.trace.kernels import parse_nccl
+from commviz.trace.kernels import incompatibility, parse_nccl
 
 log = logging.getLogger("commviz.capture")
 
@@ -220,8 +220,10 @@ class GraphState:
         """Label each synchronous collective's kernels: the NCCL kernels its exit frontier
         depends on that were created after the previous such exit on its stream (walked back
         from the exit frontier, so the cost is the nodes since then). The collective's own
-        kernel is the newest of them: it was launched after everything before its call.
-        Older ones (work another path launched on the communicator meanwhile) stay unlabelled."""
+        kernel is the newest of those whose type, dtype and reduction fit it: it was launched
+        after everything before its call. Others (work another path launched on the
+        communicator meanwhile) stay unlabelled, as does everything of a call for which NCCL
+        launches no kernel (zero elements, a one-rank group)."""
         pending, self.pending = self.pending, []
         if not graph.creation:
             self.record["unresolved"] += len(pending)
@@ -233,13 +235,14 @@ class GraphState:
         claimed = {h for h, n in self.nodes.items() if n["ordinal"] is not None}
         for rec, before, exit_ in pending:
             floor = max((position.get(f, -1) for f in before), default=-1)
-            if len(exit_) == 1 and (rec[md.R_IN] or rec[md.R_OUT]):
+            launches = _launches_kernel(rec)
+            if len(exit_) == 1 and launches:
                 # the common case: the stream now waits on one new NCCL kernel, the newest of
                 # the region's kernels, so the one the rule below would pick
                 last = exit_[0]
                 desc = keys.get(last)
                 if desc is not None and position.get(last, -1) > floor and \
-                        last not in claimed and _is_nccl(desc[0]):
+                        last not in claimed and _fits_call(desc[0], rec):
                     claimed.add(last)
                     self.claims.append((rec, [self._label(last, desc, rec)]))
                     continue
@@ -255,14 +258,15 @@ class GraphState:
                     if p not in seen and position[p] > floor:
                         seen.add(p)
                         stack.append(p)
-            if not rec[md.R_IN] and not rec[md.R_OUT]:
-                chosen = []                            # nothing to move: no kernel of its own
-            elif nccl:
-                chosen = [max(nccl, key=position.__getitem__)]
-                if len(nccl) > 1:
-                    self.record["unresolved"] += 1
-                    warn_once("NCCL kernels that no annotated call launched were found among a "
-                              "collective's: they stay unlabelled")
+            fitting = [n for n in nccl if _fits_call(keys[n][0], rec)]
+            if len(nccl) > (1 if fitting and launches else 0):
+                self.record["unresolved"] += 1
+                warn_once("NCCL kernels that no annotated call launched were found among a "
+                          "collective's: they stay unlabelled")
+            if not launches:
+                chosen = []                            # no NCCL kernel of its own to find
+            elif fitting:
+                chosen = [max(fitting, key=position.__getitem__)]
             elif "nccl" in rec[md.R_INFO].backend:
                 chosen = []
             else:                                      # another backend's kernels
@@ -307,6 +311,7 @@ def _publish(holder: Any, ids: list[int]) -> None:
 
 
 _nccl_keys: dict[str, bool] = {}
+_fits: dict[tuple[str, str, str, Any], bool] = {}
 
 
 def _is_nccl(key: str) -> bool:
@@ -315,6 +320,26 @@ def _is_nccl(key: str) -> bool:
     if known is None:
         known = _nccl_keys[key] = parse_nccl(key) is not None
     return known
+
+
+def _fits_call(key: str, rec: list[Any]) -> bool:
+    """Whether the NCCL kernel ``key`` can be the collective ``rec``: its collective type,
+    dtype and reduction agree (``incompatibility``, as the matcher checks them)."""
+    extra = rec[md.R_EXTRA]
+    sig = (key, rec[md.R_OP], rec[md.R_DTYPE], extra.get(md.REDUCE_OP) if extra else None)
+    fits = _fits.get(sig)
+    if fits is None:
+        kernel = parse_nccl(key)
+        fits = _fits[sig] = kernel is not None and incompatibility(kernel, {
+            md.COLLECTIVE_NAME: md.COLLECTIVE_NAMES.get(sig[1], sig[1]), md.DTYPE: sig[2],
+            md.REDUCE_OP: sig[3]}) is None
+    return fits
+
+
+def _launches_kernel(rec: list[Any]) -> bool:
+    """Whether NCCL launches a kernel of its own for ``rec``: not for zero elements, and not
+    in a one-rank group (NCCL copies locally, outside its collective kernels)."""
+    return bool(rec[md.R_IN] or rec[md.R_OUT]) and len(rec[md.R_INFO].ranks) > 1
 
 
 def _describe(handle: int) -> tuple[str, list[int]] | None:
