@@ -19,7 +19,8 @@ def handler(args: argparse.Namespace) -> int:
         args.run_dir, fmt=args.format, plots_dir=args.plots, out=args.out,
         plots=not args.no_plots, top=args.top,
         straggler_min_ns=int(args.straggler_ms * 1e6))
-    sys.stdout.write(result.text)
+    if args.out is None:                       # with -o the file is the output
+        sys.stdout.write(result.text)
     written = [str(result.out), *(str(p) for p in result.plots)]
     print(f"commviz report: wrote {', '.join(written)}", file=sys.stderr)
     if args.fail_on_desync and result.review.desyncs:

@@ -102,7 +102,9 @@ class Instance:
         elif self.key[0] == "b":
             text = f"{self.op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in self.key[2])
         else:
-            text = f"{self.op} #{self.seq}"
+            seq = self.seq if self.seq is not None else (
+                self.key[2] if self.key[0] == "c" and len(self.key) > 2 else None)
+            text = self.op if seq is None else f"{self.op} #{seq}"
         if "replay" in self.key:                 # one CUDA graph replay's copy of the call
             replay = self.key[self.key.index("replay") + 1]
             replay = " ".join(map(str, replay)) if isinstance(replay, tuple) else replay
@@ -279,6 +281,8 @@ class CollectiveSummary:
     median_comm_ns: int | None
     median_algbw: float | None
     median_busbw: float | None
+    launch_only: int = 0          # instances whose spans cover only the launch (no comm time)
+    failed: int = 0               # instances that raised on some rank
 
 
 def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
@@ -295,6 +299,8 @@ def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
             comm_ns=sum(comms), wait_ns=sum(i.total_wait_ns for i in insts),
             median_comm_ns=int(statistics.median(comms)) if comms else None,
             median_algbw=statistics.median(b.algbw_gbps for b in bws) if bws else None,
-            median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None))
+            median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None,
+            launch_only=sum(i.launch_only and not i.failed for i in insts),
+            failed=sum(i.failed for i in insts)))
     out.sort(key=lambda c: (-(c.comm_ns + c.wait_ns), c.pg, c.op))
     return out

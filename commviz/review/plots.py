@@ -26,6 +26,12 @@ MAX_COLUMNS = 2000
 LOG_RANGE = 100
 # Up to this many instances, each column is labelled with its group and collective.
 LABELLED_COLUMNS = 40
+# A pause between two instances of a group longer than this many times the group's median
+# interval (and than GAP_MIN_S) is drawn as a gap, not bridged by a line.
+GAP_FACTOR = 10
+GAP_MIN_S = 0.05
+# Skews whose largest is more than this many times their median get a log axis.
+SKEW_LOG_RATIO = 30
 
 
 def _empty(ax, text: str) -> None:
@@ -40,6 +46,18 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def with_gaps(x: list[float], y: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The points with a NaN between two whose distance stands out (a warm-up pause, the
+    time between profiled windows), so the line breaks there instead of bridging it."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xs) < 3:
+        return xs, ys
+    step = np.diff(xs)
+    limit = max(GAP_FACTOR * float(np.median(step)), GAP_MIN_S)
+    cut = np.flatnonzero(step > limit) + 1
+    return np.insert(xs, cut, np.nan), np.insert(ys, cut, np.nan)
+
+
 def plot_skew(instances: list[Instance], path: Path) -> Path:
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()
@@ -48,26 +66,35 @@ def plot_skew(instances: list[Instance], path: Path) -> Path:
         _empty(ax, "no collective ran on more than one rank")
         return _save(fig, path)
     t0 = min(i.first_start_ns for i in multi)
+    skews = np.array([i.skew_ns / 1e6 for i in multi])
+    positive = skews[skews > 0]
+    log = bool(positive.size) and positive.max() > SKEW_LOG_RATIO * float(np.median(positive))
+    floor = float(positive.min()) if log else 0.0     # a zero skew sits on the axis's floor
+
+    def skew_ms(i: Instance) -> float:
+        return max(i.skew_ns / 1e6, floor)
+
     by_pg: dict[str, list[Instance]] = defaultdict(list)
     for inst in multi:
         by_pg[inst.pg].append(inst)
     for pg, insts in sorted(by_pg.items()):
-        x = [(i.first_start_ns - t0) / 1e9 for i in insts]
-        y = [i.skew_ns / 1e6 for i in insts]
+        x, y = with_gaps([(i.first_start_ns - t0) / 1e9 for i in insts], [skew_ms(i) for i in insts])
         desc = insts[0].pg_desc
         ax.plot(x, y, marker=".", linewidth=0.8, label=f"pg {pg} ({desc})" if desc else f"pg {pg}")
     strag = [i for i in multi if i.straggler is not None]
     if strag:
-        ax.scatter([(i.first_start_ns - t0) / 1e9 for i in strag], [i.skew_ns / 1e6 for i in strag],
+        ax.scatter([(i.first_start_ns - t0) / 1e9 for i in strag], [skew_ms(i) for i in strag],
                    s=80, facecolors="none", edgecolors="red", label="straggler", zorder=3)
         for i in strag[:40]:
-            ax.annotate(f"r{i.straggler}", ((i.first_start_ns - t0) / 1e9, i.skew_ns / 1e6),
+            ax.annotate(f"r{i.straggler}", ((i.first_start_ns - t0) / 1e9, skew_ms(i)),
                         textcoords="offset points", xytext=(4, 4), fontsize=7, color="red")
-    ax.set_xlabel("time since first collective (s)")
-    ax.set_ylabel("arrival skew (ms)")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("time since first collective (s); breaks: pauses between steps")
+    ax.set_ylabel("arrival skew (ms" + (", log scale)" if log else ")"))
     ax.set_title("Arrival skew per collective (last start - first start)")
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both" if log else "major")
     return _save(fig, path)
 
 
@@ -76,7 +103,7 @@ def plot_bandwidth(instances: list[Instance], path: Path) -> Path:
     ax = fig.add_subplot()
     by_type: dict[str, list[Instance]] = defaultdict(list)
     for inst in instances:
-        if inst.bandwidth is not None:
+        if inst.bandwidth is not None and len(inst.ranks) > 1:   # one rank: no link used
             by_type[inst.ctype].append(inst)
     if not by_type:
         _empty(ax, "no collective with a size and a measured time")
@@ -87,7 +114,7 @@ def plot_bandwidth(instances: list[Instance], path: Path) -> Path:
         points = ax.scatter(sizes, bus, s=12, alpha=0.5, label=ctype)
         uniq = np.unique(sizes)
         ax.plot(uniq, [np.median(bus[sizes == s]) for s in uniq], color=points.get_facecolor()[0],
-                linewidth=1)
+                linewidth=1, marker="_", markersize=16)     # the marker shows a lone size's median
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes, nccl-tests definition)")
     ax.set_ylabel("bus bandwidth (GB/s)")

@@ -131,6 +131,24 @@ def fmt_gbps(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
+def instance_comm(i: Instance) -> str:
+    """An instance's comm time, or why it has none: a failed call moved no data, and a span
+    that covers only the launch (async, or an enqueued GPU collective) measured no transfer."""
+    if i.failed:
+        return "failed"
+    return "launch only" if i.launch_only else fmt_ns(i.comm_ns)
+
+
+def collective_comm(c: CollectiveSummary) -> str:
+    """A (group, op, size) row's comm time, saying how many instances measured none and why."""
+    measured = c.count - c.launch_only - c.failed
+    notes = [f"{n} {what}" for n, what in ((c.launch_only, "launch only"), (c.failed, "failed"))
+             if n]
+    if not measured:
+        return "launch only" if not c.failed else ", ".join(notes)
+    return fmt_ns(c.comm_ns) + (f" (+{', '.join(notes)})" if notes else "")
+
+
 @dataclass
 class Section:
     title: str
@@ -166,18 +184,22 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         "Collectives by group, type and size (most time first)",
         ["group", "op", "size", "count", "comm time", "wait time", "median time",
          "algbw GB/s", "busbw GB/s"],
-        [[c.pg, c.op, fmt_bytes(c.size_bytes), str(c.count), fmt_ns(c.comm_ns), fmt_ns(c.wait_ns),
+        [[c.pg, c.op, fmt_bytes(c.size_bytes), str(c.count), collective_comm(c), fmt_ns(c.wait_ns),
           fmt_ns(c.median_comm_ns), fmt_gbps(c.median_algbw), fmt_gbps(c.median_busbw)]
          for c in review.collectives[:top]],
-        "comm time: last start to last end, all ranks present; bandwidth: nccl-tests formulas"))
-    worst = sorted(review.instances, key=lambda i: (-i.total_wait_ns, -i.skew_ns))[:top]
+        "comm time: last start to last end, all ranks present; launch only: the spans cover "
+        "only the launch (async op, or a GPU collective enqueued), so no transfer time was "
+        "measured; bandwidth: nccl-tests formulas"))
+    worst = sorted(review.instances,
+                   key=lambda i: (not i.failed, -i.total_wait_ns, -i.skew_ns))[:top]
     out.append(Section(
-        "Collective instances (most waiting first)",
+        "Collective instances (failed, then most waiting first)",
         ["group", "collective", "size", "skew", "late rank", "straggler", "total wait",
          "comm time", "busbw GB/s", "missing ranks"],
-        [[i.pg, i.label, fmt_bytes(i.size_bytes), fmt_ns(i.skew_ns), str(i.late_rank),
+        [[i.pg, i.label + (" (FAILED)" if i.failed else ""), fmt_bytes(i.size_bytes),
+          fmt_ns(i.skew_ns), str(i.late_rank),
           "-" if i.straggler is None else f"rank {i.straggler}", fmt_ns(i.total_wait_ns),
-          fmt_ns(i.comm_ns), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
+          instance_comm(i), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
           ",".join(map(str, i.missing)) or "-"] for i in worst]))
     if review.streams:
         out.append(Section(
