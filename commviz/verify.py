@@ -31,6 +31,7 @@ import orjson
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commviz.errors import SourceError, TraceError
+from commviz.merge.flows import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 from commviz.write.read import iter_packet_batches, open_trace, varint
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
@@ -39,6 +40,7 @@ CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 BOOTTIME = pb.BUILTIN_CLOCK_BOOTTIME     # trace time, unless a snapshot says otherwise
 _SEQ_CLOCKS = range(64, 128)             # clock ids scoped to one packet sequence
+_TS_MIN, _TS_MAX = -(1 << 63), (1 << 63) - 1    # trace processor's int64 timestamps
 _DETAILS_PER_KIND = 20            # problems kept in full per kind; all are counted
 _RANK_RE = re.compile(r"^\s*rank\s+(\d+)\b", re.IGNORECASE)
 # Tracks commviz derives from the inputs (comm lanes, per-PG summaries) may repeat an input
@@ -209,6 +211,7 @@ class _Verifier:
         self.fl_id, self.fl_ev = array("Q"), array("q")
         self.clocks: dict[tuple[int, int], _Clock] = {}  # (seq or 0 for global, clock id)
         self._flow_map: dict[int, list[int]] | None = None
+        self._flow_slices: dict[int, list[int]] | None = None
         self.pid_track: dict[int, int] = {}             # process pid -> its track uuid
 
     # problems
@@ -272,6 +275,11 @@ class _Verifier:
             return
         # every timestamped packet moves its sequence's incremental clock, events or not
         ts = self.timestamp(p, st, seq, off) if p.HasField("timestamp") else None
+        if ts is not None and not _TS_MIN <= ts <= _TS_MAX:
+            self.problem("bad-timestamp", f"timestamp {ts} ns is outside what trace processor "
+                         "holds (signed 64-bit): Perfetto drops or misplaces this packet",
+                         offset=off)
+            return
         if kind == "track_event":
             if ts is not None:
                 self.event(ts, p.track_event, st, seq, flags, off)
@@ -676,6 +684,14 @@ class _Verifier:
                 self._flow_map[b].append(fid & 0xFFFFFFFFFFFFFFFF)
         return self._flow_map
 
+    def flow_slices(self) -> dict[int, list[int]]:
+        """flow id -> slice begin indices it is on (built on demand)."""
+        if self._flow_slices is None:
+            self._flow_slices = defaultdict(list)
+            for fid, b in self.flow_pairs.tolist():
+                self._flow_slices[fid & 0xFFFFFFFFFFFFFFFF].append(b)
+        return self._flow_slices
+
     def run(self) -> VerifyReport:
         self.scan()
         self.check_tracks()
@@ -713,6 +729,23 @@ class _InputCheck:
         s_track = v.track[v.slice_idx]
         self.s_rank = track_rank[s_track]
         self.s_kept = ~derived[s_track]
+        self.threads: dict[str, int] = {}      # "pid:tid" of an input thread -> id
+        track_thread = np.array([self.thread_id(v.desc.get(u)) for u in v.track_uuid] or [-1],
+                                dtype=np.int64)
+        self.s_thread = track_thread[s_track] if len(s_track) else np.zeros(0, np.int64)
+
+    def thread_id(self, d: Any) -> int:
+        """The input thread a track shows: commviz names it in the track's merge key
+        ("track PID:TID"); a thread track names it in its descriptor. -1: not known."""
+        if d is None:
+            return -1
+        if d.sibling_merge_key.startswith("track "):
+            key = d.sibling_merge_key[6:]
+        elif d.HasField("thread"):
+            key = f"{d.thread.pid}:{d.thread.tid}"
+        else:
+            return -1
+        return self.threads.setdefault(key, len(self.threads))
 
     def check(self) -> None:
         from commviz.trace.load import load_trace   # MERGE's loader: the contract's reading
@@ -746,22 +779,30 @@ class _InputCheck:
         out_ts = v.ts[v.slice_idx[sel]]
         out_name = v.name[v.slice_idx[sel]]
         out_dur = v.ts[v.slice_end[sel]] - out_ts
-        by_key: dict[tuple[int, int], list[int]] = defaultdict(list)   # (name, ts) -> j in sel
-        for j, key in enumerate(zip(out_name.tolist(), out_ts.tolist())):
+        out_thread = self.s_thread[sel]
+        # events pair up per thread when the output says which thread each track shows
+        threaded = bool((out_thread >= 0).any())
+        if not threaded:
+            out_thread = np.full(len(sel), -1, dtype=np.int64)
+        by_key: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # (thread, name, ts)
+        for j, key in enumerate(zip(out_thread.tolist(), out_name.tolist(), out_ts.tolist())):
             by_key[key].append(j)
         offset = self.clock_offset(trace, wanted, out_name, out_ts)
         if offset:
             v.report.clock_offsets[rank] = offset
-        want_key: dict[tuple[int, int], list[int]] = defaultdict(list)
+        want_key: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for i in wanted:
             e = events[i]
-            want_key[(v.name_ids.get(e.get("name", ""), -2), trace.ns(e["ts"]) + offset)].append(i)
+            thread = self.threads.get(f"{e.get('pid')}:{e.get('tid')}", -2) if threaded else -1
+            want_key[(thread, v.name_ids.get(e.get("name", ""), -2),
+                      trace.ns(e["ts"]) + offset)].append(i)
         pairs: list[tuple[int, int]] = []          # (input event index, slice k)
         for key, ins in want_key.items():
-            outs = (by_key.get(key) or by_key.get((key[0], key[1] - 1))
-                    or by_key.get((key[0], key[1] + 1)))
+            thread, name, ts = key
+            outs = (by_key.get(key) or by_key.get((thread, name, ts - 1))
+                    or by_key.get((thread, name, ts + 1)))
             e = events[ins[0]]
-            where = dict(track=f"rank {rank}", ts=key[1], name=e.get("name"))
+            where = dict(track=f"rank {rank}", ts=ts, name=e.get("name"))
             if not outs:
                 stats["missing"] += len(ins)
                 v.problem("missing-event", f"{e.get('cat')} event #{ins[0]} of "
@@ -784,6 +825,7 @@ class _InputCheck:
         stats["matched"] += len(pairs)
         self.check_args(f, trace, pairs, stats)
         self.check_launch_flows(trace, pairs, stats)
+        self.check_other_flows(trace, pairs, stats)
 
     def clock_offset(self, trace: Any, wanted: list[int], out_name: np.ndarray,
                      out_ts: np.ndarray) -> int:
@@ -825,39 +867,80 @@ class _InputCheck:
                           track=v.label(v.track_uuid[v.track[b]]), ts=int(v.ts[b]),
                           name=e.get("name"))
 
+    def linked(self, b: int) -> set[int]:
+        """Slice begin indices that share a flow id with slice begin ``b``."""
+        flows, by_id = self.v.flow_map(), self.v.flow_slices()
+        return {o for fid in flows.get(b, ()) for o in by_id.get(fid, ()) if o != b}
+
     def check_launch_flows(self, trace: Any, pairs: list[tuple[int, int]],
                            stats: Counter) -> None:
-        """Kineto's ac2g flows (launch -> GPU work, keyed by correlation) must survive."""
+        """Every GPU event is linked to the CPU call with its correlation id, and to no other
+        call of the input (with the input's own ``ac2g`` flows, or without: the merge draws
+        them from correlation ids)."""
         v = self.v
         events = trace.events
-        flowed = {e.get("id") for e in events if e.get("cat") == "ac2g" and e.get("ph") == "f"}
-        if not flowed:
-            return
-        flows = v.flow_map()
-        launch_of: dict[Any, int] = {}
+        launch_of: dict[Any, int] = {}           # correlation -> launch slice begin
+        corr_of: dict[int, Any] = {}             # CPU slice begin -> its correlation
         gpu: list[tuple[Any, int, int]] = []
         for i, k in pairs:
             e = events[i]
             corr = (e.get("args") or {}).get("correlation")
-            if corr is None or corr not in flowed:
+            if corr is None:
                 continue
-            if e.get("cat") in ("cuda_runtime", "cuda_driver"):
-                launch_of[corr] = k
-            else:
-                gpu.append((corr, i, k))
-        for corr, i, k in gpu:
-            lk = launch_of.get(corr)
-            if lk is None:
+            b = int(v.slice_idx[k])
+            if e.get("cat") in GPU_CATS:
+                gpu.append((corr, i, b))
+            elif e.get("cat") in LAUNCH_CATS:
+                launch_of[corr] = b
+                corr_of[b] = corr
+        for corr, i, b in gpu:
+            lb = launch_of.get(corr)
+            if lb is None:
                 continue
-            b, lb = int(v.slice_idx[k]), int(v.slice_idx[lk])
-            if set(flows.get(b, ())) & set(flows.get(lb, ())):
+            linked = self.linked(b)
+            wrong = sorted(o for o in linked if o in corr_of and corr_of[o] != corr)
+            where = dict(track=v.label(v.track_uuid[v.track[b]]), ts=int(v.ts[b]),
+                         name=events[i].get("name"))
+            if lb in linked and not wrong:
                 stats["launch_flows"] += 1
                 continue
+            stats["missing_flows" if lb not in linked else "wrong_flows"] += 1
+            if wrong:
+                v.problem("launch-flow", f"linked to {v.names[v.name[wrong[0]]]!r} (correlation "
+                          f"{corr_of[wrong[0]]}), not only to its launch "
+                          f"{v.names[v.name[lb]]!r} (correlation {corr})", **where)
+            else:
+                v.problem("launch-flow", f"no flow links it to its launch "
+                          f"{v.names[v.name[lb]]!r} (correlation {corr})", **where)
+
+    def check_other_flows(self, trace: Any, pairs: list[tuple[int, int]],
+                          stats: Counter) -> None:
+        """Every other input flow (``fwdbwd``, ...) links the slices starting at its points'
+        times on their threads (any of them, where several start at one time)."""
+        v = self.v
+        events = trace.events
+        out_of = {i: int(v.slice_idx[k]) for i, k in pairs}
+        starting: dict[tuple, list[int]] = defaultdict(list)   # (pid, tid, ns) -> input events
+        for i in out_of:
+            e = events[i]
+            starting[(e.get("pid"), e.get("tid"), trace.ns(e["ts"]))].append(i)
+        points: dict[tuple, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        for e in events:
+            if e.get("ph") in ("s", "t", "f") and e.get("cat") != LAUNCH_CAT:
+                at = starting.get((e.get("pid"), e.get("tid"), trace.ns(e["ts"])), [])
+                points[(e.get("cat"), e.get("id"))]["s" if e["ph"] == "s" else "f"] += at
+        for (cat, fid), ends in points.items():
+            if not ends["s"] or not ends["f"]:
+                continue                         # a point on no slice: nothing to link
+            starts = {out_of[i] for i in ends["s"]}
+            if any(self.linked(out_of[i]) & starts for i in ends["f"]):
+                stats["other_flows"] += 1
+                continue
             stats["missing_flows"] += 1
-            v.problem("launch-flow", f"no flow links it to its launch "
-                      f"{v.names[v.name[lb]]!r} (correlation {corr})",
+            b = out_of[ends["s"][0]]
+            v.problem("flow", f"input flow {cat!r} id {fid} links nothing in the output",
                       track=v.label(v.track_uuid[v.track[b]]), ts=int(v.ts[b]),
-                      name=events[i].get("name"))
+                      name=v.names[v.name[b]] if v.name[b] >= 0 else None)
 
 
 # --- public API ---------------------------------------------------------------------------------
@@ -879,7 +962,12 @@ def verify_pftrace(path: str | Path, *, inputs: Any = None) -> VerifyReport:
     v = _Verifier(_check_path(path))
     report = v.run()
     if inputs is not None:
-        _InputCheck(v, inputs).check()
+        try:
+            _InputCheck(v, inputs).check()
+        except (ArithmeticError, ValueError, TypeError, KeyError) as exc:
+            # an input no profiler writes (a ts of 1e30, a string duration): say so, don't crash
+            v.problem("input-unreadable", f"comparing with the inputs stopped: "
+                      f"{type(exc).__name__}: {exc}")
         report.inputs = {r: dict(c) for r, c in report.inputs.items()}
     return report
 

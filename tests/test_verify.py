@@ -565,3 +565,44 @@ def test_merged_gloo_run_verifies(tmp_path):
         assert world == 4                     # 2 all_reduce, broadcast, barrier
         assert sum(lanes.values()) == world + (1 if rank < 2 else 0)
     assert report.counts["flows"] > 0
+
+
+def test_timestamps_past_int64_are_a_problem_not_a_crash(tmp_path):
+    b = good_trace()
+    b.event(BEGIN, STREAM, (1 << 64) - 1, "far")       # a uint64 trace processor cannot hold
+    b.event(END, STREAM, (1 << 64) - 1)
+    report = verify_pftrace(b.save(tmp_path / "t.pftrace"))
+    assert kinds(report) == {"bad-timestamp"} and report.error_counts["bad-timestamp"] == 2
+
+
+def test_absurd_input_times_are_named_not_a_crash(tmp_path, run_dir):
+    """A ``dur`` of 1e30 µs and a ``ts`` of -1e18 µs: the merge leaves them out and says so,
+    verify names them as missing."""
+    ok = _kernel("k1", 1.0, 2.0, 1)
+    doc = {"distributedInfo": {"rank": 0, "world_size": 1}, "baseTimeNanoseconds": 1000,
+           "traceEvents": [ok, _kernel("huge", 5.0, 1e30, 2), _kernel("early", -1e18, 1.0, 3)]}
+    (run_dir / "trace_rank0.json").write_text(json.dumps(doc))
+    from commviz.merge import merge_run
+
+    result = merge_run(run_dir, tmp_path / "m.pftrace", workers=1, progress=False)
+    assert any("2 profiler events lie outside" in p for p in result.problems)
+    report = verify_pftrace(result.out, inputs=load_run(run_dir))
+    assert kinds(report) == {"missing-event"}
+    assert {e.name for e in report.errors} == {"huge", "early"}
+    assert report.inputs[0]["matched"] == 1
+
+
+def test_same_name_and_time_on_two_threads_pair_per_thread(tmp_path, run_dir):
+    """Two threads each run an op of one name at one time with different args: pairing by
+    name and time alone crosses them (false arg errors); per thread it does not."""
+    ops = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 9, "tid": tid, "ts": 1.0,
+            "dur": 2.0, "args": {"External id": tid}} for tid in (2, 1)]
+    doc = {"distributedInfo": {"rank": 0, "world_size": 1}, "baseTimeNanoseconds": 1000,
+           "traceEvents": ops}
+    (run_dir / "trace_rank0.json").write_text(json.dumps(doc))
+    from commviz.merge import merge_run
+
+    result = merge_run(run_dir, tmp_path / "m.pftrace", workers=1, progress=False)
+    report = verify_pftrace(result.out, inputs=load_run(run_dir))
+    assert report.ok, [str(e) for e in report.errors]
+    assert report.inputs[0]["matched"] == 2

@@ -10,12 +10,12 @@ paths, never trace data). Layout of the process "rank R · host · device":
 - each GPU stream, then each CPU thread, with every profiler event at its own time; events
   that cross (do not nest) go to extra backing tracks with the same name and merge key, so the
   UI shows one row and nothing is moved;
-- CPU launch -> GPU kernel flows from the profiler's own flow events (``ac2g``).
+- CPU launch -> GPU kernel flows from the profiler's own flow events (``ac2g``), bound by
+  correlation id, or drawn from the correlation ids where a trace has none (``flows.py``).
 """
 
 from __future__ import annotations
 
-import bisect
 import gc
 import hashlib
 import os
@@ -32,16 +32,17 @@ from commviz import metadata as md
 from commviz.errors import CommvizError, TraceError
 from commviz.match import RankMatch, match_traces
 from commviz.match.model import CommEvent, events_from_record
+from commviz.merge.flows import GPU_CATS, Edge, FlowPoint, launch_edges
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
                                    track_descriptor)
 
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 PID_BASE = 1_000_000                  # synthetic pid of rank R: PID_BASE + R (OS pids repeat)
 ORDER_LANE, ORDER_STREAM, ORDER_THREAD, ORDER_OTHER = 0, 100_000, 200_000, 300_000
 CROSS_FLOW_BIT = 1 << 63
-MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
+_TIMED = frozenset({"s", "t", "f", "i", "I", "C"})      # converted phases other than X and M
+MAX_NS = (1 << 63) - 1                # Perfetto's timestamps: what trace processor can hold
 LANE_CAT = "commviz"
 INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
 
@@ -192,12 +193,14 @@ class _Layout:
     def __init__(self, events: list[dict], segments: list[tuple[int, int, int]]) -> None:
         self.items: dict[tuple, list] = defaultdict(list)
         self.gpu: set[tuple] = set()
-        self.flows: list[tuple[int, Any, Any, str, tuple, int]] = []  # (trace, cat, id, ph, key, ns)
+        self.flows: list[FlowPoint] = []
+        self.correlated: dict[tuple, list[int]] = defaultdict(list)  # (trace, correlation) -> i
         self.counters: dict[tuple, list] = defaultdict(list)      # (pid, name, arg) -> [(ns, v)]
         self.process_labels: dict[Any, str] = {}               # pid -> "GPU 0" / "CPU"
         self.thread_names: dict[tuple, str] = {}
         self.skipped: dict[str, int] = defaultdict(int)
         self.negative = 0
+        self.out_of_range = 0               # events before 0 or past MAX_NS: left out, counted
         gpu_cats = GPU_CATS
         for seg, (lo, hi, base) in enumerate(segments):
             for i in range(lo, hi):
@@ -210,23 +213,31 @@ class _Layout:
                     if dur < 0:                     # invalid: kept as an instant, and counted
                         self.negative += 1
                         dur = 0
+                    if start < 0 or start + dur > MAX_NS:
+                        self.out_of_range += 1
+                        continue
                     self.items[key].append((start, -(start + dur), i))
                     if ev.get("cat") in gpu_cats:
                         self.gpu.add(key)
-                elif ph in ("s", "t", "f"):
-                    self.flows.append((seg, ev.get("cat"), ev.get("id"), ph,
-                                       (ev.get("pid"), ev.get("tid")),
-                                       base + round(ev["ts"] * 1000)))
+                    corr = (ev.get("args") or {}).get("correlation")
+                    if corr is not None:
+                        self.correlated[(seg, corr)].append(i)
                 elif ph == "M":
                     self._meta(ev)
-                elif ph in ("i", "I"):
-                    start = base + round(ev["ts"] * 1000)
-                    self.items[(ev.get("pid"), ev.get("tid"))].append((start, -start, i))
-                elif ph == "C":
+                elif ph in _TIMED:
                     ts = base + round(ev["ts"] * 1000)
-                    for arg, value in (ev.get("args") or {}).items():
-                        if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            self.counters[(ev.get("pid"), ev.get("name"), arg)].append((ts, value))
+                    if not 0 <= ts <= MAX_NS:
+                        self.out_of_range += 1
+                    elif ph == "C":
+                        for arg, value in (ev.get("args") or {}).items():
+                            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                                self.counters[(ev.get("pid"), ev.get("name"), arg)].append(
+                                    (ts, value))
+                    elif ph in ("i", "I"):
+                        self.items[(ev.get("pid"), ev.get("tid"))].append((ts, -ts, i))
+                    else:
+                        self.flows.append(FlowPoint(seg, ev.get("cat"), ev.get("id"), ph,
+                                                    (ev.get("pid"), ev.get("tid")), ts))
                 else:
                     self.skipped[str(ph)] += 1
         for lst in self.items.values():
@@ -268,58 +279,13 @@ def _num(value: Any) -> float:
         return float("inf")
 
 
-def _bind_flows(layout: _Layout, rank: int) -> tuple[dict[int, bytes], dict[str, int]]:
-    """Profiler flow events -> flow ids on the slices they start and end at.
-
-    A flow point binds to the innermost slice of its track that starts at its time, else to the
-    innermost one holding that time. One id per edge, so a launch with many kernels (a graph
-    replay) fans out instead of chaining the kernels.
-    """
-    exact: dict[tuple, dict[int, int]] = {}
-    sources: dict[tuple, int] = {}
-    targets: dict[tuple, list[int]] = defaultdict(list)
-    unbound = 0
-    for seg, cat, fid, ph, key, ns in layout.flows:
-        table = exact.get(key)
-        if table is None:
-            # sorted by (start, -end): the last slice starting at a time is the innermost
-            table = exact[key] = {start: index for start, _, index in layout.items.get(key, ())}
-        index = table.get(ns)
-        if index is None:
-            index = _holding(layout.items.get(key, []), ns)
-            if index is None:
-                unbound += 1
-                continue
-        if ph == "s":
-            sources.setdefault((seg, cat, fid), index)
-        else:
-            targets[(seg, cat, fid)].append(index)
+def _flow_fields(edges: list[Edge], rank: int) -> dict[int, bytes]:
+    """Event index -> its encoded flow ids, one id per edge."""
     flows: dict[int, bytes] = defaultdict(bytes)
-    next_id = local_flow_base(rank)
-    for ident, ends in targets.items():
-        source = sources.get(ident)
-        if source is None:
-            continue
-        for target in ends:
-            if target != source:
-                flows[source] += flow_field(next_id)
-                flows[target] += flow_field(next_id)
-                next_id += 1
-    return dict(flows), {"flows": next_id - local_flow_base(rank),
-                         "flow_points_unbound": unbound}
-
-
-def _holding(items: list[tuple[int, int, int]], ns: int) -> int | None:
-    """The innermost slice holding ``ns`` (latest start first, at most 10 s back)."""
-    j = bisect.bisect_right(items, (ns, 1, 0)) - 1
-    while j >= 0:
-        start, neg_end, index = items[j]
-        if -neg_end >= ns:
-            return index
-        if ns - start > MAX_FLOW_REACH_NS:
-            break
-        j -= 1
-    return None
+    for n, (source, target) in enumerate(edges, start=local_flow_base(rank)):
+        flows[source] += flow_field(n)
+        flows[target] += flow_field(n)
+    return dict(flows)
 
 
 def _concat(traces: list[Trace], match: Any, offset_ns: int
@@ -367,6 +333,10 @@ class _Rank:
     def lane_order(self) -> list[str]:
         return sorted(self.lane_items, key=lambda g: (lane_order(g), g))
 
+    def launch_edges(self) -> tuple[list[Edge], list[Edge], int]:
+        return launch_edges(self.events, self.layout.items, self.layout.correlated,
+                            self.layout.flows, len(self.segments))
+
 
 @contextmanager
 def no_gc() -> Iterator[None]:
@@ -401,6 +371,10 @@ def _convert(job: RankJob) -> RankResult:
     if layout.negative:
         problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
                         "duration; they are shown as instants at their start")
+    if layout.out_of_range:
+        problems.append(f"rank {job.rank}: {layout.out_of_range} profiler events lie outside "
+                        "the times a Perfetto trace can hold (before 0 or past 2^63 ns on the "
+                        "merged clock: a ts or dur the profiler cannot have meant); left out")
     for ph, n in sorted(layout.skipped.items()):
         problems.append(f"rank {job.rank}: {n} profiler events of phase {ph!r} were not "
                         "converted (commviz converts X, i, s/t/f, C and M events)")
@@ -429,7 +403,10 @@ def process_name(rank: int, host: str, device: str) -> str:
 
 def _write_pftrace(r: _Rank, result: RankResult) -> None:
     job = r.job
-    flows, flow_stats = _bind_flows(r.layout, job.rank)
+    bound, derived, unbound = r.launch_edges()
+    flows = _flow_fields(bound + derived, job.rank)
+    flow_stats = {"flows": len(bound) + len(derived), "flows_from_correlation": len(derived),
+                  "flow_points_unbound": unbound}
     lane_flows = {i: flow_field(cross_flow_id(ev["key"])) for i, ev in enumerate(r.lanes)
                   if ev["key"] is not None and ev["args"].get(md.GROUP_SIZE) != 1}
     result.stats.update(flow_stats, cross_flows=len(lane_flows))
@@ -489,9 +466,11 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
 
 
 def _write_json(r: _Rank, result: RankResult) -> None:
+    _, derived, _ = r.launch_edges()       # the profiler's own flow events are copied as they are
     count = write_rank_fragment(
         r.job.out, rank=r.job.rank, name=r.name, events=r.events, segments=r.segments,
         extra=r.extra, lanes=r.lanes, lane_items=r.lane_items,
         lane_names={pg: lane_name(pg, r.pgs.get(pg)) for pg in r.lane_items},
-        lane_orders={pg: lane_order(pg) for pg in r.lane_items}, base_ns=r.job.json_base_ns)
+        lane_orders={pg: lane_order(pg) for pg in r.lane_items}, base_ns=r.job.json_base_ns,
+        launches=derived)
     result.stats.update(json_events=count, bytes=os.path.getsize(r.job.out))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterable
 
 import orjson
 
@@ -30,8 +30,13 @@ def rank_pid(rank: int, pid: Any) -> int:
 def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
                         segments: list[tuple[int, int, int]], extra: dict[int, dict],
                         lanes: list[dict], lane_items: dict[str, list], lane_names: dict[str, str],
-                        lane_orders: dict[str, int], base_ns: int) -> int:
-    """Write one rank's events as comma-separated JSON objects; return how many."""
+                        lane_orders: dict[str, int], base_ns: int,
+                        launches: Iterable[tuple[int, int]] = ()) -> int:
+    """Write one rank's events as comma-separated JSON objects; return how many.
+
+    ``launches``: (launch, GPU event) index pairs that need a flow the input lacks (drawn
+    from correlation ids): written as Kineto writes its own (``ac2g``, id = correlation).
+    """
     dumps = orjson.dumps
     flow_offset = (rank + 1) << FLOW_SHIFT
     count = 0
@@ -63,6 +68,16 @@ def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
                 if len(buf) > 1 << 22:
                     f.write(buf)
                     buf.clear()
+        def shift(i: int) -> float:
+            return next((b - base_ns) / 1000 for lo, hi, b in segments if lo <= i < hi)
+
+        for source, target in launches:
+            for ph, i in (("s", source), ("f", target)):
+                ev = events[i]
+                flow = {"ph": ph, "id": ev["args"]["correlation"] + flow_offset,
+                        "pid": rank_pid(rank, ev.get("pid")), "tid": ev.get("tid"),
+                        "ts": round(ev["ts"] + shift(i), 3), "cat": "ac2g", "name": "ac2g"}
+                put({**flow, "bp": "e"} if ph == "f" else flow)
         lanes_pid = (rank + 1) * PID_SPAN + LANES_PID
         put({"ph": "M", "name": "process_name", "pid": lanes_pid, "tid": 0,
              "args": {"name": f"{name} · comm lanes"}})

@@ -1,0 +1,126 @@
+"""Flows of one rank's piece: which slice each profiler flow starts and ends at.
+
+A profiler flow event names a time on a thread, not a slice; several slices can start at that
+time (a 0-µs ``cudaPeekAtLastError`` at the same microsecond as the ``cudaLaunchKernel`` before
+it). Kineto's launch flows (``ac2g``) carry the launch's correlation id as their id, and both
+the runtime call and its GPU work carry it as ``args.correlation``: those flows are bound by
+that id, so each reaches the call that launched the work. Other flows bind by time: the
+innermost slice of the track starting at the point's time, else the innermost holding it.
+A trace without launch flows (some exporters drop them) gets them from the correlation ids.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import Any, NamedTuple
+
+LAUNCH_CAT = "ac2g"
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})    # the calls that launch GPU work
+MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
+
+
+class FlowPoint(NamedTuple):
+    """One profiler flow event (phase s, t or f), on the merged clock."""
+
+    seg: int              # which of the rank's traces
+    cat: Any
+    fid: Any
+    ph: str
+    key: tuple            # (pid, tid) of its track
+    ns: int
+
+
+class Edge(NamedTuple):
+    """A flow from one event (index into the rank's events) to another."""
+
+    source: int
+    target: int
+
+
+def holding(items: list[tuple[int, int, int]], ns: int) -> int | None:
+    """The innermost slice holding ``ns`` (latest start first, at most 10 s back)."""
+    j = bisect.bisect_right(items, (ns, 1, 0)) - 1
+    while j >= 0:
+        start, neg_end, index = items[j]
+        if -neg_end >= ns:
+            return index
+        if ns - start > MAX_FLOW_REACH_NS:
+            break
+        j -= 1
+    return None
+
+
+class Binder:
+    """Binds flow points to slices of one rank (``items``: per track the sorted
+    (start, -end, index) tuples; ``correlated``: (seg, correlation id) -> event indices)."""
+
+    def __init__(self, events: list[dict], items: dict[tuple, list],
+                 correlated: dict[tuple, list[int]]) -> None:
+        self.events, self.items, self.correlated = events, items, correlated
+        self._starts: dict[tuple, dict[int, int]] = {}
+        self.unbound = 0
+
+    def by_correlation(self, p: FlowPoint) -> int | None:
+        """The slice of the point's track whose correlation id is the flow's id."""
+        found = [i for i in self.correlated.get((p.seg, p.fid), ())
+                 if (self.events[i].get("pid"), self.events[i].get("tid")) == p.key]
+        if len(found) > 1:                  # never seen; the one starting at the point wins
+            found = [i for i in found if i in self._starts_at(p.key, p.ns)] or found
+        return found[0] if found else None
+
+    def _starts_at(self, key: tuple, ns: int) -> set[int]:
+        return {i for s, _, i in self.items.get(key, ()) if s == ns}
+
+    def by_time(self, p: FlowPoint) -> int | None:
+        table = self._starts.get(p.key)
+        if table is None:
+            # sorted by (start, -end): the last slice starting at a time is the innermost
+            table = self._starts[p.key] = {s: i for s, _, i in self.items.get(p.key, ())}
+        index = table.get(p.ns)
+        return index if index is not None else holding(self.items.get(p.key, []), p.ns)
+
+    def bind(self, points: list[FlowPoint]) -> list[Edge]:
+        """The profiler's own flows. One edge per (source, target), so a launch with many
+        kernels (a graph replay) fans out instead of chaining the kernels."""
+        sources: dict[tuple, int] = {}
+        targets: dict[tuple, list[int]] = defaultdict(list)
+        for p in points:
+            index = self.by_correlation(p) if p.cat == LAUNCH_CAT else None
+            if index is None:
+                index = self.by_time(p)
+            if index is None:
+                self.unbound += 1
+                continue
+            ident = (p.seg, p.cat, p.fid)
+            if p.ph == "s":
+                sources.setdefault(ident, index)
+            else:
+                targets[ident].append(index)
+        return [Edge(sources[ident], t) for ident, ends in targets.items() if ident in sources
+                for t in ends if t != sources[ident]]
+
+    def from_correlation(self, segments: set[int]) -> list[Edge]:
+        """Launch -> GPU work edges of the given traces, from correlation ids alone: the one
+        CPU call with an id launched every GPU event with it."""
+        edges = []
+        for (seg, _), indices in self.correlated.items():
+            if seg not in segments:
+                continue
+            gpu = [i for i in indices if self.events[i].get("cat") in GPU_CATS]
+            launch = [i for i in indices if self.events[i].get("cat") in LAUNCH_CATS]
+            if gpu and len(launch) == 1:
+                edges.extend(Edge(launch[0], g) for g in gpu)
+        return edges
+
+
+def launch_edges(events: list[dict], items: dict[tuple, list], correlated: dict[tuple, list[int]],
+                 points: list[FlowPoint], segments: int) -> tuple[list[Edge], list[Edge], int]:
+    """(edges of the profiler's flows, edges drawn from correlation ids for the traces that
+    have no launch flows, flow points bound to no slice)."""
+    binder = Binder(events, items, correlated)
+    bound = binder.bind(points)
+    flowed = {p.seg for p in points if p.cat == LAUNCH_CAT}
+    derived = binder.from_correlation(set(range(segments)) - flowed)
+    return bound, derived, binder.unbound
