@@ -1,4 +1,4 @@
-"""``commviz merge RUN_DIR [-o OUT] [--format pftrace|json] [--strict] [--workers N]``."""
+"""``commviz merge RUN_DIR [-o OUT] [--format pftrace|json] [--per-rank] [--strict] [--workers N]``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def register(subparsers: Any) -> None:
                                        "RUN_DIR/merged.json)")
     p.add_argument("--format", choices=FORMATS, default="pftrace",
                    help="pftrace: native Perfetto; json: one Chrome JSON trace")
+    p.add_argument("--per-rank", action="store_true",
+                   help="with --format json: one trace_rank{R}.json per rank on the merged clock, "
+                        "in the directory OUT (default RUN_DIR/merged_ranks); HTA reads these")
     p.add_argument("--strict", action="store_true",
                    help="any problem with the inputs is an error, and nothing is written")
     p.add_argument("--workers", type=int, default=None,
@@ -30,20 +33,31 @@ def register(subparsers: Any) -> None:
 
 def handler(args: argparse.Namespace) -> int:
     result = merge_run(args.run_dir, args.out, fmt=args.format, strict=args.strict,
-                       workers=args.workers, progress=True)
+                       workers=args.workers, progress=True, per_rank=args.per_rank)
     for problem in result.problems:
         print(f"commviz merge: problem: {problem}", file=sys.stderr)
     s = result.stats
     lanes = ", ".join(f"PG {pg}: {n}" for pg, n in sorted(s["lanes"].items()))
-    print(f"merged {s['merged_ranks']} of {s['ranks']} ranks "
-          f"({s['profiler_events']} profiler events, {s['comm_events']} collectives"
-          f"{'; ' + lanes if lanes else ''}) in {s['seconds']} s")
+    print(f"merged {s['merged_ranks']} of {s['ranks']} ranks ({_events(s)}, "
+          f"{s['comm_events']} collectives{'; ' + lanes if lanes else ''}) in {s['seconds']} s")
     print(f"clock: {s['clock']}")
-    unmatched = {r: st["unmatched"] for r, st in s["per_rank"].items() if st.get("unmatched")}
-    if unmatched:
-        print("left unlabelled (not certain): " + ", ".join(
-            f"rank {r}: {n}" for r, n in sorted(unmatched.items())))
+    for key, what in (("unmatched", "left unlabelled (not certain)"),
+                      ("no_metadata", "kernels with no collective metadata to match (no record "
+                                      "and none from the profiler)")):
+        counts = {r: st[key] for r, st in s["per_rank"].items() if st.get(key)}
+        if counts:
+            print(f"{what}: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())))
     if result.problems:
         print(f"{len(result.problems)} problem(s) listed above; the other inputs were merged")
     print(f"wrote {result.out} ({s['bytes']} bytes)")
     return 0
+
+
+def _events(stats: dict[str, Any]) -> str:
+    """How many profiler events were converted, and how many ranks came from their shards
+    (whose events were converted on their own node, and are not counted again)."""
+    reused, converted = stats["reused_shards"], stats["ranks"] - stats["reused_shards"]
+    parts = [f"{stats['profiler_events']} profiler events"] if converted else []
+    if reused:
+        parts.append(f"{reused} rank(s) from their shards")
+    return ", ".join(parts)

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank,
                                  no_gc)
 from commviz.merge.shard import fingerprint, read_shard, shard_path
 from commviz.trace.run import RankInput, Run, load_rank, load_run
-from commviz.write.chrome import join as join_json
+from commviz.write.chrome import join as join_json, write_rank_trace
 
 FORMATS = ("pftrace", "json")
 PROGRESS_MIN_RANKS = 4
@@ -45,7 +46,9 @@ class MergeResult:
     stats: dict[str, Any] = field(default_factory=dict)   # totals, per rank and per lane
 
 
-def _default_out(run_dir: Path, fmt: str) -> Path:
+def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
+    if per_rank:
+        return run_dir / "merged_ranks"
     return run_dir / ("merged.pftrace" if fmt == "pftrace" else "merged.json")
 
 
@@ -77,7 +80,8 @@ def _run_job(job: RankJob) -> RankResult:
                                            and seen_record == job.record_fingerprint):
                 return RankResult(rank=job.rank, out=job.shard, events=events,
                                   stats={"rank": job.rank, "reused_shard": job.shard.name,
-                                         "comm_events": len(events)})
+                                         "comm_events": len(events),
+                                         "lanes": dict(Counter(ev.pg for ev in events))})
         return convert_rank(job)
     except CommvizError as exc:
         return RankResult(rank=job.rank, out=None, problems=[str(exc)])
@@ -156,20 +160,24 @@ def _input_bytes(run: Run) -> int:
 
 def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
               fmt: str = "pftrace", strict: bool = False, workers: int | None = None,
-              progress: bool = True) -> MergeResult:
+              progress: bool = True, per_rank: bool = False) -> MergeResult:
     """Merge a run dir (or a plain directory of profiler traces) into one trace.
 
     Every bad input is one problem naming its file, and the other ranks are still merged;
     ``strict`` raises on the first problem instead, and then nothing is written.
+    ``per_rank`` (JSON only): ``out`` is a directory that gets one ``trace_rank{R}.json`` per
+    rank, all on the merged clock (HTA reads one file per rank).
     """
     started = time.perf_counter()
     if fmt not in FORMATS:
         raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if per_rank and fmt != "json":
+        raise CommvizError("per-rank output is JSON only: add --format json")
     run = load_run(run_dir, strict=strict)
     if not run.ranks:
         raise SourceError(str(run.run_dir), "no profiler traces and no commviz records found")
-    target = Path(out) if out is not None else _default_out(run.run_dir, fmt)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(out) if out is not None else _default_out(run.run_dir, fmt, per_rank)
+    (target if per_rank else target.parent).mkdir(parents=True, exist_ok=True)
     problems = list(run.problems)
     show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS
                          or _input_bytes(run) >= PROGRESS_MIN_BYTES)
@@ -192,6 +200,11 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
         if strict and problems:
             raise SourceError(str(run.run_dir), "; ".join(problems))
         stats = _stats(run, plan, results)
+        if per_rank:
+            _write_ranks(target, run, results, base, plan)
+            stats["bytes"] = sum(p.stat().st_size for p in target.glob("trace_rank*.json"))
+            stats["seconds"] = round(time.perf_counter() - started, 3)
+            return MergeResult(out=target, problems=problems, stats=stats)
         partial = target.with_name(f".{target.name}.partial")
         try:
             with open(partial, "wb") as f:
@@ -210,6 +223,26 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     stats["bytes"] = target.stat().st_size
     stats["seconds"] = round(time.perf_counter() - started, 3)
     return MergeResult(out=target, problems=problems, stats=stats)
+
+
+def _write_ranks(out_dir: Path, run: Run, results: list[RankResult], base_ns: int,
+                 plan: clk.ClockPlan) -> None:
+    """Each rank's fragment as ``out_dir/trace_rank{R}.json``, written whole or not at all."""
+    for res in results:
+        if res.out is None:
+            continue
+        paths = run.ranks[res.rank].trace_paths
+        header = run.headers.get(paths[0]) if paths else None
+        target = out_dir / f"trace_rank{res.rank}.json"
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            with open(partial, "wb") as f:
+                write_rank_trace(f, res.out, rank=res.rank, base_ns=base_ns,
+                                 distributed_info=header.distributed_info if header else None,
+                                 meta={"commviz": {"rank": res.rank, "clock": plan.describe()}})
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 def _pg_table(results: list[RankResult], events: list[CommEvent]) -> dict[str, dict]:

@@ -44,6 +44,9 @@ CROSS_FLOW_BIT = 1 << 63
 _TIMED = frozenset({"s", "t", "f", "i", "I", "C"})      # converted phases other than X and M
 MAX_NS = (1 << 63) - 1                # Perfetto's timestamps: what trace processor can hold
 LANE_CAT = "commviz"
+# In the matcher's reason for a kernel that had nothing to match with (no record and no
+# profiler metadata), as opposed to one it could not match with certainty.
+NO_METADATA = "no collective metadata"
 INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
 
 
@@ -389,7 +392,9 @@ def _convert(job: RankJob) -> RankResult:
                         profiler_events=len(combined), comm_events=len(events),
                         lanes={pg: len(v) for pg, v in lane_items.items()})
     if match is not None:
-        result.stats["unmatched"] = len(match.unmatched)
+        bare = sum(NO_METADATA in u.reason for u in match.unmatched)
+        result.stats["unmatched"] = len(match.unmatched) - bare     # uncertain: left unlabelled
+        result.stats["no_metadata"] = bare
     if job.fmt == "json":
         _write_json(rank, result)
     else:

@@ -4,11 +4,16 @@ Each rank's events keep their phases, names and args; what changes so ranks can 
 pids are made rank-unique (``(rank + 1) * 10**7 + pid``), flow ids are offset by rank, ``ts``
 is microseconds after one common ``baseTimeNanoseconds`` on the merged clock, and process names
 say the rank. Each rank also gets a "comm lanes" process with one thread per process group.
-Ranks are written as fragments (by the workers) and joined into one file by ``join``.
+Ranks are written as fragments (by the workers) and joined into one file by ``join``, or each
+into its own file by ``write_rank_trace`` (HTA reads one file per rank).
+
+Top-level keys are written as the profiler writes them, with a space after each colon:
+Holistic Trace Analysis finds a file's rank with the regex ``"rank":\s+(\d+)``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import zlib
 from pathlib import Path
@@ -106,11 +111,12 @@ def _rename(ev: dict, rank: int, name: str) -> None:
     ev["args"] = args
 
 
-def join(out: BinaryIO, fragments: list[Path], *, base_ns: int, meta: dict[str, Any]) -> None:
-    """One Chrome trace from the ranks' fragments, streamed (never all in memory)."""
-    head = {"schemaVersion": 1, "commviz_merged": True, "displayTimeUnit": "ms",
-            "baseTimeNanoseconds": base_ns, **meta}
-    out.write(orjson.dumps(head)[:-1] + b',"traceEvents":[')
+def _head(meta: dict[str, Any]) -> bytes:
+    """The top-level keys, spaced as the profiler writes them, and the opening of traceEvents."""
+    return json.dumps(meta)[:-1].encode() + b', "traceEvents": ['
+
+
+def _events(out: BinaryIO, fragments: list[Path]) -> None:
     first = True
     for path in fragments:
         if path.stat().st_size == 0:
@@ -120,4 +126,29 @@ def join(out: BinaryIO, fragments: list[Path], *, base_ns: int, meta: dict[str, 
         with open(path, "rb") as f:
             shutil.copyfileobj(f, out, 1 << 20)
         first = False
+
+
+def trace_bytes(meta: dict[str, Any], events: list[dict]) -> bytes:
+    """A whole Chrome trace: ``meta``'s keys spaced as the profiler writes them, the events
+    compact (orjson)."""
+    body = b",".join(orjson.dumps(ev, option=orjson.OPT_NON_STR_KEYS) for ev in events)
+    return _head(meta) + body + b"]}"
+
+
+def join(out: BinaryIO, fragments: list[Path], *, base_ns: int, meta: dict[str, Any]) -> None:
+    """One Chrome trace from the ranks' fragments, streamed (never all in memory)."""
+    out.write(_head({"schemaVersion": 1, "commviz_merged": True, "displayTimeUnit": "ms",
+                     "baseTimeNanoseconds": base_ns, **meta}))
+    _events(out, fragments)
+    out.write(b"]}")
+
+
+def write_rank_trace(out: BinaryIO, fragment: Path, *, rank: int, base_ns: int,
+                     distributed_info: dict | None, meta: dict[str, Any]) -> None:
+    """One rank's events on the merged clock as a trace of its own, with the profiler's
+    ``distributedInfo`` (its rank set to ``rank``) so tools that read one file per rank can."""
+    info = {**(distributed_info or {}), "rank": rank}
+    out.write(_head({"schemaVersion": 1, "distributedInfo": info, "displayTimeUnit": "ms",
+                     "baseTimeNanoseconds": base_ns, **meta}))
+    _events(out, [fragment])
     out.write(b"]}")
