@@ -1,0 +1,83 @@
+"""What the review says about calls that measured no transfer: async collectives and
+batch_isend_irecv (their spans cover only the launch), and calls that raised (gloo has no list
+all_reduce BAND of floats). Real gloo ranks record them; the rows are read from the rendered report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import commviz
+import commviz.distributed as cdist
+from commviz.review import plots
+from commviz.review.report import render_markdown, review_run
+from harness import run_ranks
+
+GAP_S = 0.4          # a pause between two phases of the job, like a warm-up
+
+
+def _job(rank: int, world: int, run_dir: str) -> None:
+    commviz.start(run_dir, flush_interval=None)
+    x = torch.ones(256)
+    for _ in range(3):
+        cdist.all_reduce(x)
+    time.sleep(GAP_S)
+    for _ in range(3):
+        cdist.all_reduce(x)
+    cdist.all_reduce(x, async_op=True).wait()
+    peer = 1 - rank
+    ops = [cdist.P2POp(cdist.isend, torch.ones(64), peer),
+           cdist.P2POp(cdist.irecv, torch.empty(64), peer)]
+    for work in cdist.batch_isend_irecv(ops):
+        work.wait()
+    try:                                   # gloo has no bitwise AND of floats: the call raises
+        cdist.all_reduce(torch.ones(4), op=cdist.ReduceOp.BAND)
+    except (RuntimeError, ValueError):
+        pass
+    commviz.flush()
+
+
+def _rows(text: str, section: str) -> list[list[str]]:
+    lines = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0].splitlines()
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines
+            if ln.startswith("| ") and not ln.startswith("| group")]
+
+
+def test_launch_only_failed_and_names(tmp_path: Path) -> None:
+    run_ranks(_job, 2, str(tmp_path))
+    review = review_run(tmp_path)
+    text = render_markdown(review)
+    rows = _rows(text, "Collective instances")
+    by_name = {r[1]: r for r in rows}
+    assert not any("#None" in r[1] for r in rows)
+    failed = [r for r in rows if r[1].endswith("(FAILED)")]
+    assert [r[1].split(" #")[0] for r in failed] == ["all_reduce"]
+    assert failed[0][7] == "failed" and failed[0][8] == "-"
+    assert rows[0] is failed[0] or rows[0] == failed[0]        # failed calls are listed first
+    batch = [r for r in rows if r[1].startswith("batch_isend_irecv")]
+    assert batch and batch[0][7] == "launch only"
+    async_seq = next(i.seq for i in review.instances if i.events[0].args.get("commviz.async_op"))
+    assert by_name[f"all_reduce #{async_seq}"][7] == "launch only"
+    measured = [r for r in rows if r[1].startswith("all_reduce #") and r not in failed
+                and r[1] != f"all_reduce #{async_seq}"]
+    assert len(measured) == 6 and all(r[7].endswith(("ns", "µs", "ms", " s")) for r in measured)
+    per_type = {(r[0], r[1], r[3]): r[4] for r in _rows(text, "Collectives by group")}
+    assert per_type[("0", "batch_isend_irecv", "1")] == "launch only"
+    assert per_type[("0", "all_reduce", "1")] == "1 failed"             # the 16-byte BAND one
+    assert per_type[("0", "all_reduce", "7")].endswith("(+1 launch only)")
+
+
+def test_skew_plot_breaks_at_the_pause(tmp_path: Path) -> None:
+    run_ranks(_job, 2, str(tmp_path))
+    review = review_run(tmp_path)
+    sync = [i for i in review.instances if i.op == "all_reduce" and not i.launch_only]
+    x = [(i.first_start_ns - sync[0].first_start_ns) / 1e9 for i in sync]
+    gx, _ = plots.with_gaps(x, [i.skew_ns for i in sync])
+    breaks = np.flatnonzero(np.isnan(gx))
+    assert len(breaks) == 1                       # one break, at the sleep between the phases
+    before, after = gx[breaks[0] - 1], gx[breaks[0] + 1]
+    assert after - before >= GAP_S
+    assert plots.plot_skew(review.instances, tmp_path / "skew.png").stat().st_size > 0
