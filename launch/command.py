@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from commviz.errors import CommvizError, ConfigError
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, torchrun
+from commviz.launch.echo import Echo, rank_logs
 from commviz.launch.schema import Config
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
@@ -141,6 +142,18 @@ def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
         out.write(f"  rank {f.rank} {verb}: {f.reason}\n")
 
 
+def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, held: int,
+                   out: TextIO) -> None:
+    """After the verdict: where the tracebacks kept off the terminal are."""
+    first = node_rank * cfg.job.nproc_per_node
+    for local, path in enumerate(rank_logs(torchrun_log_dir(run_dir), node_rank,
+                                           cfg.job.nproc_per_node)):
+        out.write(f"  rank {first + local} log: {path}\n")
+    if held:
+        out.write(f"  ({held} lines of tracebacks and torchrun errors not shown here: they are "
+                  f"in {log_path})\n")
+
+
 def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: bool,
              out: TextIO) -> None:
     have = outcome.contents(run_dir)
@@ -181,14 +194,16 @@ def handle(args: argparse.Namespace) -> int:
               f"{run_dir}\n")
     out.flush()
     log_path = run_dir / log_name(cfg, node_rank)
+    echo = Echo(out)
     with open(log_path, "a") as log:
         start = log.tell()
-        code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=out)
+        code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=echo)
     with open(log_path) as log:
         log.seek(start)
         log_text = log.read()
     if code != 0:
         _report_failures(run_dir, code, log_path, log_text, out)
+        _point_at_logs(run_dir, cfg, node_rank, log_path, echo.held, out)
     merged, ok = None, True
     here = _merges_here(run_dir, cfg, node_rank)
     if not here:
