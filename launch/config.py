@@ -9,6 +9,8 @@ the safe loader only: a config can never build Python objects.
 
 from __future__ import annotations
 
+import copy
+
 import difflib
 import importlib
 import importlib.resources
@@ -479,11 +481,43 @@ def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] =
     try:
         config = S.Config.model_validate(data)
     except ValidationError as exc:
-        _raise([_problem(e) for e in exc.errors(include_url=False)], locate)
+        problems = [_problem(e) for e in exc.errors(include_url=False)]
+        rest = _without(data, [loc for loc, _ in problems])
+        sized = not any(loc[:2] in WORLD_KEYS for loc, _ in problems)
+        if rest is not None and sized:   # the whole-config checks too: every error at once
+            beside = Loaded(rest, source, base_dir, list(overrides), lines, overridden)
+            bad = [loc for loc, _ in problems]
+            problems += [(loc, msg) for loc, msg in check(beside)
+                         if not any(loc[:len(b)] == b or b[:len(loc)] == loc for b in bad)]
+        _raise(problems, locate)
         raise  # unreachable: _raise raised
     loaded = Loaded(config, source, base_dir, list(overrides), lines, overridden)
     loaded.fail(check(loaded))
     return loaded
+
+
+# Keys the world size comes from: with one of them invalid, the group checks would guess.
+WORLD_KEYS = {("job", "nnodes"), ("job", "nproc_per_node")}
+
+
+def _without(data: dict[str, Any], bad: list[Loc]) -> S.Config | None:
+    """The config with each schema-invalid mapping key left to its default, when that makes it
+    valid (None otherwise): what the whole-config checks can still look at."""
+    rest = copy.deepcopy(data)
+    for loc in bad:
+        parent: Any = rest
+        for part in loc[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        if not isinstance(parent, dict) or loc[-1] not in parent:
+            return None
+        del parent[loc[-1]]
+    try:
+        return S.Config.model_validate(rest)
+    except ValidationError:
+        return None
 
 
 def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Loaded:

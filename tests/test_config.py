@@ -411,3 +411,16 @@ def test_an_existing_run_is_not_overwritten(tmp_path, capsys):
     assert code == 2 and f"{tmp_path / 'run'} already holds a run" in err
     assert "--set output.run_name=run output.run_name" in err
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["commviz_rank0.pkl"]
+
+
+def test_schema_and_group_errors_come_in_one_pass(tmp_path):
+    """A wrong type and a root outside its group: both named by one load, not in rounds."""
+    path = tmp_path / "both.yaml"
+    path.write_text("name: both\nworkload:\n  seed: x\n  collectives:\n"
+                    "    - op: broadcast\n      root: 5\n      size: 64\n")
+    with pytest.raises(ConfigError) as info:
+        C.load(path)
+    text = "\n".join(info.value.problems)
+    assert f"{path}:3 workload.seed" in text
+    assert f"{path}:6 workload.collectives[0].root: root 5 is outside group 'world'" in text
+    assert len(info.value.problems) == 2
