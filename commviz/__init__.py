@@ -17,12 +17,13 @@ from commviz.capture import graph, mark  # noqa: E402
 from commviz.gather import gather
 from commviz.patching import patch, unpatch
 from commviz.record import flush, load_record, profile, start, trace_handler
+from commviz.record.calls import unrecorded
 from commviz.record.recorder import RECORDER, enable
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RECORDER", "annotate_collective", "enable", "flush", "gather", "graph", "load_record",
-    "mark", "patch",
-    "profile", "start", "trace_handler", "unpatch", "__version__",
+    "mark", "patch", "profile", "start", "trace_handler", "unpatch", "unrecorded",
+    "__version__",
 ]

@@ -1,143 +1,28 @@
-"""``annotate_collective``: build a collective's metadata, record it, and attach it to the trace.
+"""``annotate_collective``: metadata for communication the user issues outside c10d.
 
-One call does three things, each only when it applies:
-- records the metadata in this rank's recorder (when recording is on);
-- opens a profiler range ``commviz::<op>`` whose args are the metadata (when a profiler runs),
-  so eager traces carry the same keys graphed ones get;
-- under CUDA graph capture, finds the graph nodes the collective added (``commviz.capture``).
-
-The wrappers in ``commviz.distributed`` use the fast internal pair ``begin``/``finish``; users
-wrap their own communication (a custom kernel, a library call) in ``annotate_collective``.
+Collectives that reach c10d are recorded where they enter it (``commviz.record.boundary``),
+whoever issues them. ``annotate_collective`` is for the rest: a custom kernel, a library that
+talks to the network itself. Its block gets one record (``commviz.record.calls``), a profiler
+range with the metadata while a profiler runs, and under CUDA graph capture the graph nodes it
+added. A c10d collective issued inside the block is that same call: it is not recorded again,
+and takes the annotation's sequence number.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 from typing import Any, Iterable, Sequence
 
 import torch
 
 from commviz import metadata as md
-from commviz.capture import hooks as _hooks
-from commviz.capture import region as _region
-from commviz.record import recorder as _rec
+from commviz.record import calls
+from commviz.record.calls import unrecorded
 
-_profiler_enabled = torch._C._autograd._profiler_enabled
-_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
-_time_ns = time.time_ns
-_getframe = sys._getframe
-
-# Keys that cannot go into a profiler range (non-scalar values).
-_RANGE_SKIP = frozenset({md.GRAPH_NODES})
 # Keyword names of annotate_collective's **extra that map onto commviz keys.
 _EXTRA_KEYS = {
     "root": md.ROOT, "src": md.SRC, "dst": md.DST, "peer": md.PEER, "reduce_op": md.REDUCE_OP,
     "async_op": md.ASYNC, "in_split": md.IN_SPLIT, "out_split": md.OUT_SPLIT, "kind": md.KIND,
 }
-
-
-class _Nesting(threading.local):
-    """Per-thread depth of ``unrecorded`` blocks: wrappers inside pass straight to torch."""
-
-    depth = 0
-
-
-NESTING = _Nesting()
-
-
-class unrecorded:  # noqa: N801 - a context manager used like a function
-    """Collectives issued inside are passed straight to torch: commviz's own traffic (gather,
-    clock offsets) must not show up among the job's collectives, even under ``patch()``."""
-
-    def __enter__(self) -> None:
-        NESTING.depth += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        NESTING.depth -= 1
-
-
-_META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
-
-
-def begin(op: str, group: Any, tensor: torch.Tensor | None, in_nelems: int, out_nelems: int,
-          kind: str = "collective", in_split: str = "[]", out_split: str = "[]",
-          async_op: bool = False, extra: dict[str, Any] | None = None,
-          depth: int = 2, want_meta: bool = False) -> list[Any] | None:
-    """Start a collective: record it, open its profiler range and capture region if needed.
-
-    ``depth`` is how many frames up the user's call site is (2: the caller of a wrapper).
-    Returns the call's compact record (``md.R_*``), to hand to ``finish``; None when this rank
-    is not in ``group`` (torch skips such a call, so there is nothing to record).
-    """
-    info = md.group_info(group)
-    if not info.member:
-        return None
-    frame = _getframe(depth)
-    if tensor is None:
-        dtype, esize, device = "Byte", 0, "cpu"
-    else:
-        dtype, esize = md.dtype_info(tensor.dtype)
-        device = "cuda" if tensor.is_cuda else tensor.device.type
-    rec = [op, kind, info, in_nelems, out_nelems, dtype, esize, in_split, out_split, async_op,
-           frame.f_code.co_filename, frame.f_lineno, info.my_rank, device,
-           next(info.seq) if kind == "collective" else None, extra, None, None, None,
-           None, None, None, None, None, None]
-    profiling = _profiler_enabled()
-    if device == "cuda" and _hooks.capture_possible():
-        # a wrapper's synchronous call costs least (its nodes are worked out after capture);
-        # work the stream does not wait for, user code and profiled calls are walked
-        rec[_REGION] = _region.enter(rec, walk=async_op or want_meta or profiling)
-    meta = None
-    if profiling:
-        meta = rec[_META] = md.expand(rec)
-        rng = rec[_RANGE] = _RecordFunctionFast(
-            "commviz::" + op, [],
-            {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
-        rng.__enter__()
-    elif want_meta:
-        meta = rec[_META] = md.expand(rec)
-    recorder = _rec.RECORDER
-    if meta is None:
-        if recorder.enabled:
-            recorder.append(rec)
-        rec[md.R_T_BEGIN] = _time_ns()
-    else:
-        if recorder.enabled:
-            recorder.append(meta)
-        meta[md.T_BEGIN] = _time_ns()
-    return rec
-
-
-def finish(rec: list[Any], error: BaseException | None = None) -> None:
-    """Close what ``begin`` opened; under capture this is where the region ends."""
-    if rec[_REGION] is not None:
-        _region.exit(rec[_REGION], rec)
-    meta = rec[_META]
-    if meta is None:
-        rec[md.R_T_END] = _time_ns()
-        if error is not None:
-            rec[md.R_ERROR] = repr(error)
-        return
-    meta[md.T_END] = _time_ns()
-    if error is not None:
-        meta[md.ERROR] = repr(error)
-    if rec[_RANGE] is not None:
-        rec[_RANGE].__exit__(None, None, None)
-
-
-def invoke(rec: list[Any] | None, fn: Any, *args: Any) -> Any:
-    """Run the real torch.distributed call between ``begin`` and ``finish``."""
-    if rec is None:
-        return fn(*args)
-    try:
-        result = fn(*args)
-    except BaseException as exc:
-        finish(rec, exc)
-        raise
-    finish(rec)
-    return result
 
 
 def _nelems(tensors: torch.Tensor | Iterable[torch.Tensor] | None) -> tuple[int, torch.Tensor | None]:
@@ -182,12 +67,25 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         in_split = mapped.pop(md.IN_SPLIT, "[]")
         out_split = mapped.pop(md.OUT_SPLIT, "[]")
         async_op = bool(mapped.pop(md.ASYNC, False))
-        self._call = begin(name, group, tensor if tensor is not None else out_tensor, in_n, out_n,
-                           kind=kind, in_split=in_split, out_split=out_split, async_op=async_op,
-                           extra=mapped, depth=2, want_meta=True)
-        return self._call[_META] if self._call is not None else {}
+        info = md.group_info(group)
+        if not info.member:               # torch skips calls on groups this rank is not in
+            calls.SCOPE.stack.append(None)
+            return {}
+        first = tensor if tensor is not None else out_tensor
+        if first is None:
+            dtype, esize, device = "Byte", 0, "cpu"
+        else:
+            dtype, esize = md.dtype_info(first.dtype)
+            device = "cuda" if first.is_cuda else first.device.type
+        collective = kind == "collective"
+        self._call = calls.open_record(
+            name, kind, info, in_n, out_n, dtype, esize, device, in_split, out_split, async_op,
+            mapped, calls.callsite(), info.take_seq() if collective else None, want_meta=True)
+        calls.SCOPE.stack.append(calls.Claim(collective))
+        return self._call[md.R_META]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        calls.SCOPE.stack.pop()
         if self._call is not None:
-            finish(self._call, exc)
+            calls.finish_record(self._call, None if exc is None else repr(exc))
         self._call = None

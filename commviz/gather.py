@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from commviz import metadata as md
-from commviz.annotate import unrecorded
+from commviz.record.calls import unrecorded
 from commviz.record import clock, schema, store
 from commviz.record import recorder as _rec
 

@@ -91,6 +91,10 @@ COLLECTIVE_NAMES = {
     "isend": "send",
     "irecv": "recv",
     "batch_isend_irecv": "batch_isend_irecv",
+    "all_gather_coalesced": "allgather_coalesced",
+    "all_gather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "monitored_barrier": "monitored_barrier",
 }
 
 LANE_BASE = 1_000_000
@@ -213,7 +217,7 @@ class GroupInfo:
     my_rank: int = 0                 # this process's global rank (the same for every group)
     member: bool = True              # False: this rank is not in the group (torch skips the call)
     ranks_str: str = ""
-    seq: Any = field(default_factory=lambda: itertools.count(1))
+    last_seq: int = 0                # the group's last collective sequence number taken
     p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -222,6 +226,17 @@ class GroupInfo:
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    def take_seq(self, slots: int = 1) -> int:
+        """The next collective sequence number (a call may take several, as the backend's)."""
+        seq = self.last_seq + 1
+        self.last_seq += slots
+        return seq
+
+    def global_rank(self, group_rank: int) -> int:
+        """A rank of this group as a global rank."""
+        ranks = self.ranks
+        return ranks[group_rank] if 0 <= group_rank < len(ranks) else group_rank
 
     def next_p2p_seq(self, src: int, dst: int) -> int:
         counter = self.p2p_seq.get((src, dst))
@@ -261,6 +276,27 @@ def group_info(group: Any = None) -> GroupInfo:
     return info
 
 
+_BY_NAME: dict[str, GroupInfo] = {}
+
+
+def group_by_name(name: str) -> GroupInfo:
+    """The ``GroupInfo`` of the process group torch knows by ``name`` (the c10d boundary sees
+    groups by name). A group made after the last look-up is found by looking again."""
+    info = _BY_NAME.get(name)
+    if info is not None:
+        return info
+    for pg, pg_name in list(dist.distributed_c10d._world.pg_names.items()):
+        if pg_name == name:
+            info = group_info(pg)
+            break
+    else:  # not registered with torch.distributed (a bare backend): what the name tells
+        info = GroupInfo(pg=None, name=name, desc="undefined", ranks=[], backend="unknown",
+                         lane=lane_id(name), my_rank=dist.get_rank() if dist.is_initialized()
+                         else 0)
+    _BY_NAME[name] = info
+    return info
+
+
 def known_groups() -> list[GroupInfo]:
     """Every process group torch.distributed knows of on this rank, world group first."""
     if not dist.is_initialized():
@@ -279,8 +315,3 @@ def known_groups() -> list[GroupInfo]:
 def seen_groups() -> list[GroupInfo]:
     """Groups commviz has looked up on this rank (still known after they are destroyed)."""
     return [i for i in _GROUPS.values() if i.member and i.desc != SIDE_GROUP_DESC]
-
-
-def forget_groups() -> None:
-    """Drop cached group info (after destroy_process_group, or between tests)."""
-    _GROUPS.clear()

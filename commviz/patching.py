@@ -1,42 +1,25 @@
-"""Instrument an unmodified program: swap torch.distributed's functions for commviz's wrappers.
+"""``commviz.patch()``: record an unmodified program's collectives.
 
-``commviz.patch()`` replaces the wrapped functions in ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (so code that looks them up at call time is covered) and
-``P2POp`` in ``torch.distributed``; ``unpatch()`` puts the originals back. ``isend``/``irecv``
-stay torch's own inside ``distributed_c10d`` because torch's ``P2POp`` validates against them.
-Also usable as ``with commviz.patch(): ...``.
+Nothing of torch.distributed is replaced: ``patch()`` installs the c10d boundary recorder
+(``commviz.record.boundary``), which sees every collective whoever issues it, and the
+``torch.cuda.CUDAGraph`` hooks that name captured collectives. ``unpatch()`` gives torch its own
+kernels back. Also usable as ``with commviz.patch(): ...``.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-import torch.distributed as _td
-import torch.distributed.distributed_c10d as _c10d
-
-from commviz import distributed as _cv
-
-_lock = threading.Lock()
-_saved: list[tuple[Any, str, Any]] = []
+from commviz.capture import hooks
+from commviz.record import boundary
 
 
 class patch:  # noqa: N801 - a function to call that is also a context manager
-    """Route torch.distributed's collectives and p2p ops through commviz (idempotent)."""
+    """Start recording every collective at the c10d boundary (idempotent)."""
 
     def __init__(self) -> None:
-        with _lock:
-            if _saved:
-                return
-            targets: list[tuple[Any, str, Any]] = []
-            for name, wrapper in _cv.WRAPPERS.items():
-                targets.append((_td, name, wrapper))
-                if name not in ("isend", "irecv"):
-                    targets.append((_c10d, name, wrapper))
-            targets.append((_td, "P2POp", _cv.P2POp))
-            for module, name, new in targets:
-                _saved.append((module, name, getattr(module, name)))
-                setattr(module, name, new)
+        boundary.install()
+        hooks.install()
 
     def __enter__(self) -> "patch":
         return self
@@ -46,12 +29,6 @@ class patch:  # noqa: N801 - a function to call that is also a context manager
 
 
 def unpatch() -> None:
-    """Restore torch.distributed's own functions."""
-    with _lock:
-        while _saved:
-            module, name, original = _saved.pop()
-            setattr(module, name, original)
-
-
-def is_patched() -> bool:
-    return bool(_saved)
+    """Stop recording at the c10d boundary and take the CUDA graph hooks off."""
+    boundary.uninstall()
+    hooks.uninstall()

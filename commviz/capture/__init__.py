@@ -3,15 +3,13 @@
 - ``graph(cuda_graph, ...)``: ``torch.cuda.graph`` with commviz's capture records and replay tags.
 - ``mark(name, stream=None)``: label the compute kernels of a block (captured or eager).
 - ``install()`` / ``uninstall()``: the ``torch.cuda.CUDAGraph`` hooks behind both (installed
-  when commviz is imported; again by ``graph`` and under capture if they were taken off).
-- ``region.enter`` / ``region.exit``: called by ``commviz.annotate`` for collectives under capture.
+  by ``commviz.start``, ``commviz.patch`` and ``graph``; importing commviz installs nothing).
+- ``region.enter`` / ``region.exit``: called by ``commviz.record.calls`` for collectives under capture.
 - ``resolve_all()``: finish the capture records now; commviz does it before writing records.
 """
 
 from commviz.capture.graphs import resolve_all
 from commviz.capture.hooks import graph, install, installed, uninstall
 from commviz.capture.mark import mark
-
-install()
 
 __all__ = ["graph", "install", "installed", "mark", "resolve_all", "uninstall"]

@@ -22,7 +22,7 @@ def measure_offsets(group: Any) -> dict[str, Any]:
     """Collective over ``group`` (gloo, all ranks): this rank's clock entry for its record.
 
     Its own messages are not recorded as the job's collectives."""
-    from commviz.annotate import unrecorded
+    from commviz.record.calls import unrecorded
 
     with unrecorded():
         return _measure(group)

@@ -1,0 +1,164 @@
+"""Record every collective where it enters c10d: a kernel in front of each c10d dispatcher op.
+
+torch.distributed's functions, DDP's C++ reducer and its setup, FSDP, DTensor and functional
+collectives, compiled code and calls under CUDA graph capture all end in c10d's dispatcher ops
+(``c10d::allreduce_``, ``c10d::_allgather_base_``, ``c10d::send``, ...) at the backend's dispatch
+key: ``CPU`` for gloo, ``CUDA`` for NCCL. ``install()`` puts one kernel in front of each of those
+ops at both keys; it records the call (``commviz.record.calls``) and runs torch's own kernel.
+Nothing of torch is replaced at the Python level, so torch's functions, objects, warnings and
+graph breaks stay exactly as they are.
+
+The kernel is C++ (``boundary.cpp``), built against the installed torch on first use
+(``torch.utils.cpp_extension``, cached in torch's extension dir; about 20 s once). It reads the
+call's sizes, dtype, group and root off the boxed stack without making Python objects of them,
+calls into Python only to build the record, and never holds the GIL while torch's kernel runs;
+with recording off it costs one atomic load.
+
+There is no pure-Python kernel on purpose: a ``torch.library`` Python kernel must call torch's
+kernel with the GIL held, and gloo's worker thread (like NCCL's watchdog) takes the GIL to free
+the previous call's tensors while holding the lock the next call needs: the job deadlocks
+within a few thousand calls (seen here on gloo, torch 2.13). Where the C++ kernel cannot be
+built (no compiler), ``install`` says why once and records nothing at the boundary; a job runs
+exactly as without commviz. ``COMMVIZ_BOUNDARY=off`` installs nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commviz import metadata as md
+from commviz.record import calls
+from commviz.record.ops import CODES, OPS, OpSpec
+from commviz.record.recorder import RECORDER
+
+SOURCE = Path(__file__).with_name("boundary.cpp")
+DISPATCH_KEYS = ("CPU", "CUDA")
+
+
+class Impl(enum.Enum):
+    CPP = "cpp"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where an op's schema keeps each argument the record reads (-1: it has none)."""
+
+    sent: int
+    received: int
+    group: int
+    reduce_op: int
+    root: int
+    async_op: int
+    out_split: int
+    in_split: int
+
+    @classmethod
+    def of(cls, name: str, spec: OpSpec) -> "Positions":
+        args = [a.name for a in getattr(torch.ops.c10d, name).default._schema.arguments]
+
+        def at(*names: str) -> int:
+            return next((args.index(n) for n in names if n in args), -1)
+
+        return cls(sent=at(spec.sent), received=at(spec.received) if spec.received else -1,
+                   group=at("process_group"), reduce_op=at("reduce_op"),
+                   root=at("root_rank", "dst", "src"), async_op=at("async_op"),
+                   out_split=at("output_split_sizes"), in_split=at("input_split_sizes"))
+
+
+def available_ops() -> dict[str, Positions]:
+    """The ops of ``OPS`` this torch has, with their argument positions."""
+    out = {}
+    for name, spec in OPS.items():
+        if hasattr(torch.ops.c10d, name):
+            out[name] = Positions.of(name, spec)
+    return out
+
+
+# -- the compiled kernel ----------------------------------------------------------------------
+
+def _build() -> Any:
+    """Build (or load the cached build of) ``boundary.cpp`` against this torch."""
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cpp_extension.load(name=f"commviz_boundary_{digest}", sources=[str(SOURCE)],
+                                  extra_cflags=["-O2"], verbose=False)
+
+
+def prebuild() -> str | None:
+    """Build the kernel now, once, before ranks start (they would otherwise all wait on one
+    build lock at their first collective); returns why it cannot be built, or None."""
+    try:
+        _build()
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+    return None
+
+
+class _Boundary:
+    """The installed kernels: which implementation, and what keeps them registered."""
+
+    def __init__(self) -> None:
+        self.impl: Impl | None = None
+        self.problem: str | None = None       # why the C++ kernel is not the one in use
+        self._lock = threading.Lock()
+        self._ext: Any = None
+
+    def install(self, impl: Impl | None = None) -> Impl:
+        """Put commviz's kernel in front of every c10d op (idempotent); returns whether it is.
+
+        ``impl`` defaults to ``$COMMVIZ_BOUNDARY`` (``cpp`` or ``off``), else ``cpp``."""
+        with self._lock:
+            if self.impl is not None:
+                return self.impl
+            want = impl or Impl(os.environ.get("COMMVIZ_BOUNDARY", Impl.CPP.value))
+            self.impl = Impl.OFF
+            if want is Impl.CPP:
+                try:
+                    self._install_cpp(available_ops())
+                    self.impl = Impl.CPP
+                except Exception as exc:  # no compiler, no headers: run as without commviz
+                    lines = str(exc).strip().splitlines()
+                    self.problem = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+                    warnings.warn("commviz: the c10d boundary recorder could not be built, "
+                                  f"so collectives are not recorded ({self.problem})",
+                                  RuntimeWarning, stacklevel=3)
+            if self.impl is Impl.CPP:
+                RECORDER.on_enable = self._ext.set_active
+                self._ext.set_active(RECORDER.enabled)
+            return self.impl
+
+    def _install_cpp(self, ops: dict[str, Positions]) -> None:
+        ext = _build()
+        specs = [(name, ext.OpSpec(CODES.index(name), p.sent, p.received, p.group, p.reduce_op,
+                                   p.root, p.async_op, p.out_split, p.in_split))
+                 for name, p in ops.items()]
+        ext.install(specs, list(DISPATCH_KEYS), calls.begin, calls.finish,
+                    (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION))
+        self._ext = ext
+
+    def uninstall(self) -> None:
+        """Give torch its own kernels back."""
+        with self._lock:
+            if self._ext is not None:
+                self._ext.uninstall()
+            RECORDER.on_enable = None
+            self.impl = None
+
+
+BOUNDARY = _Boundary()
+install = BOUNDARY.install
+uninstall = BOUNDARY.uninstall

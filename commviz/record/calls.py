@@ -1,0 +1,226 @@
+"""One collective call's record: opened before torch runs it, finished when torch returns.
+
+Both entry points build records here: the c10d boundary kernel (``commviz.record.boundary``,
+every collective whoever issues it) and ``commviz.annotate_collective`` (communication the user
+issues outside c10d). ``open_record`` does, each only when it applies:
+- appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
+- opens a ``commviz::<op>`` profiler range whose args are the metadata, so eager traces carry
+  the keys graphed ones get;
+- under CUDA graph capture, starts the region that finds the call's graph nodes.
+
+Sequence numbers follow the backend's own (Flight Recorder's ``collective_seq_id``): one per
+collective on its group, two for gloo's ``monitored_barrier`` (it takes two tags), and the
+number NCCL reports after the call where it has one (coalesced calls share theirs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import time
+from types import CodeType
+from typing import Any
+
+import torch
+
+from commviz import metadata as md
+from commviz.capture import hooks as _hooks
+from commviz.capture import region as _region
+from commviz.record import recorder as _rec
+from commviz.record.ops import OPS
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
+_time_ns = time.time_ns
+_getframe = sys._getframe
+dtype_info = md.dtype_info
+
+# Keys that cannot go into a profiler range (non-scalar values).
+_RANGE_SKIP = frozenset({md.GRAPH_NODES})
+_META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
+
+
+class Claim:
+    """An ``annotate_collective`` block's sequence number, until a c10d collective inside
+    takes it: the annotation's record then stands for that call (one number, one record)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self, open: bool) -> None:  # noqa: A002
+        self.open = open
+
+
+class _Scope(threading.local):
+    """Per-thread stack of blocks whose c10d calls are not recorded on their own: commviz's
+    own traffic (``unrecorded``: None) and ``annotate_collective`` blocks (a ``Claim``)."""
+
+    def __init__(self) -> None:
+        self.stack: list[Claim | None] = []
+
+
+SCOPE = _Scope()
+
+
+class unrecorded:  # noqa: N801 - a context manager used like a function
+    """Collectives issued inside are not recorded (commviz's own gather and clock traffic).
+    Their group's sequence numbers still advance, as torch's do."""
+
+    def __enter__(self) -> None:
+        SCOPE.stack.append(None)
+
+    def __exit__(self, *exc: Any) -> None:
+        SCOPE.stack.pop()
+
+
+# -- the call site: the first frame outside torch and commviz ----------------------------------
+
+# torch, commviz, and the standard library's and typing_extensions' decorators and context
+# managers that torch's functions come wrapped in (``@deprecated``, ``contextlib``)
+_OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                  for m in (torch, md)) + (sysconfig.get_paths()["stdlib"] + os.sep,
+                                           os.path.join(sysconfig.get_paths()["purelib"],
+                                                        "typing_extensions.py"))
+_skip_code: dict[CodeType, bool] = {}
+
+
+def callsite(depth: int = 2) -> tuple[str | None, int | None]:
+    """File and line of the first frame outside torch and commviz (None: no such frame, as
+    in DDP's reducer on an autograd thread)."""
+    frame = _getframe(depth)
+    while frame is not None:
+        code = frame.f_code
+        skip = _skip_code.get(code)
+        if skip is None:
+            skip = _skip_code[code] = code.co_filename.startswith(_OWN_DIRS)
+        if not skip:
+            return code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None, None
+
+
+# -- open and finish ---------------------------------------------------------------------------
+
+def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, dtype: str,
+                esize: int, device: str, in_split: str, out_split: str, async_op: bool,
+                extra: dict[str, Any] | None, site: tuple[str | None, int | None],
+                seq: int | None, want_meta: bool = False) -> list[Any]:
+    """Record a call that is about to run; returns its compact record for ``finish_record``."""
+    rec = [op, kind, info, in_n, out_n, dtype, esize, in_split, out_split, async_op,
+           site[0], site[1], info.my_rank, device, seq, extra, None, None, None,
+           None, None, None, None, None, None]
+    profiling = _profiler_enabled()
+    if device == "cuda" and _hooks.capture_possible():
+        # a synchronous call costs least (its nodes are worked out after capture); work the
+        # stream does not wait for, user code and profiled calls are walked
+        rec[_REGION] = _region.enter(rec, walk=async_op or want_meta or profiling)
+    meta = None
+    if profiling:
+        meta = rec[_META] = md.expand(rec)
+        rng = rec[_RANGE] = _RecordFunctionFast(
+            "commviz::" + op, [],
+            {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
+        rng.__enter__()
+    elif want_meta:
+        meta = rec[_META] = md.expand(rec)
+    recorder = _rec.RECORDER
+    if meta is None:
+        if recorder.enabled:
+            recorder.append(rec)
+        rec[md.R_T_BEGIN] = _time_ns()
+    else:
+        if recorder.enabled:
+            recorder.append(meta)
+        meta[md.T_BEGIN] = _time_ns()
+    return rec
+
+
+def finish_record(rec: list[Any], error: str | None = None) -> None:
+    """Close what ``open_record`` opened; under capture this is where the region ends."""
+    if rec[_REGION] is not None:
+        _region.exit(rec[_REGION], rec)
+    meta = rec[_META]
+    if meta is None:
+        rec[md.R_T_END] = _time_ns()
+        if error is not None:
+            rec[md.R_ERROR] = error
+        return
+    meta[md.T_END] = _time_ns()
+    if error is not None:
+        meta[md.ERROR] = error
+    if rec[_RANGE] is not None:
+        rec[_RANGE].__exit__(None, None, None)
+
+
+# -- the boundary kernel's callbacks -----------------------------------------------------------
+
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+_reductions: dict[int, dict[str, str]] = {}
+
+
+def _reduction(code: int) -> dict[str, str]:
+    """A reduction's record extra: one shared dict per op (records only ever read it)."""
+    extra = _reductions.get(code)
+    if extra is None:
+        name = _REDUCE_OPS[code] if 0 <= code < len(_REDUCE_OPS) else "unknown"
+        extra = _reductions[code] = {md.REDUCE_OP: name}
+    return extra
+
+
+_SPECS = tuple(OPS.values())
+
+
+def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
+          root: int, reduce_op: int, async_op: bool, in_split: list[int] | None,
+          out_split: list[int] | None) -> list[Any] | None:
+    """The boundary kernel calls this before torch's kernel runs; None: nothing to record."""
+    op, _, _, kind, slots, barrier, any_source = _SPECS[code]
+    info = md.group_by_name(pg_name)
+    collective = kind == "collective"
+    scope = SCOPE.stack
+    if scope:
+        owner = scope[-1]
+        if collective:
+            if owner is not None and owner.open:
+                owner.open = False            # the annotation's number stands for this call
+            else:
+                info.take_seq(slots)
+        return None
+    if not info.member or info.desc == md.SIDE_GROUP_DESC:
+        return None
+    seq = info.take_seq(slots) if collective else None
+    extra: dict[str, Any] | None
+    if kind == "p2p":
+        me = info.my_rank
+        peer = None if any_source else info.global_rank(root)
+        src, dst = (me, peer) if op == "send" else (peer, me)
+        extra = {md.PEER: peer, md.SRC: src, md.DST: dst}
+        if peer is not None:
+            extra[md.P2P_SEQ] = info.next_p2p_seq(src, dst)
+    elif reduce_op >= 0:
+        extra = _reduction(reduce_op)
+        if root >= 0:
+            extra = dict(extra, **{md.ROOT: info.global_rank(root)})
+    elif root >= 0:
+        extra = {md.ROOT: info.global_rank(root)}
+    else:
+        extra = None
+    if barrier:
+        in_n = out_n = 0
+        dtype, esize = "Byte", 0
+    return open_record(op, kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
+                       "[]" if in_split is None else str(in_split),
+                       "[]" if out_split is None else str(out_split),
+                       async_op, extra, callsite(), seq)
+
+
+def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:
+    """The boundary kernel calls this when torch's kernel returned (or raised ``error``)."""
+    if backend_seq > 0 and rec[md.R_SEQ] is not None and backend_seq != rec[md.R_SEQ]:
+        info = rec[md.R_INFO]
+        info.last_seq = backend_seq
+        rec[md.R_SEQ] = backend_seq
+        if rec[_META] is not None:
+            rec[_META][md.SEQ] = backend_seq
+    finish_record(rec, error)

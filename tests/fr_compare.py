@@ -1,0 +1,98 @@
+"""Compare commviz's records with torch's own Flight Recorder, per group and op.
+
+The expectation comes from torch (``TORCH_FR_BUFFER_SIZE`` set before the process group is
+made, then ``torch._C._distributed_c10d._dump_fr_trace()``), never from commviz. A rank calls
+``snapshot()`` at the end of its program and returns it; the test calls ``compare()``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections import Counter
+from typing import Any
+
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "200000"}
+
+
+def snapshot() -> dict[str, Any]:
+    """This rank's Flight Recorder entries, group table and commviz records (plain data)."""
+    import torch
+
+    import commviz
+
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    entries = [{"group": e["process_group"][0], "desc": e["process_group"][1],
+                "seq": e["collective_seq_id"], "p2p": bool(e.get("is_p2p")),
+                "name": e["profiling_name"],
+                "in": sum(_numel(s) for s in e["input_sizes"]),
+                "out": sum(_numel(s) for s in e["output_sizes"]),
+                "dtypes": list(e["input_dtypes"])} for e in dump["entries"]]
+    groups = {str(name): {"ranks": _ranks(cfg.get("ranks")), "desc": cfg.get("desc")}
+              for name, cfg in dump.get("pg_config", {}).items()}
+    return {"fr": entries, "groups": groups, "records": commviz.RECORDER.records()}
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _ranks(value: Any) -> list[int]:
+    if isinstance(value, str):
+        return [int(x) for x in re.findall(r"-?\d+", value)]
+    return [int(x) for x in value or []]
+
+
+def _norm(name: str) -> str:
+    """'gloo:all_reduce' -> 'allreduce'; commviz's 'all_reduce_coalesced' -> 'allreducecoalesced'."""
+    return re.sub(r"[^a-z]", "", name.split(":")[-1].lower())
+
+
+def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[str, Counter]:
+    """Assert that commviz recorded exactly the collectives Flight Recorder did.
+
+    Per Flight Recorder entry (group, collective_seq_id): one commviz record with that group and
+    ``commviz.seq``, an op whose name starts with Flight Recorder's, the same element counts
+    in and out and the same dtype, and the group's ranks. No commviz collective without an
+    entry (ops in ``ignore_ops`` excepted: those Flight Recorder does not record on gloo, such
+    as ``monitored_barrier``). Returns the per-group op counts, for more checks.
+    """
+    recs = [r for r in snap["records"] if r.get("commviz.kind") == "collective"]
+    by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in recs:
+        by_key.setdefault((r["Process Group Name"], r.get("commviz.seq")), []).append(r)
+    problems = []
+    seen: set[int] = set()
+    counts: dict[str, Counter] = {}
+    for e in snap["fr"]:
+        if e["p2p"]:
+            continue
+        counts.setdefault(e["group"], Counter())[_norm(e["name"])] += 1
+        found = by_key.get((e["group"], e["seq"]), [])
+        if len(found) != 1:
+            problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: {len(found)} records")
+            continue
+        r = found[0]
+        seen.add(id(r))
+        if not _norm(r["commviz.op"]).startswith(_norm(e["name"])):
+            problems.append(f"FR {e['group']}#{e['seq']} {e['name']} recorded as {r['commviz.op']}")
+        if (r["In msg nelems"], r["Out msg nelems"]) != (e["in"], e["out"]):
+            problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: sizes "
+                            f"{(r['In msg nelems'], r['Out msg nelems'])} != {(e['in'], e['out'])}")
+        if e["dtypes"] and r["dtype"] != e["dtypes"][0]:
+            problems.append(f"FR {e['group']}#{e['seq']}: dtype {r['dtype']} != {e['dtypes'][0]}")
+        group = snap["groups"].get(e["group"])
+        if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
+            problems.append(f"FR {e['group']}: ranks {r['Process Group Ranks']} != {group['ranks']}")
+    extra = [r for r in recs if id(r) not in seen and r["commviz.op"] not in ignore_ops]
+    problems += [f"commviz {r['Process Group Name']}#{r.get('commviz.seq')} {r['commviz.op']} "
+                 f"has no Flight Recorder entry" for r in extra]
+    assert not problems, "\n".join(problems[:30])
+    return counts
+
+
+def eval_ranks(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"-?\d+", text)]
