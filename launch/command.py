@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from commviz.errors import CommvizError, ConfigError
+from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, torchrun
 from commviz.launch.echo import Echo, rank_logs
 from commviz.launch.schema import Config
+from commviz.record import journal
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
 
@@ -107,6 +108,9 @@ def _report(run_dir: Path, out: TextIO) -> bool:
     except CommvizError as exc:
         out.write(f"report: failed: {exc}\n")
         return False
+    except OSError as exc:                  # report.md or a plot on a full/read-only disk
+        out.write(f"report: failed: {cannot_write(exc, run_dir)}\n")
+        return False
     for problem in result.problems:
         out.write(f"report: problem: {problem}\n")
     out.write(f"report:  {result.out}\n")
@@ -125,6 +129,60 @@ def torchrun_log_dir(run_dir: Path) -> Path:
     return run_dir / torchrun.LOG_DIR
 
 
+class LaunchLog:
+    """``launch.log``, with every line also kept in memory: a full or read-only disk must not
+    cost the launch its verdict (which rank failed, and why, is read from these lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[str] = []
+        self.error: CommvizError | None = None
+        try:
+            self._file: TextIO | None = open(path, "a")
+        except OSError as exc:
+            self._file, self.error = None, cannot_write(exc, path)
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+        if self._file is not None:
+            try:
+                self._file.write(text)
+            except OSError as exc:
+                self.error = cannot_write(exc, self.path)
+                self.close()
+
+    def flush(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self.error = cannot_write(exc, self.path)
+                self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as exc:
+                self.error = self.error or cannot_write(exc, self.path)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def _recover_journals(run_dir: Path, out: TextIO) -> None:
+    """Killed ranks' records, rebuilt from their journals into the run dir."""
+    try:
+        rebuilt = journal.write_recovered(run_dir)
+    except OSError as exc:
+        out.write(f"journal: {cannot_write(exc)}; the merge reads the journals directly\n")
+        return
+    for rank, added in sorted(rebuilt.items()):
+        out.write(f"rank {rank} never wrote its record: rebuilt from its journal "
+                  f"({added} collectives)\n")
+
+
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
                      out: TextIO) -> None:
     found = outcome.failures(torchrun_log_dir(run_dir), log_text)
@@ -138,8 +196,7 @@ def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
     if first.detail is not None:
         out.write(f"  traceback: {first.detail}\n")
     for f in rest:
-        verb = "was stopped" if f.stopped else "failed too"
-        out.write(f"  rank {f.rank} {verb}: {f.reason}\n")
+        out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
 
 
 def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, held: int,
@@ -187,20 +244,26 @@ def handle(args: argparse.Namespace) -> int:
     if any(run_dir.glob(RECORD_GLOB)):
         raise ConfigError(loaded.where(("output", "run_name")),
                           f"{run_dir} already holds a run; choose another run_name (or remove it)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / CONFIG_NAME, C.dump(cfg).encode())
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / CONFIG_NAME, C.dump(cfg).encode())
+    except OSError as exc:       # read-only or full: nothing can run without the config file
+        raise cannot_write(exc, run_dir) from None
     out.write(f"commviz launch: {cfg.name}: {cfg.world_size} ranks ({cfg.job.nnodes} × "
               f"{cfg.job.nproc_per_node}, {cfg.job.backend}), node {node_rank}, run dir "
               f"{run_dir}\n")
     out.flush()
     log_path = run_dir / log_name(cfg, node_rank)
     echo = Echo(out)
-    with open(log_path, "a") as log:
-        start = log.tell()
+    log = LaunchLog(log_path)
+    try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=echo)
-    with open(log_path) as log:
-        log.seek(start)
-        log_text = log.read()
+    finally:
+        log.close()
+    log_text = log.text()
+    if log.error is not None:
+        out.write(f"launch.log: {log.error}; torchrun's output was kept in memory\n")
+    _recover_journals(run_dir, out)
     if code != 0:
         _report_failures(run_dir, code, log_path, log_text, out)
         _point_at_logs(run_dir, cfg, node_rank, log_path, echo.held, out)

@@ -3,9 +3,11 @@
 Two sources say why ranks failed: the worker's own ``logs/failed_rank{R}.json`` (written for
 every Python-level failure, with a nanosecond timestamp) and torchrun's failure summary in its
 output (which also lists ranks that died without running Python's handlers: a signal, a
-crash). torchrun's own "Root Cause" compares timestamps of one-second resolution and often
-blames a rank that only saw its peer disappear, so the root cause is chosen here: a rank that
-died without a word first, else the earliest failure that was not a stop request.
+crash). The root cause is chosen here, as torchrun's is, by failure time: a rank that died
+without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the earliest
+failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
+(which stops the others only after the first failure) is the culprit, not the peer that then
+lost its connection. Every other rank stopped because of it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
+_WORD = re.compile(r"\[commviz\] rank (\d+) failed: (.+)$")     # worker.py's stderr verdict
 
 
 @dataclass
@@ -84,17 +87,35 @@ def worker_failures(log_dir: Path) -> dict[int, Failure]:
     return out
 
 
+def worded_failures(output: str) -> dict[int, tuple[int, str]]:
+    """rank -> (line number, reason) of the ``[commviz] rank R failed: ...`` lines: what a rank
+    said when it could not write its failure file (a full or read-only disk)."""
+    out: dict[int, tuple[int, str]] = {}
+    for n, line in enumerate(output.splitlines()):
+        m = _WORD.search(line)
+        if m:
+            out.setdefault(int(m.group(1)), (n, _first_line(m.group(2))))
+    return out
+
+
 def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
     """Every failed rank, the root cause first."""
     files = worker_failures(log_dir)
     listed = torchrun_failures(torchrun_output)
-    silent = sorted(r for r in listed if r not in files)
+    words = worded_failures(torchrun_output)
+    for rank, (_, reason) in words.items():
+        if rank not in files:
+            host = listed[rank].host if rank in listed else None
+            listed[rank] = Failure(rank, reason, host)
+    silent = sorted(r for r in listed if r not in files and r not in words)
     merged = {**listed, **files}
 
     def order(f: Failure) -> tuple[int, int, int]:
         if f.rank in silent:
             return (0, 0, f.rank)
-        return (1 + f.stopped, f.time_ns if f.time_ns is not None else 2**63, f.rank)
+        if f.rank in files:
+            return (1, f.time_ns if f.time_ns is not None else 2**63, f.rank)
+        return (2, words[f.rank][0], f.rank)
     return sorted(merged.values(), key=order)
 
 

@@ -36,8 +36,7 @@ class Stopped(Exception):
 
 
 def _stop(signum: int, frame: Any) -> None:
-    raise Stopped(f"stopped by {signal.Signals(signum).name} (torchrun ends the job when "
-                  "another rank fails)")
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
 def log_dir(run_dir: Path) -> Path:
@@ -145,29 +144,50 @@ def run(config_path: str) -> None:
 
 
 def _fail(exc: BaseException) -> None:
-    """Leave word of this rank's failure where the launcher and torchrun look, keep its record."""
+    """Leave word of this rank's failure where the launcher and torchrun look, keep its record.
+
+    On a full or read-only disk neither may be writable: the reason then says so, and the one
+    line ``[commviz] rank R failed: REASON`` on stderr (through torchrun) still carries it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = int(os.environ.get("RANK", -1))
     text = "".join(traceback.format_exception(exc))
-    sys.stderr.write(f"[commviz] rank {rank} failed:\n{text}")
+    reason = f"{type(exc).__name__}: {exc}".strip()
     try:
         from commviz.record.recorder import RECORDER
 
-        run_dir = RECORDER.run_dir
-        if run_dir is not None:
-            RECORDER.flush("failed")
-            log_dir(run_dir).mkdir(parents=True, exist_ok=True)
-            (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
-                "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-                "node_rank": int(os.environ.get("COMMVIZ_NODE_RANK", 0)),
-                "host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns(),
-                "stopped": isinstance(exc, Stopped),
-                "error": f"{type(exc).__name__}: {exc}".strip(), "traceback": text,
-            }, indent=1))
+        if RECORDER.run_dir is not None:
+            reason = _leave_word(RECORDER.run_dir, rank, exc, reason, text)
     finally:
+        sys.stderr.write(f"[commviz] rank {rank} failed: {reason}\n{text}")
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(exc)
+
+
+def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text: str) -> str:
+    """Flush the record and write the failure file; the reason, with what could not be written."""
+    from commviz.record.recorder import RECORDER
+
+    try:
+        RECORDER.flush("failed")
+    except OSError as err:
+        reason += f" (its record could not be written: {_os_error(err)})"
+    try:
+        log_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
+            "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+            "node_rank": int(os.environ.get("COMMVIZ_NODE_RANK", 0)),
+            "host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns(),
+            "stopped": isinstance(exc, Stopped), "error": reason, "traceback": text,
+        }, indent=1))
+    except OSError as err:
+        reason += f" (its failure file could not be written: {_os_error(err)})"
+    return reason
+
+
+def _os_error(err: OSError) -> str:
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror or err}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -24,10 +23,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from commviz import metadata as md
-from commviz.errors import CommvizError, SourceError
+from commviz.errors import WRITE_ERRNOS, CommvizError, SourceError, cannot_write
 from commviz.match.model import CommEvent
 from commviz.merge import clock as clk
-from commviz.merge.cross import write_cross
+from commviz.merge.cross import copy_piece, lone_flows, write_cross
 from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank, load_traces,
                                  no_gc)
 from commviz.merge.shard import fingerprint, read_shard, shard_path
@@ -166,8 +165,21 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     Every bad input is one problem naming its file, and the other ranks are still merged;
     ``strict`` raises on the first problem instead, and then nothing is written.
     ``per_rank`` (JSON only): ``out`` is a directory that gets one ``trace_rank{R}.json`` per
-    rank, all on the merged clock (HTA reads one file per rank).
+    rank, all on the merged clock (HTA reads one file per rank). An output that cannot be
+    written (full or read-only disk) is one ``WriteError`` naming the path and the errno.
     """
+    try:
+        return _merge_run(run_dir, out, fmt=fmt, strict=strict, workers=workers,
+                          progress=progress, per_rank=per_rank)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise cannot_write(exc, out if out is not None else run_dir) from None
+
+
+def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None, *,
+               fmt: str, strict: bool, workers: int | None, progress: bool,
+               per_rank: bool) -> MergeResult:
     started = time.perf_counter()
     if fmt not in FORMATS:
         raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -212,7 +224,10 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
                     events = [ev for res in results for ev in res.events]
                     cross = tmp / "cross.pftrace"
                     stats.update(write_cross(cross, events, _pg_table(results, events), problems))
-                    _concat(f, [cross] + [res.out for res in results if res.out is not None])
+                    lone = lone_flows(events)   # instances on one rank: no cross-rank flow
+                    stats["lone_flow_ends_dropped"] = sum(
+                        copy_piece(p, f, lone)
+                        for p in [cross] + [res.out for res in results if res.out is not None])
                 else:
                     join_json(f, [res.out for res in results if res.out is not None],
                               base_ns=base, meta={"commviz": {"ranks": sorted(run.ranks),
@@ -267,12 +282,6 @@ def _json_base(run: Run, plan: clk.ClockPlan) -> int:
                 return 0
             bases.append(header.base_ns + plan.offsets.get(rank, 0))
     return min(bases) if bases else 0
-
-
-def _concat(out: Any, paths: Iterable[Path]) -> None:
-    for path in paths:
-        with open(path, "rb") as f:
-            shutil.copyfileobj(f, out, 1 << 20)
 
 
 def _stats(run: Run, plan: clk.ClockPlan, results: list[RankResult]) -> dict[str, Any]:

@@ -5,19 +5,31 @@ The root track (uuid 0) asks for explicit process order (ranks in order). Above 
 (first start to last end over its ranks, with skew and bandwidth as args, from
 ``commviz.review.summary``) and its bus bandwidth counter. The rank pieces carry everything
 else, so this piece is small and written last, from the ranks' CommEvents only.
+
+Each rank's piece links its lane slices to the collective's instance by a flow id that every
+rank derives alone; an instance seen on one rank only (its peers' records or traces are missing,
+the job died mid-step) would leave a one-ended flow. ``lone_flows`` finds those ids, and
+``copy_piece`` copies a piece into the merged trace with them dropped from its track events.
 """
 
 from __future__ import annotations
 
 import importlib
+import shutil
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from commviz.match.model import CommEvent
-from commviz.merge.piece import lane_name, lane_order
+from commviz.merge.piece import cross_flow_id, lane_name, lane_order
 from commviz.write.pftrace import Piece, counter_event, emit_slices, split, track_descriptor
-from commviz.write.proto import UNIT_COUNT
+from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
+from commviz.write.read import varint as read_varint
+
+_FLOW_TAG = tag(F.FLOW_IDS, FIXED64)
+_FLOW_KEY = F.FLOW_IDS << 3 | FIXED64
+_PACKET_KEY = 1 << 3 | LEN
+_TRACK_EVENT_KEY = F.TRACK_EVENT << 3 | LEN
 
 SUMMARY_MODULE = "commviz.review.summary"
 
@@ -89,3 +101,97 @@ def _write_summary(piece: Piece, group: int, summary: Any, pgs: dict[str, dict],
             for ts, value in items:
                 piece.buf += seq.event(ts, counter_event(value))
             stats["bandwidth_samples"] += len(items)
+
+
+def lone_flows(events: list[CommEvent]) -> set[int]:
+    """Cross-rank flow ids of the instances that fewer than two ranks hold."""
+    ranks: dict[tuple, set[int]] = defaultdict(set)
+    for ev in events:
+        if ev.key is not None:
+            ranks[ev.key].add(ev.rank)
+    return {cross_flow_id(key) for key, held in ranks.items() if len(held) < 2}
+
+
+def copy_piece(path: Path, out: Any, drop: set[int]) -> int:
+    """Append the piece at ``path`` to ``out`` without the flow ids in ``drop``; how many
+    flow ends were dropped."""
+    if not drop:
+        with open(path, "rb") as f:
+            shutil.copyfileobj(f, out, 1 << 20)
+        return 0
+    data = path.read_bytes()
+    if _FLOW_TAG not in data:
+        out.write(data)
+        return 0
+    dropped = 0
+    pos = 0
+    while pos < len(data):
+        start = pos
+        key, pos = _read(data, pos)
+        size, pos = _read(data, pos)
+        end = pos + size
+        if key != _PACKET_KEY or end > len(data):
+            raise ValueError(f"{path}: not a stream of trace packets at byte {start}")
+        body = data[pos:end]
+        if _FLOW_TAG in body:
+            body, n = _packet_without(body, drop)
+            dropped += n
+            out.write(tag(1, LEN) + varint(len(body)) + body)
+        else:
+            out.write(data[start:end])
+        pos = end
+    return dropped
+
+
+def _read(buf: bytes, pos: int) -> tuple[int, int]:
+    got = read_varint(buf, pos)
+    if got is None:
+        raise ValueError("truncated varint")
+    return got
+
+
+def _fields(msg: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """(field key, start, value start, end) of each field of a message."""
+    pos = 0
+    while pos < len(msg):
+        start = pos
+        key, pos = _read(msg, pos)
+        wire = key & 7
+        value = pos
+        if wire == 0:
+            _, pos = _read(msg, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            size, value = _read(msg, pos)
+            pos = value + size
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield key, start, value, pos
+
+
+def _packet_without(packet: bytes, drop: set[int]) -> tuple[bytes, int]:
+    """A packet with the flow ids in ``drop`` taken out of its track event."""
+    out = bytearray()
+    total = 0
+    for key, start, value, end in _fields(packet):
+        if key != _TRACK_EVENT_KEY:
+            out += packet[start:end]
+            continue
+        event, n = _drop_flows(packet[value:end], drop)
+        total += n
+        out += varint(key) + varint(len(event)) + event
+    return bytes(out), total
+
+
+def _drop_flows(event: bytes, drop: set[int]) -> tuple[bytes, int]:
+    out = bytearray()
+    dropped = 0
+    for key, start, value, end in _fields(event):
+        if key == _FLOW_KEY and int.from_bytes(event[value:end], "little") in drop:
+            dropped += 1
+            continue
+        out += event[start:end]
+    return bytes(out), dropped

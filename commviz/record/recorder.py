@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.record import schema, store
+from commviz.record.journal import Journal
 
 DEFAULT_CAPACITY = 100_000
 
@@ -46,12 +47,15 @@ class Recorder:
         # run before a payload is built: parts whose records finish lazily (capture records)
         self.before_payload: list[Callable[[], None]] = []
         self._identity: dict[str, Any] = {}
+        self.journal: Journal | None = None   # every append, kept on disk past a SIGKILL
 
     # -- hot path ---------------------------------------------------------------------------
     def append(self, record: dict[str, Any]) -> None:
         self._ring.append(record)
         with self._lock:
             self._recorded += 1
+            if self.journal is not None:
+                self.journal.add(record, self._recorded)
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property
@@ -131,9 +135,13 @@ class Recorder:
         target = Path(run_dir) if run_dir is not None else self.run_dir
         if target is None:
             return None
+        if self.journal is not None:
+            self.journal.rotate()
         payload = self.payload(exit_reason)
         path = target / schema.record_name(payload["rank"])
         store.dump_record(path, payload)
+        if self.journal is not None:
+            self.journal.flushed(target)
         return path
 
 
@@ -204,6 +212,10 @@ def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None
     if run_dir is not None:
         RECORDER.run_dir = Path(run_dir)
         RECORDER.run_dir.mkdir(parents=True, exist_ok=True)
+        if RECORDER.journal is None or RECORDER.journal.run_dir != RECORDER.run_dir:
+            if RECORDER.journal is not None:
+                RECORDER.journal.close()
+            RECORDER.journal = Journal(RECORDER.run_dir, RECORDER._lock)
     if capacity is not None:
         RECORDER.resize(capacity)
     RECORDER.enabled = enabled

@@ -12,7 +12,9 @@ splits may differ by design), its dtype, and its root and reduction. The kinds:
 - ``type`` / ``size`` / ``dtype`` / ``args``: the first field that differs.
 
 Only the stretch every rank recorded is compared: a ring buffer that dropped its oldest
-entries on one rank is not a desync. p2p transfers are not sequence-numbered per group and
+entries on one rank is not a desync. Nor is a missing record: a rank whose collectives carry no
+sequence numbers at all (its trace alone, without commviz's record) cannot be lined up, so it is
+left out of the comparison rather than called "missing" (the merge names the missing record). p2p transfers are not sequence-numbered per group and
 are left out.
 """
 
@@ -148,19 +150,22 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
     members: dict[str, set[int]] = defaultdict(set)
     desc: dict[str, str] = {}
     seen: set[int] = set()
+    numbered: set[int] = set()
     for ev in events:
         seen.add(ev.rank)
         if ev.seq is None or ev.args.get(md.KIND, "collective") != "collective":
             continue
+        numbered.add(ev.rank)
         seqs[ev.pg][ev.rank].setdefault(int(ev.seq), signature(ev))
         members[ev.pg].update(parse_ranks(ev.args.get(md.PG_RANKS)))
         members[ev.pg].add(ev.rank)
         desc.setdefault(ev.pg, str(ev.args.get(md.PG_DESC, "")))
     present = seen if present is None else present
+    unnumbered = seen - numbered          # events but no sequence numbers: no record to compare
     out = []
     for pg in sorted(seqs, key=lambda p: (len(p), p)):
         by_rank = seqs[pg]
-        ranks = sorted(r for r in members[pg] if r in present)
+        ranks = sorted(r for r in members[pg] if r in present and r not in unnumbered)
         for r in ranks:
             by_rank.setdefault(r, {})
         lo = max((min(s) for s in by_rank.values() if s), default=None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import zlib
@@ -34,6 +35,9 @@ _HOST_RE = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TRACE_ID_RE = re.compile(r'"trace_id"\s*:\s*"([^"]*)"')
 _BASE_RE = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _TS_RE = re.compile(r'"ts"\s*:\s*([-+0-9.eE]+)')
+MAX_NS = (1 << 63) - 1          # wall times are int64 nanoseconds downstream
+MIN_SPAN_US = 1e6               # a trace's span is taken as at least a second...
+SPAN_FACTOR = 1000              # ...and times this many spans away from it are not believed
 
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
@@ -53,6 +57,7 @@ class Trace:
     distributed_info: dict | None
     device_properties: list
     meta: dict[str, Any] = field(default_factory=dict)   # other top-level keys (host_name, ...)
+    problems: list[str] = field(default_factory=list)    # events left out: times not believed
 
     def ns(self, ts_us: float) -> int:
         return self.base_ns + round(ts_us * 1000)
@@ -208,5 +213,87 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None) -> Trac
     except (TypeError, ValueError):
         raise TraceError(source, f"baseTimeNanoseconds is not an integer: {base!r}") from None
     props = doc.pop("deviceProperties", None)
+    events, problems = plausible_events(events, base_ns, source, found)
     return Trace(path=path, rank=found, events=events, base_ns=base_ns, distributed_info=info,
-                 device_properties=props if isinstance(props, list) else [], meta=doc)
+                 device_properties=props if isinstance(props, list) else [], meta=doc,
+                 problems=problems)
+
+
+def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tuple[list, list[str]]:
+    """The events whose times can be believed, and one problem naming those that cannot.
+
+    A time is not believed when it is not a finite number, a duration is negative, the wall
+    time overflows int64 nanoseconds, or an event lies (or lasts) more than ``SPAN_FACTOR``
+    times the trace's own span (its middle 98 %, at least a second) away from it. A trace with
+    no believable event is a ``TraceError``: the rank's trace is left out, its record kept.
+    """
+    timed = [e for e in events if isinstance(e, dict) and e.get("ph") != "M" and "ts" in e]
+    try:
+        ts = [e["ts"] + 0.0 for e in timed]
+        durs = [e.get("dur", 0) + 0.0 for e in timed]
+        lo, hi = min(ts, default=0.0), max(ts, default=0.0)
+        longest = max(durs, default=0.0)
+        usual = SPAN_FACTOR * MIN_SPAN_US
+        if (math.isfinite(sum(ts) + sum(durs)) and hi - lo <= usual and longest <= usual
+                and min(durs, default=0.0) >= 0 and _wall_ok(base_ns, lo)
+                and _wall_ok(base_ns, hi + longest)):
+            return events, []                           # the usual trace: nothing to check
+    except TypeError:
+        pass
+    finite = sorted(t for e in timed if (t := _number(e.get("ts"))) is not None
+                    and _wall_ok(base_ns, t))
+    lo = hi = reach = 0.0
+    if finite:
+        q_lo, q_hi = finite[len(finite) // 100], finite[-1 - len(finite) // 100]
+        reach = SPAN_FACTOR * max(q_hi - q_lo, MIN_SPAN_US)
+        lo, hi = q_lo - reach, q_hi + reach
+    bad: list[tuple[int, dict, str]] = []
+    kept = []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") == "M" or "ts" not in e:
+            kept.append(e)
+            continue
+        why = _implausible(e, base_ns, lo, hi, reach) if finite else "no finite time at all"
+        if why is None:
+            kept.append(e)
+        else:
+            bad.append((i, e, why))
+    if not bad:
+        return events, []
+    shown = "; ".join(f"event #{i} {str(e.get('name'))[:60]!r} ts={e.get('ts')!r} "
+                      f"dur={e.get('dur')!r}: {why}" for i, e, why in bad[:3])
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    if not any(isinstance(e, dict) and e.get("ph") != "M" for e in kept):
+        raise TraceError(source, f"rank {rank}: no profiler event has a believable time "
+                                 f"({len(bad)} events, e.g. {shown}); trace left out")
+    return kept, [f"{source}: rank {rank}: {len(bad)} events with unbelievable times skipped: "
+                  f"{shown}{more}"]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _wall_ok(base_ns: int, ts_us: float) -> bool:
+    return 0 <= base_ns + ts_us * 1000 <= MAX_NS
+
+
+def _implausible(e: dict, base_ns: int, lo: float, hi: float, reach: float) -> str | None:
+    ts, dur = _number(e.get("ts")), e.get("dur", 0)
+    if ts is None:
+        return "ts is not a finite number"
+    if not _wall_ok(base_ns, ts):
+        return "wall time overflows int64 nanoseconds"
+    if not lo <= ts <= hi:
+        return "far outside the trace's own span"
+    dur = _number(dur)
+    if dur is None:
+        return "dur is not a finite number"
+    if dur < 0:
+        return "negative duration"
+    if dur > reach or not _wall_ok(base_ns, ts + dur):
+        return "lasts far longer than the trace's own span"
+    return None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from commviz.errors import RecordError, SourceError, TraceError
-from commviz.record import schema
+from commviz.record import journal, schema
 from commviz.record.store import load_record
 from commviz.trace.load import Trace, TraceHeader, load_trace, rank_from_name, read_header
 
@@ -37,11 +37,15 @@ class RankInput:
         its TraceError is raised."""
         for path in self.trace_paths:
             try:
-                yield load_trace(path, rank=self.rank)
+                trace = load_trace(path, rank=self.rank)
             except TraceError as exc:
                 if problems is None:
                     raise
                 problems.append(str(exc))
+                continue
+            if problems is not None:
+                problems.extend(trace.problems)
+            yield trace
 
 
 @dataclass
@@ -96,6 +100,7 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False) -> Run:
                                                 f"rank {rank}; record ignored"))
             continue
         records[rank] = (path, record)
+    _add_journals(run_dir, records, record_files, problems)
 
     headers: dict[Path, TraceHeader] = {}
     claims: dict[int, list[Path]] = {}
@@ -152,6 +157,28 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False) -> Run:
                                          "metadata"))
     return Run(run_dir=run_dir, ranks=ranks, world_size=world_size, problems=list(problems),
                headers=headers)
+
+
+def _add_journals(run_dir: Path, records: dict[int, tuple[Path, dict]], record_files: set[int],
+                  problems: _Problems) -> None:
+    """Ranks that never wrote their final record (killed) get it rebuilt from their journal."""
+    for rank in journal.journal_ranks(run_dir):
+        base = records.get(rank, (None, None))[1]
+        if base is not None and base.get("exit") != "running":
+            continue
+        try:
+            got = journal.recover(run_dir, rank, base)
+        except RecordError as exc:
+            problems.add(exc)
+            continue
+        if got is None:
+            continue
+        record, added = got
+        where = journal.journal_paths(run_dir, rank)[-1]
+        records[rank] = (run_dir / schema.record_name(rank), record)
+        record_files.add(rank)
+        problems.add(RecordError(str(where), f"rank {rank} did not write its final record (killed?); "
+                                             f"{added} collectives rebuilt from its journal"))
 
 
 def _drop_duplicates(rank: int, paths: list[Path], headers: dict[Path, TraceHeader],

@@ -1,0 +1,452 @@
+"""A per-rank journal of records as they are made, in a memory-mapped file: SIGKILL loses nothing.
+
+The pickle ``commviz_rank{R}.pkl`` is written at exit, on SIGTERM and every flush interval; a
+rank killed outright (SIGKILL, the OOM killer) never writes it. So every ``Recorder.append``
+also lands in ``RUN_DIR/commviz_rank{R}.{gen}.journal``: stores into a shared file mapping go
+to the kernel's page cache, which outlives the process, so no syscall is needed per record.
+Blocks are reserved with ``posix_fallocate`` (a full disk is then an error here, not a SIGBUS).
+
+Per call only a fixed 37-byte entry is written (shape id, seq, times, ordinal): what a call
+site repeats (op, group, sizes, dtype, call site, extras) is a *shape*, written once as JSON.
+Entries are ``<u32 body length><u8 type><body>``; a JSON entry's header is stored after its
+body, a call entry's ordinal is its last field, so a torn last entry reads as absent. Times
+are set after ``append`` (the call has not run yet), so a ticker patches them in place.
+
+After each successful flush the journal starts a new generation and drops the old ones: the
+pickle holds those records. ``recover`` rebuilds a rank's record (pickle + newer journal
+entries, or the journal alone) as plain data; reading parses JSON and integers only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+
+from commviz import metadata as md
+from commviz.errors import RecordError
+from commviz.record import schema
+
+HEAD = struct.Struct("<IB")                 # body length, entry type
+CALL = struct.Struct("<IBIqqqq")            # header + shape id, seq, t_begin, t_end, ordinal
+TIMES = struct.Struct("<qq")
+TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
+CALL_BODY = CALL.size - HEAD.size
+T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL = b"hgesmc"
+CHUNK = 256 << 10                           # first reservation; doubles up to MAX_STEP
+MAX_STEP = 16 << 20
+TICK_S = 0.1                                # how late a call's times reach the file
+CACHE_LIMIT = 4096                          # extras/shapes remembered before starting afresh
+EXIT = "journal"                            # exit reason of a record rebuilt from a journal
+_FIELDS = md.R_SEQ                          # compact record fields 0..R_SEQ-1 make the shape
+_LINE, _EXTRA, _SEQ = md.R_LINE, md.R_EXTRA, md.R_SEQ
+_pack_call = CALL.pack_into
+_JSON_OPTS = orjson.OPT_NON_STR_KEYS
+_GEN_RE = re.compile(r"commviz_rank(\d+)\.(\d+)\.journal$")
+
+
+def journal_name(rank: int, gen: int) -> str:
+    return f"commviz_rank{rank}.{gen}.journal"
+
+
+def journal_paths(run_dir: Path, rank: int) -> list[Path]:
+    """Rank ``rank``'s journal generations in ``run_dir``, oldest first."""
+    found = [(int(m.group(2)), p) for p in run_dir.glob(f"commviz_rank{rank}.*.journal")
+             if (m := _GEN_RE.search(p.name)) and int(m.group(1)) == rank]
+    return [p for _, p in sorted(found)]
+
+
+def journal_ranks(run_dir: Path) -> list[int]:
+    return sorted({int(m.group(1)) for p in run_dir.glob("commviz_rank*.journal")
+                   if (m := _GEN_RE.search(p.name))})
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value, option=_JSON_OPTS, default=repr)
+
+
+class _Segment:
+    """One generation's file, mapped and grown in reserved steps."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size = 0
+        self.map: mmap.mmap | None = None
+        self.pos = 0
+        self.reserve(CHUNK)
+
+    def reserve(self, need: int) -> None:
+        """Make room for ``need`` more bytes (raises OSError, e.g. ENOSPC)."""
+        if self.pos + need <= self.size:
+            return
+        size = max(self.size + min(max(self.size, CHUNK), MAX_STEP), self.pos + need)
+        os.posix_fallocate(self.fd, 0, size)
+        if self.map is not None:
+            self.map.close()
+        self.map = mmap.mmap(self.fd, size)
+        self.size = size
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        os.close(self.fd)
+
+
+class Journal:
+    """Journals one rank's records under ``run_dir``; ``add`` runs under the recorder's lock."""
+
+    def __init__(self, run_dir: Path, lock: threading.Lock) -> None:
+        self.run_dir = run_dir
+        self._lock = lock
+        self.error: str | None = None       # why journaling stopped (a full disk, say)
+        self._rank: int | None = None
+        self._gen = 0
+        self._seg: _Segment | None = None
+        self._limit = 0                     # past this offset, make room before writing
+        self._old: list[_Segment] = []      # rotated generations, dropped once flushed
+        self._last = 0                      # last ordinal written
+        self._pending: list[tuple[Any, int]] = []   # (record, entry offset) awaiting times
+        self._groups: dict[int, tuple[Any, int]] = {}
+        self._extras: dict[int, tuple[Any, int]] = {}
+        self._extra_ids: dict[bytes, int] = {}
+        self._sites: dict[Any, tuple[list, Any, int]] = {}
+        self._shapes: dict[bytes, int] = {}
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- hot path ---------------------------------------------------------------------------
+    def add(self, rec: Any, ordinal: int) -> None:
+        """Journal one record; ``ordinal`` is the recorder's count after appending it."""
+        seg = self._seg
+        if seg is None or ordinal <= self._last or seg.pos > self._limit:
+            seg = self._prepare(ordinal)
+            if seg is None:
+                return
+        if type(rec) is list:
+            site = self._sites.get(rec[_LINE])
+            if site is None or rec[_EXTRA] is not site[1] or rec[:_FIELDS] != site[0]:
+                site = self._shape(rec)
+            sid, seq = site[2], rec[_SEQ]
+        else:
+            sid, seq = self._write_json(T_META, rec), rec.get(md.SEQ)
+        pos = seg.pos
+        _pack_call(seg.map, pos, CALL_BODY, T_CALL, sid, -1 if seq is None else seq, 0, 0,
+                   ordinal)
+        seg.pos = pos + CALL.size
+        self._last = ordinal
+        self._pending.append((rec, pos))
+
+    # -- shapes, groups, extras -------------------------------------------------------------
+    def _shape(self, rec: list) -> tuple[list, Any, int]:
+        extra = rec[md.R_EXTRA]
+        fields = rec[:_FIELDS]
+        fields[md.R_INFO] = self._group(fields[md.R_INFO])
+        body = _json([fields, self._extra(extra)])
+        sid = self._shapes.get(body)
+        if sid is None:
+            if len(self._shapes) > CACHE_LIMIT:
+                self._forget()
+            sid = self._shapes[body] = self._write(T_SHAPE, body)
+        if len(self._sites) > CACHE_LIMIT:
+            self._sites.clear()
+        site = self._sites[rec[_LINE]] = (rec[:_FIELDS], extra, sid)
+        return site
+
+    def _group(self, info: Any) -> int:
+        known = self._groups.get(id(info))
+        if known is not None and known[0] is info:
+            return known[1]
+        row = dict(info.table_row(), ranks_str=info.ranks_str)
+        gid = self._write_json(T_GROUP, row)
+        self._groups[id(info)] = (info, gid)     # the info is kept alive: its id stays its own
+        return gid
+
+    def _extra(self, extra: Any) -> int:
+        if extra is None:
+            return 0
+        known = self._extras.get(id(extra))
+        if known is not None and known[0] is extra:
+            return known[1]
+        body = _json(extra)
+        eid = self._extra_ids.get(body)
+        if eid is None:
+            eid = self._extra_ids[body] = self._write(T_EXTRA, body)
+        if len(self._extras) > CACHE_LIMIT:       # fresh dicts per call must not pile up
+            self._extras.clear()
+        self._extras[id(extra)] = (extra, eid)
+        return eid
+
+    def _forget(self) -> None:
+        self._sites.clear()
+        self._shapes.clear()
+        self._extras.clear()
+        self._extra_ids.clear()
+
+    def _write_json(self, kind: int, value: Any) -> int:
+        return self._write(kind, _json(value))
+
+    def _write(self, kind: int, body: bytes) -> int:
+        """Append a JSON entry (body first, header last); its offset is its id."""
+        seg = self._seg
+        assert seg is not None
+        seg.reserve(HEAD.size + len(body) + 512)
+        pos = seg.pos
+        seg.map[pos + HEAD.size:pos + HEAD.size + len(body)] = body
+        HEAD.pack_into(seg.map, pos, len(body), kind)
+        seg.pos = pos + HEAD.size + len(body)
+        return pos + 1                            # ids are nonzero (0: no extra)
+
+    # -- files ------------------------------------------------------------------------------
+    def _prepare(self, ordinal: int) -> _Segment | None:
+        """Open (or grow, or restart after ``Recorder.clear``) the current generation."""
+        if self.error is not None:
+            return None
+        try:
+            if ordinal <= self._last:       # the recorder was cleared: its records are gone
+                if self._seg is not None:
+                    self._old.append(self._seg)
+                    self._seg = None
+                self.drop_rotated()
+                self._last = 0
+            if self._seg is None:
+                self._open()
+            else:
+                self._seg.reserve(512)
+            self._limit = self._seg.size - 512
+        except OSError as exc:
+            self._fail(exc)
+            return None
+        return self._seg
+
+    def _open(self) -> None:
+        import torch.distributed as dist
+
+        if self._rank is None:
+            self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() \
+                else int(os.environ.get("RANK", 0))
+        self._gen += 1
+        self._pending = []
+        self._groups.clear()
+        self._forget()
+        self._seg = _Segment(self.run_dir / journal_name(self._rank, self._gen))
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() \
+            else int(os.environ.get("WORLD_SIZE", 1))
+        self._write_json(T_HEADER, {
+            "rank": self._rank, "world_size": world,
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "host": socket.gethostname(),
+            "pid": os.getpid(), "first_ordinal": self._last + 1, "start_ns": time.time_ns(),
+            "backend": str(dist.get_backend()) if dist.is_available() and dist.is_initialized()
+            else "none"})
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="commviz-journal",
+                                            daemon=True)
+            self._ticker.start()
+
+    def _fail(self, exc: OSError) -> None:
+        where = self._seg.path if self._seg is not None else self.run_dir
+        self.error = f"{where}: {exc.strerror or exc}"
+        print(f"[commviz] journal stopped: {self.error}; records are still kept in memory and "
+              "written at exit", file=sys.stderr)
+
+    # -- times ------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S):
+            with self._lock:
+                self.patch_times()
+
+    def patch_times(self) -> None:
+        """Write the begin/end times calls have gained; keep those still running (call locked)."""
+        seg = self._seg
+        if seg is None or seg.map is None or not self._pending:
+            return
+        waiting = []
+        for rec, pos in self._pending:
+            if type(rec) is list:
+                begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
+            else:
+                begin, end = rec.get(md.T_BEGIN), rec.get(md.T_END)
+            TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, end or 0)
+            if end is None:
+                waiting.append((rec, pos))
+        self._pending = waiting[-CACHE_LIMIT:]
+
+    # -- flush cooperation ------------------------------------------------------------------
+    def rotate(self) -> None:
+        """Before a flush builds its payload: later records go to a new generation."""
+        with self._lock:
+            self.patch_times()
+            self._pending = []                 # their offsets belong to the old generation
+            if self._seg is not None:
+                self._old.append(self._seg)
+                self._seg = None
+
+    def flushed(self, target: Path) -> None:
+        """After the pickle reached ``target``: generations it covers are dropped."""
+        if Path(target) == self.run_dir:
+            with self._lock:
+                self.drop_rotated()
+
+    def drop_rotated(self) -> None:
+        for seg in self._old:
+            seg.close()
+            seg.path.unlink(missing_ok=True)
+        self._old = []
+
+    def close(self) -> None:
+        """Stop journaling (files stay: they are what a later recovery reads)."""
+        self._stop.set()
+        with self._lock:
+            self.patch_times()
+            for seg in self._old + ([self._seg] if self._seg is not None else []):
+                seg.close()
+            self._old, self._seg = [], None
+
+
+# -- reading back -------------------------------------------------------------------------------
+class _Group(NamedTuple):
+    """What ``md.expand`` reads of a GroupInfo."""
+
+    name: str
+    desc: str
+    ranks: list
+    ranks_str: str
+    lane: int
+
+
+class Entries(NamedTuple):
+    header: dict
+    groups: dict[int, dict]
+    calls: list[tuple[int, dict]]          # (ordinal, metadata dict)
+
+
+def read_journal(path: Path) -> Entries:
+    """Parse one generation: JSON and integers only; a torn tail ends it quietly."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    header: dict = {}
+    groups: dict[int, dict] = {}
+    objects: dict[int, Any] = {}
+    calls: list[tuple[int, dict]] = []
+    pos = 0
+    while pos + HEAD.size <= len(data):
+        size, kind = HEAD.unpack_from(data, pos)
+        end = pos + HEAD.size + size
+        if size == 0 or end > len(data):
+            break
+        if kind == T_CALL:
+            if size != CALL_BODY:
+                break
+            _, _, sid, seq, begin, end_ns, ordinal = CALL.unpack_from(data, pos)
+            if ordinal <= 0 or sid not in objects:
+                break
+            calls.append((ordinal, _call(objects[sid], groups, objects, seq, begin, end_ns)))
+        else:
+            try:
+                value = orjson.loads(data[pos + HEAD.size:end])
+            except orjson.JSONDecodeError:
+                break
+            if kind == T_HEADER and isinstance(value, dict):
+                header = value
+            elif kind == T_GROUP and isinstance(value, dict):
+                groups[pos + 1] = value
+            elif kind in (T_EXTRA, T_SHAPE, T_META):
+                objects[pos + 1] = (kind, value)
+            else:
+                raise RecordError(str(path), f"unknown journal entry {kind!r} at byte {pos}")
+        pos = end
+    return Entries(header, groups, calls)
+
+
+def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any], seq: int,
+          begin: int, end: int) -> dict:
+    kind, value = obj
+    if kind == T_META:
+        meta = dict(value)
+    else:
+        fields, eid = value
+        rec: list[Any] = list(fields) + [None] * (md.R_META + 3 - len(fields))
+        g = groups.get(fields[md.R_INFO], {})
+        rec[md.R_INFO] = _Group(str(g.get("name", "?")), str(g.get("desc", "?")),
+                                list(g.get("ranks", [])), str(g.get("ranks_str", "[]")),
+                                int(g.get("lane", 0)))
+        rec[md.R_SEQ] = None if seq < 0 else seq
+        rec[md.R_EXTRA] = objects[eid][1] if eid in objects else None
+        meta = md.expand(rec)
+    for key, ns in ((md.T_BEGIN, begin), (md.T_END, end)):
+        if ns:
+            meta[key] = ns
+    if kind == T_META and seq >= 0:
+        meta[md.SEQ] = seq
+    return meta
+
+
+def recover(run_dir: Path, rank: int, base: dict | None = None) -> tuple[dict, int] | None:
+    """Rank ``rank``'s record rebuilt from its journal, on top of ``base`` (a periodic pickle),
+    and how many collectives the journal added; None when the journal adds nothing."""
+    paths = journal_paths(run_dir, rank)
+    if not paths:
+        return None
+    parts = [read_journal(p) for p in paths]
+    header = next((p.header for p in reversed(parts) if p.header), {})
+    seen = int((base or {}).get("recorded") or 0)
+    calls = sorted({o: m for p in parts for o, m in p.calls if o > seen}.items())
+    if not calls and base is not None:
+        return None
+    groups = {g["name"]: g for p in parts for g in p.groups.values() if "name" in g}
+    payload = dict(base) if base is not None else {
+        "schema": schema.SCHEMA, "version": schema.VERSION,
+        "rank": rank, "world_size": int(header.get("world_size") or 1),
+        "local_rank": int(header.get("local_rank") or 0), "host": header.get("host"),
+        "pid": header.get("pid"), "device": "cpu", "backend": header.get("backend", "none"),
+        "torch_version": None, "nccl_version": None,
+        "clock": {"offset_ns": 0, "offset_source": "none", "wall_ns": time.time_ns()},
+        "process_groups": [], "collectives": [], "capacity": 0, "recorded": 0, "dropped": 0,
+        "graphs": [], "replays": [], "marks": [], "traces": []}
+    known = {g.get("name") for g in payload["process_groups"] if isinstance(g, dict)}
+    payload["process_groups"] = list(payload["process_groups"]) + [
+        {k: g.get(k) for k in ("name", "desc", "ranks", "backend", "lane")}
+        for name, g in sorted(groups.items()) if name not in known]
+    payload["collectives"] = list(payload["collectives"]) + [m for _, m in calls]
+    payload["recorded"] = max([seen] + [o for o, _ in calls])
+    payload["capacity"] = max(int(payload.get("capacity") or 0), len(payload["collectives"]))
+    payload["exit"] = EXIT
+    return payload, len(calls)
+
+
+def write_recovered(run_dir: Path) -> dict[int, int]:
+    """Write ``commviz_rank{R}.pkl`` for every rank whose journal holds records its pickle
+    lacks (a killed rank), then drop its journal; rank -> collectives the journal added."""
+    from commviz.record.store import dump_record, load_record
+
+    added: dict[int, int] = {}
+    for rank in journal_ranks(run_dir):
+        pickle_path = run_dir / schema.record_name(rank)
+        base = None
+        if pickle_path.exists():
+            try:
+                base = load_record(pickle_path)
+            except RecordError:
+                base = None
+        if base is not None and base.get("exit") != "running":
+            got = None                       # a final pickle: the journal is leftover
+        else:
+            got = recover(run_dir, rank, base)
+        if got is not None:
+            dump_record(pickle_path, got[0])
+            added[rank] = got[1]
+        for path in journal_paths(run_dir, rank):
+            path.unlink(missing_ok=True)
+    return added
