@@ -1,0 +1,114 @@
+"""The journal on a real gloo job killed with SIGKILL: every record made before the kill is kept.
+
+``tests/jobs/stuck_rank.py`` notes each call it issues in a side file (its own count, not
+commviz's), writes its record once midway, and leaves rank 1 hanging in a collective rank 0
+never joins. Both ranks are then SIGKILLed: no handler runs, and only the journal can tell.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from commviz import load_record
+from commviz import metadata as md
+from commviz.record import journal
+from commviz.verify import verify_pftrace
+from harness import REPO, free_port
+from independent import flow_ends
+
+JOB = REPO / "tests" / "jobs" / "stuck_rank.py"
+
+
+def _issued(run_dir: Path, rank: int) -> list[str]:
+    path = run_dir / f"issued_rank{rank}.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("stuck")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={free_port()}", str(JOB), str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while len(_issued(run_dir, 1)) < 6 or not (run_dir / "ready_rank0").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "job ended early"
+            time.sleep(0.1)
+        time.sleep(1.0)                      # rank 1 is now inside the all_reduce nobody joins
+        for rank in (0, 1):
+            os.kill(int((run_dir / f"ready_rank{rank}").read_text()), signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return run_dir
+
+
+def test_sigkill_keeps_every_record_made_before_it(killed: Path) -> None:
+    for rank in (0, 1):
+        issued = _issued(killed, rank)
+        assert journal.journal_paths(killed, rank), f"rank {rank} left no journal"
+        base = load_record(killed / f"commviz_rank{rank}.pkl")
+        assert base["exit"] == "running" and len(base["collectives"]) == 2   # the midway write
+        record, added = journal.recover(killed, rank, base)
+        got = record["collectives"]
+        assert added == len(issued) - 2
+        assert [c[md.OP] for c in got] == issued            # every call, in order, none twice
+        assert [c[md.SEQ] for c in got] == list(range(1, len(issued) + 1))
+        assert all(c[md.RANK] == rank and c[md.PG_RANKS] == "[0, 1]" for c in got)
+        assert all(md.T_BEGIN in c for c in got)
+    stuck = journal.recover(killed, 1, load_record(killed / "commviz_rank1.pkl"))[0]
+    # the call rank 1 hangs in is there, with its times (T_END is when c10d took it: launch)
+    assert stuck["collectives"][-1][md.OP] == "all_reduce"
+    assert all(c[md.T_END] >= c[md.T_BEGIN] for c in stuck["collectives"])
+
+
+def test_merge_rebuilds_killed_ranks_and_verifies(killed: Path, tmp_path: Path) -> None:
+    from commviz.merge import merge_run
+
+    run = tmp_path / "run"
+    shutil.copytree(killed, run)
+    result = merge_run(run, workers=1, progress=False)
+    assert sum("rebuilt from its journal" in p for p in result.problems) == 2, result.problems
+    report = verify_pftrace(result.out)
+    assert report.ok, report.errors[:5]
+    ends = flow_ends(result.out)
+    assert ends and min(ends.values()) >= 2
+    assert result.stats["comm_events"] == len(_issued(run, 0)) + len(_issued(run, 1))
+
+
+def test_write_recovered_leaves_pickles_only(killed: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(killed, run)
+    added = journal.write_recovered(run)
+    assert added == {0: len(_issued(run, 0)) - 2, 1: len(_issued(run, 1)) - 2}
+    assert not list(run.glob("*.journal"))
+    for rank in (0, 1):
+        record = load_record(run / f"commviz_rank{rank}.pkl")
+        assert record["exit"] == journal.EXIT
+        assert [c[md.OP] for c in record["collectives"]] == _issued(run, rank)
+
+
+def test_torn_or_hostile_journal_reads_what_is_whole(killed: Path, tmp_path: Path) -> None:
+    newest = journal.journal_paths(killed, 1)[-1]
+    whole = journal.read_journal(newest).calls
+    data = newest.read_bytes()
+    end = data.rstrip(b"\0")
+    torn = tmp_path / newest.name
+    torn.write_bytes(end[:-5])                      # the last call entry cut short
+    assert [o for o, _ in journal.read_journal(torn).calls] == [o for o, _ in whole[:-1]]
+    evil = tmp_path / "commviz_rank7.1.journal"
+    payload = b"cos\nsystem\n(S'touch /tmp/commviz-pwned'\ntR."      # a pickle, not JSON
+    evil.write_bytes(journal.HEAD.pack(len(payload), journal.T_SHAPE) + payload)
+    assert journal.read_journal(evil).calls == []
+    assert not Path("/tmp/commviz-pwned").exists()
