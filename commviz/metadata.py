@@ -37,6 +37,7 @@ OP = "commviz.op"                # torch.distributed function name: "all_reduce"
 KIND = "commviz.kind"            # "collective" | "p2p" | "batch"
 SEQ = "commviz.seq"              # collectives: per-process-group sequence number (1-based)
 P2P_SEQ = "commviz.p2p_seq"      # p2p: per (group, src, dst) sequence number (1-based)
+USER_SEQ = "commviz.user_seq"    # annotate_collective blocks with no c10d call inside, per group
 RANK = "commviz.rank"            # global rank of the caller
 ROOT = "commviz.root"            # global rank of the root (broadcast/reduce/gather/scatter)
 PEER = "commviz.peer"            # global rank of the peer (send/recv/isend/irecv)
@@ -64,7 +65,7 @@ DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda:
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
 
 COMMVIZ_KEYS = (
-    OP, KIND, SEQ, P2P_SEQ, RANK, ROOT, PEER, SRC, DST, PEERS, REDUCE_OP, ASYNC, BYTES_IN,
+    OP, KIND, SEQ, P2P_SEQ, USER_SEQ, RANK, ROOT, PEER, SRC, DST, PEERS, REDUCE_OP, ASYNC, BYTES_IN,
     BYTES_OUT, CALLSITE, LANE, T_BEGIN, T_END, CAPTURED, GRAPH, GRAPH_NODES, ORDINAL, DEVICE,
     ERROR, REPLAY, MATCHED_BY, GRAPH_NODE, MARK, MARK_LANE,
 )
@@ -218,6 +219,7 @@ class GroupInfo:
     member: bool = True              # False: this rank is not in the group (torch skips the call)
     ranks_str: str = ""
     last_seq: int = 0                # the group's last collective sequence number taken
+    last_user_seq: int = 0           # annotations of communication outside c10d
     p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -232,6 +234,10 @@ class GroupInfo:
         seq = self.last_seq + 1
         self.last_seq += slots
         return seq
+
+    def next_user_seq(self) -> int:
+        self.last_user_seq += 1
+        return self.last_user_seq
 
     def global_rank(self, group_rank: int) -> int:
         """A rank of this group as a global rank."""

@@ -55,6 +55,9 @@ def _norm(name: str) -> str:
 # _reduce_scatter_base), and Flight Recorder records that all_reduce: same number, same input,
 # output the size of the input. (op commviz records, name Flight Recorder gives it)
 BACKEND_ALIASES = {("reduce_scatter_tensor", "allreduce")}
+# gloo runs the list reduce_scatter as one all_reduce per rank of the group, each numbered:
+# one commviz record stands for that many entries, each of the output's size.
+PER_RANK = {"reduce_scatter"}
 
 
 def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[str, Counter]:
@@ -70,7 +73,12 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[s
     recs = [r for r in snap["records"] if r.get("commviz.kind") == "collective"]
     by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in recs:
-        by_key.setdefault((r["Process Group Name"], r.get("commviz.seq")), []).append(r)
+        span = r["Group size"] if r["commviz.op"] in PER_RANK and \
+            r.get("commviz.device") == "cpu" else 1
+        for i in range(span):
+            seq = r.get("commviz.seq")
+            by_key.setdefault((r["Process Group Name"], None if seq is None else seq + i),
+                              []).append(r)
     problems = []
     seen: set[int] = set()
     counts: dict[str, Counter] = {}
@@ -82,8 +90,18 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[s
             problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: {len(found)} records")
             continue
         r = found[0]
+        if id(r) in seen:                 # the second and later entries of a per-rank op
+            if (e["in"], e["out"]) != (r["Out msg nelems"],) * 2:
+                problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: part of "
+                                f"{r['commviz.op']} with sizes {(e['in'], e['out'])}")
+            continue
         seen.add(id(r))
         counts.setdefault(e["group"], Counter())[r["commviz.op"]] += 1
+        if r["commviz.op"] in PER_RANK and r.get("commviz.device") == "cpu":
+            if (e["in"], e["out"]) != (r["Out msg nelems"],) * 2:
+                problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: first part of "
+                                f"{r['commviz.op']} with sizes {(e['in'], e['out'])}")
+            continue
         aliased = (r["commviz.op"], _norm(e["name"])) in BACKEND_ALIASES
         if not (aliased or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
             problems.append(f"FR {e['group']}#{e['seq']} {e['name']} recorded as {r['commviz.op']}")

@@ -1,6 +1,6 @@
-"""Every wrapper on real gloo jobs: same results as torch.distributed, right metadata, agreeing
-sequence numbers across ranks, and metadata checked against torch's own Flight Recorder and the
-profiler trace's distributedInfo."""
+"""Every torch.distributed collective and point-to-point function on real gloo jobs, recorded
+at the c10d boundary: one record per call, checked against torch's own Flight Recorder and the
+profiler trace's distributedInfo, with the user's call site; torch itself left unchanged."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch
 import commviz
 import commviz.distributed as cvd
 from commviz import metadata as md
+from fr_compare import FR_ENV, compare, snapshot
 from harness import run_ranks
 
-FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 
 
 def _groups(world: int) -> dict[str, Any]:
@@ -131,89 +131,57 @@ def _all_ops(api: Any, rank: int, world: int, groups: dict[str, Any]) -> dict[st
     return out
 
 
-def _job_compare(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+def _job_ops(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     import torch.distributed as td
 
     commviz.RECORDER.clear()
     commviz.start(run_dir)
     groups = _groups(world)
     with commviz.profile(run_dir):
-        wrapped = _all_ops(cvd, rank, world, groups)
-    fr = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))
-    reference = _all_ops(td, rank, world, groups)
-    same = {k: (str(wrapped[k]) == str(reference[k])) for k in reference}
+        _all_ops(td, rank, world, groups)
+    snap = snapshot()
     commviz.gather(run_dir)
     td.barrier()
-    fr_entries = [(e["process_group"][0], e["collective_seq_id"], e["input_dtypes"])
-                  for e in fr["entries"]]
-    return {"same": same, "fr": fr_entries}
+    return snap
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_wrapper_matches_torch_and_records(world: int, run_dir: Path) -> None:
-    results = run_ranks(_job_compare, world, str(run_dir), env=FR_ENV, timeout=240)
-    for rank, res in enumerate(results):
-        bad = [k for k, ok in res["same"].items() if not ok]
-        assert not bad, f"rank {rank}: wrapper results differ from torch.distributed for {bad}"
-
+def test_every_function_is_recorded_once_as_flight_recorder_numbers_it(
+        world: int, run_dir: Path) -> None:
+    snaps = run_ranks(_job_ops, world, str(run_dir), env=FR_ENV, timeout=240)
     records = {r: commviz.load_record(run_dir / f"commviz_rank{r}.pkl") for r in range(world)}
     traces = {r: json.load(gzip.open(run_dir / f"trace_rank{r}.json.gz")) for r in range(world)}
-    expected_ops = set(cvd.WRAPPED)
-    for rank, rec in records.items():
-        assert rec["rank"] == rank and rec["world_size"] == world
-        assert rec["dropped"] == 0
-        ops = {c[md.OP] for c in rec["collectives"]}
-        assert ops == expected_ops, f"rank {rank}: missing {expected_ops - ops}"
+    for rank, snap in enumerate(snaps):
+        compare(snap)
+        rec = records[rank]
+        assert rec["rank"] == rank and rec["world_size"] == world and rec["dropped"] == 0
         # Process-group metadata agrees with the profiler's own distributedInfo.
         pg_config = {p["pg_name"]: p for p in traces[rank]["distributedInfo"]["pg_config"]}
         for c in rec["collectives"]:
             cfg = pg_config[c[md.PG_NAME]]
-            assert c[md.PG_DESC] == cfg["pg_desc"]
-            assert c[md.PG_RANKS] == str(cfg["ranks"])
-            assert c[md.GROUP_SIZE] == cfg["pg_size"]
-            assert c[md.RANK] == rank
+            assert (c[md.PG_DESC], c[md.PG_RANKS], c[md.GROUP_SIZE], c[md.RANK]) == \
+                (cfg["pg_desc"], str(cfg["ranks"]), cfg["pg_size"], rank)
             assert c[md.T_END] >= c[md.T_BEGIN]
-            assert c[md.CALLSITE].endswith(".py:" + c[md.CALLSITE].rsplit(":", 1)[1])
-            assert "test_wrappers.py" in c[md.CALLSITE]
-        # Sequence numbers and dtypes agree with torch's Flight Recorder for every collective.
-        fr = {(pg, seq): dtypes for pg, seq, dtypes in results[rank]["fr"]}
-        for c in rec["collectives"]:
-            if c[md.KIND] != "collective":
-                continue
-            key = (c[md.PG_NAME], c[md.SEQ])
-            assert key in fr, f"rank {rank}: {c[md.OP]} seq {key} not in the flight recorder"
-            if fr[key]:
-                assert fr[key][0] == c[md.DTYPE], (c[md.OP], fr[key], c[md.DTYPE])
-
-    # Sequence numbers agree across the ranks of each group: same op at the same seq.
-    by_group: dict[str, dict[int, list[tuple[int, str, int, int]]]] = {}
-    for rank, rec in records.items():
-        for c in rec["collectives"]:
-            if c[md.KIND] == "collective":
-                by_group.setdefault(c[md.PG_NAME], {}).setdefault(rank, []).append(
-                    (c[md.SEQ], c[md.OP], c[md.IN_NELEMS], c[md.OUT_NELEMS]))
-    for pg, per_rank in by_group.items():
-        ranks_of_pg = json.loads(next(c[md.PG_RANKS] for r in records.values()
-                                      for c in r["collectives"] if c[md.PG_NAME] == pg))
-        assert sorted(per_rank) == ranks_of_pg
-        sequences = [[(s, op) for s, op, _, _ in v] for v in per_rank.values()]
-        assert all(s == sequences[0] for s in sequences), f"group {pg}: {sequences}"
-        assert [s for s, _ in sequences[0]] == list(range(1, len(sequences[0]) + 1))
-
+            assert c[md.CALLSITE].rsplit(":", 1)[0] == __file__, c[md.CALLSITE]
+        p2p = [c for c in rec["collectives"] if c[md.KIND] == "p2p"]
+        # send/recv, isend/irecv and a batch of one isend and one irecv: 3 sends, 3 recvs
+        assert sorted(c[md.OP] for c in p2p) == ["recv"] * 3 + ["send"] * 3
     # Point-to-point records pair up: each send has the matching recv on its peer.
     sends = {(c[md.PG_NAME], c[md.SRC], c[md.DST], c[md.P2P_SEQ]) for rec in records.values()
-             for c in rec["collectives"] if c[md.OP] in ("send", "isend")}
+             for c in rec["collectives"] if c[md.OP] == "send"}
     recvs = {(c[md.PG_NAME], c[md.SRC], c[md.DST], c[md.P2P_SEQ]) for rec in records.values()
-             for c in rec["collectives"] if c[md.OP] in ("recv", "irecv")}
-    assert sends and sends == recvs
+             for c in rec["collectives"] if c[md.OP] == "recv"}
+    assert len(sends) == 3 * world and sends == recvs
 
 
 def _job_values(rank: int, world: int, run_dir: str) -> list[dict[str, Any]]:
+    import torch.distributed as td
+
     commviz.RECORDER.clear()
     commviz.start(run_dir)
     groups = _groups(world)
     with commviz.profile(run_dir):
-        _all_ops(cvd, rank, world, groups)
+        _all_ops(td, rank, world, groups)
     commviz.flush()
     return commviz.RECORDER.records()
 
@@ -238,10 +206,9 @@ def test_metadata_values_and_profiler_ranges(run_dir: Path) -> None:
     # torch 2.11's profiler names all_to_all_single "all_to_allv" with and without splits
     assert [c[md.COLLECTIVE_NAME] for c in a2a] == ["all_to_allv", "all_to_allv"]
     assert a2a[1][md.IN_SPLIT] == "[1, 2]" and a2a[1][md.OUT_SPLIT] == "[1, 1]"
-    batch = rec0["batch_isend_irecv"]
-    assert batch[md.PEERS] == "send:1,recv:1" and batch[md.KIND] == "batch"
-    assert rec0["all_reduce"][md.SEQ] == 1
     assert [c[md.ASYNC] for c in records[0] if c[md.OP] == "all_reduce"] == [False, False, True]
+    sends = [c for c in records[0] if c[md.OP] == "send"]
+    assert [(c[md.PEER], c[md.SRC], c[md.DST]) for c in sends] == [(1, 0, 1)] * 3
 
     # Eager mode: the same metadata shows up in the profiler trace on commviz:: ranges.
     trace = json.load(gzip.open(run_dir / "trace_rank0.json.gz"))
@@ -254,65 +221,58 @@ def test_metadata_values_and_profiler_ranges(run_dir: Path) -> None:
                 assert ev["args"][key] == rec[key], (rec[md.OP], key)
 
 
-def test_wrapper_signatures_mirror_torch() -> None:
+def _job_torch_unchanged(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    import warnings
+
     import torch.distributed as td
 
-    for name in cvd.WRAPPED:
-        ours = inspect.signature(getattr(cvd, name), follow_wrapped=False)
-        theirs = inspect.signature(getattr(td, name))
-        names = [p for p in theirs.parameters]
-        got = [p for p in ours.parameters if ours.parameters[p].kind != inspect.Parameter.VAR_KEYWORD]
-        assert got == names[:len(got)], name
-        for p in got:
-            assert ours.parameters[p].default == theirs.parameters[p].default, (name, p)
-        assert getattr(cvd, name).__doc__ == getattr(td, name).__doc__
-
-
-def _job_patch(rank: int, world: int, run_dir: str) -> tuple[int, int, bool]:
-    import torch.distributed as td
+    import commviz.distributed as cvd
 
     commviz.RECORDER.clear()
-    commviz.start(run_dir)
-    t = torch.ones(3)
-    with commviz.patch():
-        td.all_reduce(t)                          # an unmodified program's call
-        td.distributed_c10d.broadcast(t, src=0)   # torch-internal style lookup
-        ops = [td.P2POp(td.isend, torch.ones(2), rank ^ 1),
-               td.P2POp(td.irecv, torch.zeros(2), rank ^ 1)]
+    before = {n: getattr(td, n) for n in ("all_reduce", "isend", "irecv", "P2POp",
+                                          "batch_isend_irecv", "all_reduce_coalesced")}
+    with commviz.patch(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = all(getattr(td, n) is f and getattr(cvd, n) is f for n, f in before.items())
+        op = td.P2POp(td.isend, torch.ones(2), rank ^ 1)
+        ops = [op, td.P2POp(td.irecv, torch.zeros(2), rank ^ 1)]
         for w in td.batch_isend_irecv(ops):
             w.wait()
-        patched = td.all_reduce is cvd.all_reduce
-    td.all_reduce(t)                              # after unpatch: not recorded
-    restored = td.all_reduce is cvd.RAW["all_reduce"]
-    return len(commviz.RECORDER.records()), int(patched), restored
+        td.all_reduce_coalesced([torch.ones(2)])       # torch deprecates this one
+        line = inspect.currentframe().f_lineno + 1
+        td.all_reduce(torch.ones(1))
+    recorded = commviz.RECORDER.records()
+    td.all_reduce(torch.ones(1))                         # after unpatch: not recorded
+    return {"same": same, "op_is_isend": op.op is td.isend,
+            "warnings": [str(w.message) for w in caught if w.category is FutureWarning],
+            "ops": [c[md.OP] for c in recorded], "site": recorded[-1][md.CALLSITE],
+            "line": line, "after": len(commviz.RECORDER.records())}
 
 
-def test_patch_instruments_unmodified_code(run_dir: Path) -> None:
-    for count, patched, restored in run_ranks(_job_patch, 2, str(run_dir)):
-        assert (count, patched, restored) == (3, 1, True)
+def test_torch_objects_and_warnings_stay_torchs(run_dir: Path) -> None:
+    for res in run_ranks(_job_torch_unchanged, 2, str(run_dir)):
+        assert res["same"] and res["op_is_isend"]
+        assert any("all_reduce_coalesced" in w for w in res["warnings"]), res["warnings"]
+        assert sorted(res["ops"]) == ["all_reduce", "all_reduce_coalesced", "recv", "send"]
+        assert res["site"] == f"{__file__}:{res['line']}"
+        assert res["after"] == 4
 
 
-def _job_patch_all(rank: int, world: int, run_dir: str) -> tuple[list[str], list[str]]:
+def _job_off(rank: int, world: int, run_dir: str) -> tuple[int, int]:
     import torch.distributed as td
 
     commviz.RECORDER.clear()
     commviz.start(run_dir)
-    groups = _groups(world)
-    _all_ops(cvd, rank, world, groups)               # the drop-in module: one record a call
-    module_ops = [c[md.OP] for c in commviz.RECORDER.records()]
-    commviz.RECORDER.clear()
-    with commviz.patch():
-        _all_ops(td, rank, world, groups)            # an unmodified program, patched
-    patched_ops = [c[md.OP] for c in commviz.RECORDER.records()]
-    return module_ops, patched_ops
+    commviz.enable(False)
+    td.all_reduce(torch.ones(1))
+    off = len(commviz.RECORDER.records())
+    commviz.enable(True)
+    td.all_reduce(torch.ones(1))
+    return off, len(commviz.RECORDER.records())
 
 
-def test_patch_records_every_call_exactly_once(run_dir: Path) -> None:
-    """torch may implement one wrapped function through another (all_gather_into_tensor ->
-    all_gather_single in 2.13): under patch() each call must still be recorded once."""
-    for module_ops, patched_ops in run_ranks(_job_patch_all, 2, str(run_dir)):
-        assert patched_ops == module_ops
-        assert set(module_ops) == set(cvd.WRAPPED)
+def test_recording_off_records_nothing(run_dir: Path) -> None:
+    assert run_ranks(_job_off, 2, str(run_dir)) == [(0, 1), (0, 1)]
 
 
 def _job_non_member(rank: int, world: int, run_dir: str) -> tuple[Any, Any, list[str]]:
@@ -326,45 +286,54 @@ def _job_non_member(rank: int, world: int, run_dir: str) -> tuple[Any, Any, list
     t = torch.ones(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")               # torch warns the non-member rank
-        ours = cvd.all_reduce(t, group=only0)
-        theirs = td.all_reduce(t.clone(), group=only0)
-        cvd.broadcast(t, group=only0, group_src=0)
+        result = td.all_reduce(t, group=only0)
+        td.broadcast(t, group=only0, group_src=0)
         with commviz.annotate_collective("all_reduce", t, t, group=only0) as meta:
             pass
-    return (ours, theirs, [c[md.PG_RANKS] for c in commviz.RECORDER.records()], meta)
+    return (result, [c[md.PG_RANKS] for c in commviz.RECORDER.records()], meta)
 
 
 def test_calls_on_a_group_this_rank_is_not_in_are_not_recorded(run_dir: Path) -> None:
     (r0, r1) = run_ranks(_job_non_member, 2, str(run_dir))
-    assert r0[2] == ["[0]", "[0]", "[0]"] and r0[3][md.PG_RANKS] == "[0]"
-    assert r1[0] is None and r1[1] is None             # torch returns None there too
-    assert r1[2] == [] and r1[3] == {}
+    assert r0[1] == ["[0]", "[0]", "[0]"] and r0[2][md.PG_RANKS] == "[0]"
+    assert r1[0] is None and r1[1] == [] and r1[2] == {}
 
 
-def _job_annotate(rank: int, world: int, run_dir: str) -> tuple[dict, list[dict]]:
+def _job_annotate(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     import torch.distributed as td
 
     commviz.RECORDER.clear()
     commviz.start(run_dir)
     t = torch.ones(8, dtype=torch.bfloat16)
     parts = [torch.zeros(4), torch.zeros(4)]
+    line = inspect.currentframe().f_lineno + 1
     with commviz.annotate_collective("my_allreduce", t, t, reduce_op=td.ReduceOp.MAX,
                                      root=1, note="custom") as meta:
-        td.all_reduce(t, op=td.ReduceOp.MAX)          # the user's own, unwrapped call
+        td.all_reduce(t, op=td.ReduceOp.MAX)          # a c10d call inside: the same call
     with commviz.annotate_collective("all_gather", torch.ones(4), parts, async_op=True):
-        td.all_gather(parts, torch.ones(4))
-    return dict(meta), commviz.RECORDER.records()
+        pass                                          # the user's own transport
+    td.all_reduce(t)
+    snap = snapshot()
+    snap.update(meta=dict(meta), line=line)
+    return snap
 
 
 def test_annotate_collective_on_user_code(run_dir: Path) -> None:
-    meta, records = run_ranks(_job_annotate, 2, str(run_dir))[1]
+    snap = run_ranks(_job_annotate, 2, str(run_dir), env=FR_ENV)[1]
+    meta, records = snap["meta"], snap["records"]
     assert meta[md.COLLECTIVE_NAME] == "my_allreduce" and meta[md.OP] == "my_allreduce"
     assert (meta[md.IN_NELEMS], meta[md.DTYPE], meta[md.BYTES_IN]) == (8, "BFloat16", 16)
     assert (meta[md.REDUCE_OP], meta[md.ROOT], meta["note"]) == ("max", 1, "custom")
-    assert meta[md.SEQ] == 1 and meta[md.RANK] == 1 and meta[md.PG_RANKS] == "[0, 1]"
-    assert meta[md.CALLSITE].endswith(f"test_wrappers.py:{meta[md.CALLSITE].rsplit(':')[-1]}")
+    assert meta[md.RANK] == 1 and meta[md.PG_RANKS] == "[0, 1]"
+    assert meta[md.CALLSITE] == f"{__file__}:{snap['line']}"
     assert records[0] == meta and records[0][md.T_END] >= records[0][md.T_BEGIN]
     gather = records[1]
     assert (gather[md.COLLECTIVE_NAME], gather[md.IN_NELEMS], gather[md.OUT_NELEMS]) == \
         ("all_gather", 4, 8)
-    assert gather[md.ASYNC] is True and gather[md.SEQ] == 2
+    assert gather[md.ASYNC] is True
+    # the all_reduce inside the first block is that block's record, not a second one, and
+    # takes torch's number; the block with no c10d call inside numbers itself apart, so
+    # commviz's numbering stays torch's (Flight Recorder's)
+    assert [r[md.OP] for r in records] == ["my_allreduce", "all_gather", "all_reduce"]
+    assert md.SEQ not in gather and gather[md.USER_SEQ] == 1
+    assert [records[0][md.SEQ], records[2][md.SEQ]] == [e["seq"] for e in snap["fr"]] == [1, 2]

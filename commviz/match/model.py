@@ -18,13 +18,16 @@ InstanceKey = tuple
 def instance_key(args: dict[str, Any]) -> InstanceKey | None:
     """The key that names the same collective instance on every rank that took part.
 
-    Collectives: (process group, sequence number). p2p: (group, src, dst, p2p sequence).
+    Collectives: (process group, sequence number); annotations of communication outside c10d:
+    (group, their own number). p2p: (group, src, dst, p2p sequence).
     Batches of p2p ops: (group, "batch", sorted member pairs), identical on both peers.
     """
     pg = args.get(md.PG_NAME)
     kind = args.get(md.KIND, "collective")
     if kind == "collective" and args.get(md.SEQ) is not None:
         return ("c", pg, int(args[md.SEQ]))
+    if kind == "collective" and args.get(md.USER_SEQ) is not None:
+        return ("u", pg, int(args[md.USER_SEQ]))
     if kind == "p2p" and args.get(md.P2P_SEQ) is not None:
         return ("p", pg, args.get(md.SRC), args.get(md.DST), int(args[md.P2P_SEQ]))
     if kind == "batch" and args.get(md.PEERS):

@@ -43,13 +43,35 @@ _META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
 
 
 class Claim:
-    """An ``annotate_collective`` block's sequence number, until a c10d collective inside
-    takes it: the annotation's record then stands for that call (one number, one record)."""
+    """An ``annotate_collective`` block, until a c10d collective inside it runs: the block's
+    record then stands for that call and takes its sequence number (one call, one record).
+    A block with no c10d collective inside gets a number of its own kind (``commviz.user_seq``)
+    and leaves the group's numbering, which is torch's, alone."""
 
-    __slots__ = ("open",)
+    __slots__ = ("rec", "open")
 
-    def __init__(self, open: bool) -> None:  # noqa: A002
-        self.open = open
+    def __init__(self, rec: list[Any] | None) -> None:
+        self.rec = rec
+        self.open = rec is not None
+
+    def take(self, info: md.GroupInfo, slots: int) -> None:
+        seq = info.take_seq(slots)
+        rec = self.rec
+        rec[md.R_SEQ] = seq
+        if rec[_META] is not None:
+            rec[_META][md.SEQ] = seq
+        self.open = False
+
+    def close(self) -> None:
+        """At the block's end: an unclaimed collective annotation numbers itself."""
+        rec = self.rec
+        if self.open and rec is not None and rec[md.R_KIND] == "collective":
+            info = rec[md.R_INFO]
+            rec[md.R_SEQ] = None
+            meta = rec[_META]
+            if meta is not None:
+                meta.pop(md.SEQ, None)
+                meta[md.USER_SEQ] = info.next_user_seq()
 
 
 class _Scope(threading.local):
@@ -175,15 +197,17 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
           root: int, reduce_op: int, async_op: bool, in_split: list[int] | None,
           out_split: list[int] | None) -> list[Any] | None:
     """The boundary kernel calls this before torch's kernel runs; None: nothing to record."""
-    op, _, _, kind, slots, barrier, any_source = _SPECS[code]
+    op, _, _, kind, slots, per_rank, barrier, any_source = _SPECS[code]
     info = md.group_by_name(pg_name)
+    if per_rank and not cuda:        # gloo's numbering; NCCL reports its own after the call
+        slots = info.size
     collective = kind == "collective"
     scope = SCOPE.stack
     if scope:
         owner = scope[-1]
         if collective:
             if owner is not None and owner.open:
-                owner.open = False            # the annotation's number stands for this call
+                owner.take(info, slots)       # the annotation stands for this call
             else:
                 info.take_seq(slots)
         return None

@@ -19,6 +19,7 @@ class OpSpec(NamedTuple):
     received: str    # argument with the tensors received ("" : the same as ``sent``)
     kind: str = "collective"   # "collective" | "p2p"
     slots: int = 1   # sequence numbers it takes (gloo's monitored_barrier uses two tags)
+    slots_per_rank: bool = False  # gloo runs it as one all_reduce per rank of the group
     barrier: bool = False      # its tensor is a placeholder: nothing is sent
     any_source: bool = False   # a receive whose peer is known only when it completes
 
@@ -35,7 +36,8 @@ OPS: dict[str, OpSpec] = {
     "allgather_coalesced_": OpSpec("all_gather_coalesced", "input_list", "output_lists"),
     "allgather_into_tensor_coalesced_": OpSpec("all_gather_into_tensor_coalesced", "inputs",
                                                "outputs"),
-    "reduce_scatter_": OpSpec("reduce_scatter", "input_tensors", "output_tensors"),
+    "reduce_scatter_": OpSpec("reduce_scatter", "input_tensors", "output_tensors",
+                              slots_per_rank=True),
     "_reduce_scatter_base_": OpSpec("reduce_scatter_tensor", "input_tensor", "output_tensor"),
     "reduce_scatter_tensor_coalesced_": OpSpec("reduce_scatter_tensor_coalesced", "inputs",
                                                "outputs"),
