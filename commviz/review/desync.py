@@ -12,9 +12,9 @@ splits may differ by design), its dtype, and its root and reduction. The kinds:
 - ``type`` / ``size`` / ``dtype`` / ``args``: the first field that differs.
 
 Only the stretch every rank recorded is compared: a ring buffer that dropped its oldest
-entries on one rank is not a desync. Nor is a missing record: a rank whose collectives carry no
-sequence numbers at all (its trace alone, without commviz's record) cannot be lined up, so it is
-left out of the comparison rather than called "missing" (the merge names the missing record). p2p transfers are not sequence-numbered per group and
+entries on one rank is not a desync. Nor is a missing record: a rank with no sequence-numbered
+collective at all (its trace alone, without commviz's record) cannot be lined up, so it is left
+out of the comparison rather than called "missing" (the merge names the missing record). p2p transfers are not sequence-numbered per group and
 are left out.
 """
 
@@ -144,7 +144,9 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
     """The first mismatch of each process group (groups that agree are left out).
 
     ``present``: ranks the run has data for (default: those in ``events``); a member of a group
-    that is present but has none of its collectives is "missing" from the first one on.
+    that is present and has numbered collectives of other groups, but none of this one, is
+    "missing" from the first one on. A rank with no numbered collective at all (no record:
+    its trace alone, or nothing) cannot be lined up and is left out, never called missing.
     """
     seqs: dict[str, dict[int, dict[int, Signature]]] = defaultdict(lambda: defaultdict(dict))
     members: dict[str, set[int]] = defaultdict(set)
@@ -161,11 +163,10 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
         members[ev.pg].add(ev.rank)
         desc.setdefault(ev.pg, str(ev.args.get(md.PG_DESC, "")))
     present = seen if present is None else present
-    unnumbered = seen - numbered          # events but no sequence numbers: no record to compare
     out = []
     for pg in sorted(seqs, key=lambda p: (len(p), p)):
         by_rank = seqs[pg]
-        ranks = sorted(r for r in members[pg] if r in present and r not in unnumbered)
+        ranks = sorted(r for r in members[pg] if r in present and r in numbered)
         for r in ranks:
             by_rank.setdefault(r, {})
         lo = max((min(s) for s in by_rank.values() if s), default=None)
