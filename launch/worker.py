@@ -156,6 +156,8 @@ def _fail(exc: BaseException) -> None:
         from commviz.record.recorder import RECORDER
 
         if RECORDER.run_dir is not None:
+            if isinstance(exc, OSError) and exc.filename is None:
+                reason += f" (writing in {RECORDER.run_dir})"
             reason = _leave_word(RECORDER.run_dir, rank, exc, reason, text)
     finally:
         sys.stderr.write(f"[commviz] rank {rank} failed: {reason}\n{text}")
@@ -171,7 +173,7 @@ def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text:
     try:
         RECORDER.flush("failed")
     except OSError as err:
-        reason += f" (its record could not be written: {_os_error(err)})"
+        reason += f" (its record could not be written: {_os_error(err, run_dir)})"
     try:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
@@ -181,13 +183,12 @@ def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text:
             "stopped": isinstance(exc, Stopped), "error": reason, "traceback": text,
         }, indent=1))
     except OSError as err:
-        reason += f" (its failure file could not be written: {_os_error(err)})"
+        reason += f" (its failure file could not be written: {_os_error(err, log_dir(run_dir))})"
     return reason
 
 
-def _os_error(err: OSError) -> str:
-    where = f"{err.filename}: " if err.filename else ""
-    return f"{where}{err.strerror or err}"
+def _os_error(err: OSError, where: Path) -> str:
+    return f"{err.filename or where}: {err.strerror or err}"
 
 
 def main(argv: list[str] | None = None) -> None:

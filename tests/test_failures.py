@@ -229,15 +229,14 @@ def can_mount(tmp_path_factory: pytest.TempPathFactory) -> None:
         pytest.skip(f"mount namespaces unavailable here: {got.stderr.decode().strip()}")
 
 
-def test_read_only_run_dir_merge_report_launch(can_mount, healthy: Path, tmp_path: Path) -> None:
+def test_read_only_run_dir_merge_and_launch(can_mount, healthy: Path, tmp_path: Path) -> None:
     run = _copy(healthy, tmp_path / "run")
     ro = f"mount --bind {run} {run} && mount -o remount,ro,bind {run} && exec \"$0\" \"$@\""
-    for args in (["merge", str(run)], ["report", str(run)]):
-        got = subprocess.run(_namespace(ro) + [sys.executable, "-m", "commviz", *args],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=240)
-        out = got.stdout + got.stderr
-        assert got.returncode != 0 and "Traceback" not in out, out
-        assert "Read-only file system" in out and str(run) in out, out
+    got = subprocess.run(_namespace(ro) + [sys.executable, "-m", "commviz", "merge", str(run)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    out = got.stdout + got.stderr
+    assert got.returncode != 0 and "Traceback" not in out, out
+    assert "Read-only file system [EROFS]" in out and str(run) in out, out
     assert not (run / "merged.pftrace").exists()
     out_dir = tmp_path / "ro-out"
     out_dir.mkdir()
@@ -254,10 +253,13 @@ def test_full_disk_named_by_ranks_and_launch(can_mount, tmp_path: Path) -> None:
     small.mkdir()
     got, run_dir = launch_job(tmp_path / "job", "none", out_dir=str(small), wrap=_namespace(
         f"mount -t tmpfs -o size=2m tmpfs {small} && "
-        f"head -c 1900000 /dev/zero > {small}/ballast; exec \"$0\" \"$@\""))
+        f"head -c {2048 * 1024 - 40 * 1024} /dev/zero > {small}/ballast; exec \"$0\" \"$@\""))
     out = got.stdout + got.stderr
     assert got.returncode != 0, out
     assert "Traceback" not in got.stdout, got.stdout
     assert "No space left on device" in out, out
     verdict = [line for line in out.splitlines() if line.startswith("FAILED:")]
-    assert verdict and "No space left on device" in verdict[0], out
+    assert verdict and "No space left on device" in verdict[0] and str(small) in verdict[0], out
+    for step in ("merge", "report"):     # each says it could not write, naming where, or worked
+        line = next(line for line in got.stdout.splitlines() if line.startswith(step))
+        assert "No space left on device [ENOSPC]" in line or "failed" not in line, line

@@ -42,7 +42,7 @@ TIMES = struct.Struct("<qq")
 TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
 CALL_BODY = CALL.size - HEAD.size
 T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL = b"hgesmc"
-CHUNK = 256 << 10                           # first reservation; doubles up to MAX_STEP
+CHUNK = 64 << 10                            # first reservation; doubles up to MAX_STEP
 MAX_STEP = 16 << 20
 TICK_S = 0.1                                # how late a call's times reach the file
 CACHE_LIMIT = 4096                          # extras/shapes remembered before starting afresh
@@ -114,6 +114,7 @@ class Journal:
         self._gen = 0
         self._seg: _Segment | None = None
         self._limit = 0                     # past this offset, make room before writing
+        self._path = run_dir                # the generation being written (named in errors)
         self._old: list[_Segment] = []      # rotated generations, dropped once flushed
         self._last = 0                      # last ordinal written
         self._pending: list[tuple[Any, int]] = []   # (record, entry offset) awaiting times
@@ -239,7 +240,8 @@ class Journal:
         self._pending = []
         self._groups.clear()
         self._forget()
-        self._seg = _Segment(self.run_dir / journal_name(self._rank, self._gen))
+        self._path = self.run_dir / journal_name(self._rank, self._gen)
+        self._seg = _Segment(self._path)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() \
             else int(os.environ.get("WORLD_SIZE", 1))
         self._write_json(T_HEADER, {
@@ -254,8 +256,7 @@ class Journal:
             self._ticker.start()
 
     def _fail(self, exc: OSError) -> None:
-        where = self._seg.path if self._seg is not None else self.run_dir
-        self.error = f"{where}: {exc.strerror or exc}"
+        self.error = f"{self._path}: {exc.strerror or exc}"
         print(f"[commviz] journal stopped: {self.error}; records are still kept in memory and "
               "written at exit", file=sys.stderr)
 
