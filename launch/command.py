@@ -253,6 +253,12 @@ def handle(args: argparse.Namespace) -> int:
               f"{cfg.job.nproc_per_node}, {cfg.job.backend}), node {node_rank}, run dir "
               f"{run_dir}\n")
     out.flush()
+    from commviz.record import boundary   # torch: only a launch that runs something needs it
+
+    problem = boundary.prebuild()     # once here, not by every rank at its first collective
+    if problem is not None:
+        out.write(f"commviz launch: warning: the c10d boundary recorder cannot be built, so "
+                  f"collectives will not be recorded ({problem})\n")
     log_path = run_dir / log_name(cfg, node_rank)
     echo = Echo(out)
     log = LaunchLog(log_path)

@@ -180,8 +180,6 @@ class Profile(Strict):
 class Record(Strict):
     """commviz's own per-rank recording."""
 
-    patch: bool = Field(True, description="route plain torch.distributed calls through "
-                        "commviz (entrypoints need no change)")
     capacity: int = Field(100_000, ge=1, description="collectives kept per rank (ring buffer)")
 
 

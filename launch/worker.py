@@ -106,7 +106,7 @@ def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
     if rank == 0:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
-    with commviz.annotate.unrecorded():
+    with commviz.unrecorded():
         dist.barrier(group=group)
 
 
@@ -130,9 +130,7 @@ def run(config_path: str) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                             device_id=device if cfg.job.backend == "nccl" else None)
-    commviz.start(run_dir, capacity=cfg.record.capacity)
-    if cfg.record.patch:
-        commviz.patch()
+    commviz.start(run_dir, capacity=cfg.record.capacity)   # every collective, whoever calls it
     made = groups.create(cfg, rank)
     ctx = workloads.Context(rank=rank, world_size=world, local_rank=local_rank, device=device,
                             backend=cfg.job.backend, groups=made.pgs, group_ranks=made.ranks,

@@ -19,3 +19,9 @@ if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson
   touch .venv/.commviz-installed
 fi
 .venv/bin/python -c "import torch, commviz; print(f'commviz {commviz.__version__} ready: torch {torch.__version__}, .venv/bin/commviz')"
+# Build commviz's c10d boundary kernel now (about 20 s once; cached in torch's extension dir)
+# rather than at a job's first collective.
+.venv/bin/python -c "
+from commviz.record import boundary
+problem = boundary.prebuild()
+print('c10d boundary kernel: ' + ('built' if problem is None else 'NOT built: ' + problem))"

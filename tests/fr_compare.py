@@ -79,43 +79,35 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[s
             seq = r.get("commviz.seq")
             by_key.setdefault((r["Process Group Name"], None if seq is None else seq + i),
                               []).append(r)
+    entries: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for e in snap["fr"]:
+        # NCCL's end-of-coalescing entry shares the number of the ops it closes
+        if not e["p2p"] and not e["name"].endswith(":coalesced"):
+            entries.setdefault((e["group"], e["seq"]), []).append(e)
     problems = []
     seen: set[int] = set()
     counts: dict[str, Counter] = {}
-    for e in snap["fr"]:
-        if e["p2p"]:
-            continue
-        found = by_key.get((e["group"], e["seq"]), [])
-        if len(found) != 1:
-            problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: {len(found)} records")
-            continue
-        r = found[0]
-        if id(r) in seen:                 # the second and later entries of a per-rank op
+    for key, group_entries in entries.items():
+        found = by_key.get(key, [])
+        if len(found) == 1 and found[0]["commviz.op"] in PER_RANK and \
+                found[0].get("commviz.device") == "cpu":
+            r = found[0]
+            e = group_entries[0]
             if (e["in"], e["out"]) != (r["Out msg nelems"],) * 2:
-                problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: part of "
-                                f"{r['commviz.op']} with sizes {(e['in'], e['out'])}")
+                problems.append(f"FR {key}: part of {r['commviz.op']} with sizes "
+                                f"{(e['in'], e['out'])}")
+            if id(r) not in seen:
+                seen.add(id(r))
+                counts.setdefault(key[0], Counter())[r["commviz.op"]] += 1
             continue
-        seen.add(id(r))
-        counts.setdefault(e["group"], Counter())[r["commviz.op"]] += 1
-        if r["commviz.op"] in PER_RANK and r.get("commviz.device") == "cpu":
-            if (e["in"], e["out"]) != (r["Out msg nelems"],) * 2:
-                problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: first part of "
-                                f"{r['commviz.op']} with sizes {(e['in'], e['out'])}")
+        if len(found) != len(group_entries):
+            problems.append(f"FR {key} {[e['name'] for e in group_entries]}: "
+                            f"{len(found)} records")
             continue
-        aliased = (r["commviz.op"], _norm(e["name"])) in BACKEND_ALIASES
-        if not (aliased or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
-            problems.append(f"FR {e['group']}#{e['seq']} {e['name']} recorded as {r['commviz.op']}")
-        if aliased and r["In msg nelems"] != e["in"]:
-            problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: input "
-                            f"{r['In msg nelems']} != {e['in']}")
-        elif not aliased and (r["In msg nelems"], r["Out msg nelems"]) != (e["in"], e["out"]):
-            problems.append(f"FR {e['group']}#{e['seq']} {e['name']}: sizes "
-                            f"{(r['In msg nelems'], r['Out msg nelems'])} != {(e['in'], e['out'])}")
-        if e["dtypes"] and r["dtype"] != e["dtypes"][0]:
-            problems.append(f"FR {e['group']}#{e['seq']}: dtype {r['dtype']} != {e['dtypes'][0]}")
-        group = snap["groups"].get(e["group"])
-        if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
-            problems.append(f"FR {e['group']}: ranks {r['Process Group Ranks']} != {group['ranks']}")
+        for e, r in zip(group_entries, found):      # coalesced ops share a number: in order
+            seen.add(id(r))
+            counts.setdefault(key[0], Counter())[r["commviz.op"]] += 1
+            problems += _differences(e, r, snap["groups"].get(e["group"]))
     extra = [r for r in recs if id(r) not in seen and r["commviz.op"] not in ignore_ops]
     problems += [f"commviz {r['Process Group Name']}#{r.get('commviz.seq')} {r['commviz.op']} "
                  f"has no Flight Recorder entry" for r in extra]
@@ -125,3 +117,22 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[s
 
 def eval_ranks(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"-?\d+", text)]
+
+
+def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | None) -> list[str]:
+    """What a commviz record says differently from its Flight Recorder entry."""
+    where = f"FR {e['group']}#{e['seq']} {e['name']}"
+    out = []
+    aliased = (r["commviz.op"], _norm(e["name"])) in BACKEND_ALIASES
+    if not (aliased or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
+        out.append(f"{where} recorded as {r['commviz.op']}")
+    if aliased and r["In msg nelems"] != e["in"]:
+        out.append(f"{where}: input {r['In msg nelems']} != {e['in']}")
+    elif not aliased and (r["In msg nelems"], r["Out msg nelems"]) != (e["in"], e["out"]):
+        out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != "
+                   f"{(e['in'], e['out'])}")
+    if e["dtypes"] and r["dtype"] != e["dtypes"][0]:
+        out.append(f"{where}: dtype {r['dtype']} != {e['dtypes'][0]}")
+    if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
+        out.append(f"{where}: ranks {r['Process Group Ranks']} != {group['ranks']}")
+    return out

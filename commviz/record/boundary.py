@@ -142,7 +142,7 @@ class _Boundary:
             return self.impl
 
     def _install_cpp(self, ops: dict[str, Positions]) -> None:
-        ext = _build()
+        ext = self._ext or _build()
         specs = [(name, ext.OpSpec(CODES.index(name), p.sent, p.received, p.group, p.reduce_op,
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]

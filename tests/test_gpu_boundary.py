@@ -1,0 +1,141 @@
+"""GPU, one rank: the c10d boundary records NCCL collectives whoever issues them.
+
+One torchrun job (this file run as a script, 1 rank, NCCL, Flight Recorder on) issues
+collectives through the torch.distributed API, functional collectives, DDP (setup and reducer),
+a compiled function (same graph breaks as without commviz) and under ``torch.cuda.graph``
+capture, with ``commviz.start()`` only. The checks here compare its records with NCCL's own
+Flight Recorder numbering (``fr_compare``) and look at the captured collectives' records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _compiled(x: Any) -> Any:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    return y + 1
+
+
+def _breaks(torch: Any, fn: Any, x: Any) -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn)
+    for _ in range(2):
+        compiled(x)
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
+def job(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import commviz
+    from commviz.capture import graphs
+    from fr_compare import snapshot
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    x = torch.ones(1 << 16, device="cuda")
+    plain_breaks = _breaks(torch, _compiled, x)
+    commviz.start(str(out / "run"), flush_interval=None)
+    sub = dist.new_group([0])
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0, group=sub)
+    big = torch.empty(1 << 16, device="cuda")
+    dist.all_gather_into_tensor(big, x)
+    dist.reduce_scatter_tensor(torch.empty(1 << 16, device="cuda"), big)
+    dist.all_to_all_single(torch.empty_like(x), x)
+    with dist._coalescing_manager():
+        dist.all_reduce(x)
+        dist.all_reduce(big)
+    funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+    with torch.inference_mode():
+        dist.all_reduce(torch.ones(8, device="cuda"))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64).cuda())
+    for _ in range(2):
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+    recorded_breaks = _breaks(torch, _compiled, x)
+    torch.cuda.synchronize()
+    before_capture = len(commviz.RECORDER.records())
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            dist.all_reduce(x)                       # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(x)
+        y = funcol.all_reduce(x * 3, "sum", dist.group.WORLD)
+        dist.all_reduce(y, group=sub)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    graphs.resolve_all()
+    snap = snapshot()
+    snap.update(plain_breaks=plain_breaks, recorded_breaks=recorded_breaks,
+                before_capture=before_capture, boundary=commviz.record.boundary.BOUNDARY.impl.value,
+                graphs=len(commviz.RECORDER.graphs))
+    (out / "snap.json").write_text(json.dumps(snap, default=str))
+    dist.barrier()
+    os._exit(0)
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("gpu_boundary")
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="20000", NCCL_NVLS_ENABLE="0",
+               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+           "--master_port", "29533", __file__, str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert (out / "snap.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "snap.json").read_text())
+
+
+@pytest.mark.gpu(count=1)
+def test_nccl_records_equal_flight_recorder(snap: dict[str, Any]) -> None:
+    from fr_compare import compare
+
+    assert snap["boundary"] == "cpp"
+    counts = compare(snap)
+    world = counts["0"]
+    # API calls, coalesced pair (one NCCL number, two records), functional, inference mode,
+    # DDP's setup and reducer, compiled and captured calls: all of them reach the records
+    assert world["all_reduce"] >= 8 and world["all_gather_into_tensor"] >= 1
+    assert world["reduce_scatter_tensor"] == 1 and world["all_to_all_single"] == 1
+
+
+@pytest.mark.gpu(count=1)
+def test_compiled_code_breaks_the_same(snap: dict[str, Any]) -> None:
+    assert snap["recorded_breaks"] == snap["plain_breaks"]
+
+
+@pytest.mark.gpu(count=1)
+def test_captured_collectives_are_recorded_with_their_graph(snap: dict[str, Any]) -> None:
+    captured = [r for r in snap["records"][snap["before_capture"]:]
+                if r.get("commviz.captured")]
+    # API all_reduce, functional all_reduce, and the subgroup's: each once, in the graph
+    assert [r["commviz.op"] for r in captured] == ["all_reduce"] * 3
+    assert len({r["commviz.graph"] for r in captured}) == 1 and snap["graphs"] == 1
+
+
+if __name__ == "__main__":
+    job(Path(sys.argv[1]))
