@@ -20,6 +20,7 @@ entries, or the journal alone) as plain data; reading parses JSON and integers o
 from __future__ import annotations
 
 import mmap
+from array import array
 import os
 import re
 import socket
@@ -83,7 +84,12 @@ class _Segment:
         self.size = 0
         self.map: mmap.mmap | None = None
         self.pos = 0
-        self.reserve(CHUNK)
+        try:
+            self.reserve(CHUNK)
+        except OSError:                          # no room: leave no empty file behind
+            os.close(self.fd)
+            path.unlink(missing_ok=True)
+            raise
 
     def reserve(self, need: int) -> None:
         """Make room for ``need`` more bytes (raises OSError, e.g. ENOSPC)."""
@@ -117,7 +123,10 @@ class Journal:
         self._path = run_dir                # the generation being written (named in errors)
         self._old: list[_Segment] = []      # rotated generations, dropped once flushed
         self._last = 0                      # last ordinal written
-        self._pending: list[tuple[Any, int]] = []   # (record, entry offset) awaiting times
+        # records whose times are not in the file yet, and their entries' offsets (two flat
+        # sequences: a tuple per call would be a GC-tracked object per call)
+        self._waiting: list[Any] = []
+        self._waiting_at = array("q")
         self._groups: dict[int, tuple[Any, int]] = {}
         self._extras: dict[int, tuple[Any, int]] = {}
         self._extra_ids: dict[bytes, int] = {}
@@ -146,7 +155,8 @@ class Journal:
                    ordinal)
         seg.pos = pos + CALL.size
         self._last = ordinal
-        self._pending.append((rec, pos))
+        self._waiting.append(rec)
+        self._waiting_at.append(pos)
 
     # -- shapes, groups, extras -------------------------------------------------------------
     def _shape(self, rec: list) -> tuple[list, Any, int]:
@@ -237,7 +247,7 @@ class Journal:
             self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() \
                 else int(os.environ.get("RANK", 0))
         self._gen += 1
-        self._pending = []
+        self._forget_waiting()
         self._groups.clear()
         self._forget()
         self._path = self.run_dir / journal_name(self._rank, self._gen)
@@ -269,25 +279,30 @@ class Journal:
     def patch_times(self) -> None:
         """Write the begin/end times calls have gained; keep those still running (call locked)."""
         seg = self._seg
-        if seg is None or seg.map is None or not self._pending:
+        if seg is None or seg.map is None or not self._waiting:
             return
-        waiting = []
-        for rec, pos in self._pending:
+        running: list[Any] = []
+        running_at = array("q")
+        for rec, pos in zip(self._waiting, self._waiting_at):
             if type(rec) is list:
                 begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
             else:
                 begin, end = rec.get(md.T_BEGIN), rec.get(md.T_END)
             TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, end or 0)
             if end is None:
-                waiting.append((rec, pos))
-        self._pending = waiting[-CACHE_LIMIT:]
+                running.append(rec)
+                running_at.append(pos)
+        self._waiting, self._waiting_at = running[-CACHE_LIMIT:], running_at[-CACHE_LIMIT:]
+
+    def _forget_waiting(self) -> None:
+        self._waiting, self._waiting_at = [], array("q")
 
     # -- flush cooperation ------------------------------------------------------------------
     def rotate(self) -> None:
         """Before a flush builds its payload: later records go to a new generation."""
         with self._lock:
             self.patch_times()
-            self._pending = []                 # their offsets belong to the old generation
+            self._forget_waiting()             # their offsets belong to the old generation
             if self._seg is not None:
                 self._old.append(self._seg)
                 self._seg = None
@@ -404,7 +419,7 @@ def recover(run_dir: Path, rank: int, base: dict | None = None) -> tuple[dict, i
     header = next((p.header for p in reversed(parts) if p.header), {})
     seen = int((base or {}).get("recorded") or 0)
     calls = sorted({o: m for p in parts for o, m in p.calls if o > seen}.items())
-    if not calls and base is not None:
+    if not calls and (base is not None or not header):
         return None
     groups = {g["name"]: g for p in parts for g in p.groups.values() if "name" in g}
     payload = dict(base) if base is not None else {
