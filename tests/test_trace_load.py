@@ -263,3 +263,45 @@ def test_one_rank_alone(copy: Path) -> None:
     assert [p.name for p in inp.trace_paths] == ["trace_rank1.json.gz"]
     with pytest.raises(SourceError, match="rank 5"):
         load_rank(copy, 5)
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("ts", float("nan"), "ts is not a finite number"),
+    ("ts", "soon", "ts is not a finite number"),
+    ("ts", 1e30, "wall time overflows int64 nanoseconds"),
+    ("ts", -1e18, "wall time overflows int64 nanoseconds"),
+    ("dur", -5.0, "negative duration"),
+    ("dur", 1e30, "lasts far longer than the trace's own span"),
+    ("ts_shift_s", 1e7, "far outside the trace's own span"),   # 116 days after a 1-s trace
+])
+def test_unbelievable_times_are_named_and_skipped(copy: Path, field: str, value, why: str
+                                                  ) -> None:
+    path = next(copy.glob("trace_rank1*.json.gz"))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    victim = [e for e in doc["traceEvents"] if e.get("ph") == "X"][3]
+    if field == "ts_shift_s":
+        victim["ts"] += value * 1e6
+    else:
+        victim[field] = value
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    trace = load_trace(path)
+    assert len(trace.events) == len(doc["traceEvents"]) - 1 and not any(
+        e is victim or e == victim for e in trace.events)
+    assert trace.problems == [f"{path}: rank 1: 1 events with unbelievable times skipped: event "
+                              f"#{doc['traceEvents'].index(victim)} {victim['name'][:60]!r} "
+                              f"ts={victim['ts']!r} dur={victim.get('dur')!r}: {why}"]
+    problems: list[str] = []
+    run = load_run(copy)
+    list(run.ranks[1].load_traces(problems))
+    assert problems == trace.problems
+
+
+def test_trace_with_no_believable_time_is_left_out(copy: Path) -> None:
+    path = next(copy.glob("trace_rank1*.json.gz"))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    for e in doc["traceEvents"]:
+        if "ts" in e and e.get("ph") != "M":
+            e["ts"] = 1e30
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(TraceError, match="rank 1: no profiler event has a believable time"):
+        load_trace(path)

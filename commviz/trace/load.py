@@ -224,7 +224,7 @@ def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tupl
 
     A time is not believed when it is not a finite number, a duration is negative, the wall
     time overflows int64 nanoseconds, or an event lies (or lasts) more than ``SPAN_FACTOR``
-    times the trace's own span (its middle 98 %, at least a second) away from it. A trace with
+    times the trace's own span (its middle half, at least a second) away from it. A trace with
     no believable event is a ``TraceError``: the rank's trace is left out, its record kept.
     """
     timed = [e for e in events if isinstance(e, dict) and e.get("ph") != "M" and "ts" in e]
@@ -244,7 +244,7 @@ def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tupl
                     and _wall_ok(base_ns, t))
     lo = hi = reach = 0.0
     if finite:
-        q_lo, q_hi = finite[len(finite) // 100], finite[-1 - len(finite) // 100]
+        q_lo, q_hi = finite[len(finite) // 4], finite[-1 - len(finite) // 4]
         reach = SPAN_FACTOR * max(q_hi - q_lo, MIN_SPAN_US)
         lo, hi = q_lo - reach, q_hi + reach
     bad: list[tuple[int, dict, str]] = []
