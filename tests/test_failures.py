@@ -159,6 +159,47 @@ def test_failed_rank_named_first_and_trace_verifies(failed) -> None:
     assert_verifies(run_dir / "merged.pftrace")
 
 
+# -- a desynced rank: rank 1 skips a collective the other rank waits in (3 s gloo timeout) -----
+
+def _desync_job(rank: int, world: int, run_dir: str) -> int:
+    import datetime
+
+    import torch
+
+    import commviz
+    import commviz.distributed as dist
+
+    commviz.start(run_dir, flush_interval=None)
+    skip = dist.new_group([0, 1], group_desc="skip", timeout=datetime.timedelta(seconds=3))
+    t = torch.ones(8)
+    with commviz.profile(run_dir):
+        dist.all_reduce(t, group=skip)
+        works = [dist.all_reduce(t, group=skip, async_op=True)] if rank == 0 else []
+        works.append(dist.broadcast(torch.ones(4), src=0, group=skip, async_op=True))
+        failed = 0
+        for w in works:
+            try:
+                w.wait()
+            except RuntimeError:                   # the mismatched calls time out
+                failed += 1
+    commviz.flush()
+    return failed
+
+
+def test_desynced_rank_merges_and_verifies(tmp_path: Path) -> None:
+    from harness import run_ranks
+
+    from commviz.review.report import review_run
+
+    run = tmp_path / "run"
+    assert all(run_ranks(_desync_job, 2, str(run), timeout=90))
+    result = merge(run)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_verifies(run / "merged.pftrace")
+    desyncs = review_run(run).desyncs
+    assert [(d.pg_desc, d.seq, d.kind) for d in desyncs] == [("skip", 2, "missing")]
+
+
 # -- inputs that lie --------------------------------------------------------------------------
 
 def _rewrite_trace(run: Path, rank: int, edit) -> Path:
