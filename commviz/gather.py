@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from commviz import metadata as md
+from commviz.errors import cannot_write
 from commviz.record.calls import unrecorded
 from commviz.record import clock, schema, store
 from commviz.record import recorder as _rec
@@ -123,7 +124,10 @@ def _gather(run_dir: str | os.PathLike[str] | None, extra_patterns: Iterable[str
     dist.broadcast(token, 0, group=group)
     marker = target / f".commviz-gather-{int(token.item()):x}"
     if rank == 0:
-        marker.write_text("commviz gather marker\n")
+        try:
+            marker.write_text("commviz gather marker\n")
+        except OSError as exc:   # a full or read-only dir: every rank sends; each file is tried
+            warnings.warn(f"commviz.gather: {cannot_write(exc, marker)}", stacklevel=3)
     dist.barrier(group=group)
     sees_rank0 = torch.tensor([1 if marker.exists() else 0], dtype=torch.int64)
     flags = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
@@ -146,7 +150,11 @@ def _gather(run_dir: str | os.PathLike[str] | None, extra_patterns: Iterable[str
                 if os.path.basename(name) != name or not name:
                     warnings.warn(f"commviz.gather: rank {src} sent a bad file name {name!r}; skipped")
                     continue
-                store.write_atomic(target / name, data)
+                try:
+                    store.write_atomic(target / name, data)
+                except OSError as exc:      # keep receiving: the other files may still fit
+                    warnings.warn(f"commviz.gather: rank {src}'s "
+                                  f"{cannot_write(exc, target / name)}", stacklevel=3)
             result.sent[src] = names
     dist.barrier(group=group)
     if rank == 0:

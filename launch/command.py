@@ -120,8 +120,12 @@ def _report(run_dir: Path, out: TextIO) -> bool:
 def _merges_here(run_dir: Path, cfg: Config, node_rank: int) -> bool:
     """Merge on the node whose run dir received the gather (rank 0's node)."""
     marker = torchrun_log_dir(run_dir) / "rank0_node"
-    if marker.exists():
-        return marker.read_text().strip() == str(node_rank)
+    try:
+        written = marker.read_text().strip()
+    except OSError:
+        written = ""
+    if written.isdigit():                # a full disk can leave it empty: then the default
+        return written == str(node_rank)
     return cfg.job.nnodes == 1 or node_rank == 0
 
 
