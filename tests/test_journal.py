@@ -112,3 +112,17 @@ def test_torn_or_hostile_journal_reads_what_is_whole(killed: Path, tmp_path: Pat
     evil.write_bytes(journal.HEAD.pack(len(payload), journal.T_SHAPE) + payload)
     assert journal.read_journal(evil).calls == []
     assert not Path("/tmp/commviz-pwned").exists()
+
+
+def test_flush_interrupting_add_does_not_deadlock(tmp_path: Path) -> None:
+    """SIGTERM's flush runs on the thread that may be inside ``add``, holding the lock."""
+    import threading
+
+    lock = threading.Lock()
+    j = journal.Journal(tmp_path, lock)
+    with lock:                               # as if interrupted inside Recorder.append
+        started = time.monotonic()
+        j.rotate()
+        j.flushed(tmp_path)
+        assert time.monotonic() - started < 2 * journal.LOCK_WAIT_S + 0.5
+    j.close()

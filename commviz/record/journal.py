@@ -28,8 +28,9 @@ import struct
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import orjson
 
@@ -46,6 +47,7 @@ T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL = b"hgesmc"
 CHUNK = 64 << 10                            # first reservation; doubles up to MAX_STEP
 MAX_STEP = 16 << 20
 TICK_S = 0.1                                # how late a call's times reach the file
+LOCK_WAIT_S = 0.1                           # a flush waits this long for the recorder's lock
 CACHE_LIMIT = 4096                          # extras/shapes remembered before starting afresh
 EXIT = "journal"                            # exit reason of a record rebuilt from a journal
 _FIELDS = md.R_SEQ                          # compact record fields 0..R_SEQ-1 make the shape
@@ -298,9 +300,23 @@ class Journal:
         self._waiting, self._waiting_at = [], array("q")
 
     # -- flush cooperation ------------------------------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[bool]:
+        """The recorder's lock, unless it cannot be had at once: a flush from a signal handler
+        may interrupt this very thread inside ``add``; waiting would deadlock, and skipping a
+        rotation only keeps older entries a while longer (recovery skips what the pickle has)."""
+        got = self._lock.acquire(timeout=LOCK_WAIT_S)
+        try:
+            yield got
+        finally:
+            if got:
+                self._lock.release()
+
     def rotate(self) -> None:
         """Before a flush builds its payload: later records go to a new generation."""
-        with self._lock:
+        with self._locked() as got:
+            if not got:
+                return
             self.patch_times()
             self._forget_waiting()             # their offsets belong to the old generation
             if self._seg is not None:
@@ -310,8 +326,9 @@ class Journal:
     def flushed(self, target: Path) -> None:
         """After the pickle reached ``target``: generations it covers are dropped."""
         if Path(target) == self.run_dir:
-            with self._lock:
-                self.drop_rotated()
+            with self._locked() as got:
+                if got:
+                    self.drop_rotated()
 
     def drop_rotated(self) -> None:
         for seg in self._old:
