@@ -43,7 +43,11 @@ CALL = struct.Struct("<IBIqqqq")            # header + shape id, seq, t_begin, t
 TIMES = struct.Struct("<qq")
 TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
 CALL_BODY = CALL.size - HEAD.size
-T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL = b"hgesmc"
+T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL, T_ALIVE = b"hgesmca"
+ALIVE = struct.Struct("<q")                 # the ticker's last "still alive" wall time
+RUNNING = -1                                # t_end of a call still running at that time
+NEVER_RETURNED = ("never returned: still running when its process was last seen alive; the end "
+                  "shown is that time (from the journal)")
 CHUNK = 64 << 10                            # first reservation; doubles up to MAX_STEP
 MAX_STEP = 16 << 20
 TICK_S = 0.1                                # how late a call's times reach the file
@@ -122,6 +126,7 @@ class Journal:
         self._gen = 0
         self._seg: _Segment | None = None
         self._limit = 0                     # past this offset, make room before writing
+        self._alive_at = 0                  # offset of the "last seen alive" time
         self._path = run_dir                # the generation being written (named in errors)
         self._old: list[_Segment] = []      # rotated generations, dropped once flushed
         self._last = 0                      # last ordinal written
@@ -262,6 +267,7 @@ class Journal:
             "pid": os.getpid(), "first_ordinal": self._last + 1, "start_ns": time.time_ns(),
             "backend": str(dist.get_backend()) if dist.is_available() and dist.is_initialized()
             else "none"})
+        self._alive_at = self._write(T_ALIVE, ALIVE.pack(time.time_ns())) - 1 + HEAD.size
         if self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="commviz-journal",
                                             daemon=True)
@@ -277,6 +283,8 @@ class Journal:
         while not self._stop.wait(TICK_S):
             with self._lock:
                 self.patch_times()
+                if self._seg is not None and self._seg.map is not None:
+                    ALIVE.pack_into(self._seg.map, self._alive_at, time.time_ns())
 
     def patch_times(self) -> None:
         """Write the begin/end times calls have gained; keep those still running (call locked)."""
@@ -290,7 +298,7 @@ class Journal:
                 begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
             else:
                 begin, end = rec.get(md.T_BEGIN), rec.get(md.T_END)
-            TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, end or 0)
+            TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, RUNNING if end is None else end)
             if end is None:
                 running.append(rec)
                 running_at.append(pos)
@@ -361,6 +369,7 @@ class Entries(NamedTuple):
     header: dict
     groups: dict[int, dict]
     calls: list[tuple[int, dict]]          # (ordinal, metadata dict)
+    alive_ns: int                          # the last time the process was seen alive
 
 
 def read_journal(path: Path) -> Entries:
@@ -373,6 +382,7 @@ def read_journal(path: Path) -> Entries:
     groups: dict[int, dict] = {}
     objects: dict[int, Any] = {}
     calls: list[tuple[int, dict]] = []
+    alive = 0
     pos = 0
     while pos + HEAD.size <= len(data):
         size, kind = HEAD.unpack_from(data, pos)
@@ -385,7 +395,12 @@ def read_journal(path: Path) -> Entries:
             _, _, sid, seq, begin, end_ns, ordinal = CALL.unpack_from(data, pos)
             if ordinal <= 0 or sid not in objects:
                 break
-            calls.append((ordinal, _call(objects[sid], groups, objects, seq, begin, end_ns)))
+            calls.append((ordinal, _call(objects[sid], groups, objects, seq, begin, end_ns,
+                                         alive)))
+        elif kind == T_ALIVE:
+            if size != ALIVE.size:
+                break
+            alive = max(alive, ALIVE.unpack_from(data, pos + HEAD.size)[0])
         else:
             try:
                 value = orjson.loads(data[pos + HEAD.size:end])
@@ -400,11 +415,11 @@ def read_journal(path: Path) -> Entries:
             else:
                 raise RecordError(str(path), f"unknown journal entry {kind!r} at byte {pos}")
         pos = end
-    return Entries(header, groups, calls)
+    return Entries(header, groups, calls, alive)
 
 
 def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any], seq: int,
-          begin: int, end: int) -> dict:
+          begin: int, end: int, alive: int) -> dict:
     kind, value = obj
     if kind == T_META:
         meta = dict(value)
@@ -418,9 +433,13 @@ def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any]
         rec[md.R_SEQ] = None if seq < 0 else seq
         rec[md.R_EXTRA] = objects[eid][1] if eid in objects else None
         meta = md.expand(rec)
-    for key, ns in ((md.T_BEGIN, begin), (md.T_END, end)):
-        if ns:
-            meta[key] = ns
+    if begin:
+        meta[md.T_BEGIN] = begin
+    if end > 0:
+        meta[md.T_END] = end
+    elif end == RUNNING and alive >= begin > 0:     # the process died inside this call
+        meta[md.T_END] = alive
+        meta[md.ERROR] = NEVER_RETURNED
     if kind == T_META and seq >= 0:
         meta[md.SEQ] = seq
     return meta
