@@ -10,7 +10,9 @@ Per call only a fixed 37-byte entry is written (shape id, seq, times, ordinal): 
 site repeats (op, group, sizes, dtype, call site, extras) is a *shape*, written once as JSON.
 Entries are ``<u32 body length><u8 type><body>``; a JSON entry's header is stored after its
 body, a call entry's ordinal is its last field, so a torn last entry reads as absent. Times
-are set after ``append`` (the call has not run yet), so a ticker patches them in place.
+are set after ``append`` (the call has not run yet), so a ticker patches them in place every
+0.1 s, marks calls still running, and stamps a "last seen alive" time: the call a killed rank
+hung in is rebuilt ending then, saying it never returned.
 
 After each successful flush the journal starts a new generation and drops the old ones: the
 pickle holds those records. ``recover`` rebuilds a rank's record (pickle + newer journal
