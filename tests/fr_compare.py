@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from typing import Any
 
-FR_ENV = {"TORCH_FR_BUFFER_SIZE": "200000"}
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "200000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "200000"}
 
 
 def snapshot() -> dict[str, Any]:
@@ -21,7 +21,11 @@ def snapshot() -> dict[str, Any]:
 
     import commviz
 
-    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    c10d = torch._C._distributed_c10d
+    # NCCL keeps its own recorder (dumped by _dump_nccl_trace; TORCH_NCCL_TRACE_BUFFER_SIZE
+    # in torch 2.11); gloo's is the generic one
+    nccl = torch.distributed.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace")
+    dump = pickle.loads(c10d._dump_nccl_trace() if nccl else c10d._dump_fr_trace())
     entries = [{"group": e["process_group"][0], "desc": e["process_group"][1],
                 "seq": e["collective_seq_id"], "p2p": bool(e.get("is_p2p")),
                 "name": e["profiling_name"],

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from fr_compare import FR_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -101,7 +103,7 @@ def job(out: Path) -> None:
 @pytest.fixture(scope="module")
 def snap(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("gpu_boundary")
-    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="20000", NCCL_NVLS_ENABLE="0",
+    env = dict(os.environ, **FR_ENV, NCCL_NVLS_ENABLE="0",
                PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
            "--master_port", "29533", __file__, str(out)]
@@ -115,6 +117,7 @@ def test_nccl_records_equal_flight_recorder(snap: dict[str, Any]) -> None:
     from fr_compare import compare
 
     assert snap["boundary"] == "cpp"
+    assert snap["fr"], "Flight Recorder recorded nothing"
     counts = compare(snap)
     world = counts["0"]
     # API calls, coalesced pair (one NCCL number, two records), functional, inference mode,

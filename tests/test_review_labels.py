@@ -1,6 +1,7 @@
-"""What the review says about calls that measured no transfer: async collectives and
-batch_isend_irecv (their spans cover only the launch), and calls that raised (gloo has no list
-all_reduce BAND of floats). Real gloo ranks record them; the rows are read from the rendered report."""
+"""What the review says about calls that measured no transfer: async collectives and the
+sends and receives of batch_isend_irecv (their spans cover only the launch), and calls that
+raised (gloo has no all_reduce BAND of floats). Real gloo ranks record them; the rows are read
+from the rendered report."""
 
 from __future__ import annotations
 
@@ -57,15 +58,15 @@ def test_launch_only_failed_and_names(tmp_path: Path) -> None:
     assert [r[1].split(" #")[0] for r in failed] == ["all_reduce"]
     assert failed[0][7] == "failed" and failed[0][8] == "-"
     assert rows[0] is failed[0] or rows[0] == failed[0]        # failed calls are listed first
-    batch = [r for r in rows if r[1].startswith("batch_isend_irecv")]
-    assert batch and batch[0][7] == "launch only"
+    p2p = [r for r in rows if r[1].startswith(("send ", "recv "))]
+    assert len(p2p) == 2 and all(r[7] == "launch only" for r in p2p)
     async_seq = next(i.seq for i in review.instances if i.events[0].args.get("commviz.async_op"))
     assert by_name[f"all_reduce #{async_seq}"][7] == "launch only"
     measured = [r for r in rows if r[1].startswith("all_reduce #") and r not in failed
                 and r[1] != f"all_reduce #{async_seq}"]
     assert len(measured) == 6 and all(r[7].endswith(("ns", "µs", "ms", " s")) for r in measured)
     per_type = {(r[0], r[1], r[3]): r[4] for r in _rows(text, "Collectives by group")}
-    assert per_type[("0", "batch_isend_irecv", "1")] == "launch only"
+    assert per_type[("0", "send", "1")] == per_type[("0", "recv", "1")] == "launch only"
     assert per_type[("0", "all_reduce", "1")] == "1 failed"             # the 16-byte BAND one
     assert per_type[("0", "all_reduce", "7")].endswith("(+1 launch only)")
 

@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -156,6 +157,13 @@ class Kernel final : public c10::OperatorKernel {
     }
     try {
       original_.callBoxed(op, ks, stack);
+      if (!cuda && spec_.async_arg >= 0 && !async_op && !stack->empty() &&
+          stack->back().isCustomClass()) {
+        // A CPU (gloo) call its caller said is synchronous (async_op=False): the caller waits
+        // on the returned Work right away. Waiting here first makes the record's end the
+        // collective's end, not its enqueue. (send/recv carry no such flag: isend returns.)
+        stack->back().toCustomClass<c10d::Work>()->wait();
+      }
     } catch (const std::exception& exc) {
       finish(rec, -1, exc.what());
       throw;

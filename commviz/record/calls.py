@@ -216,6 +216,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     seq = info.take_seq(slots) if collective else None
     extra: dict[str, Any] | None
     if kind == "p2p":
+        async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
         me = info.my_rank
         peer = None if any_source else info.global_rank(root)
         src, dst = (me, peer) if op == "send" else (peer, me)

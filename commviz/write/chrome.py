@@ -1,4 +1,4 @@
-"""The merged trace as one Chrome JSON file (chrome://tracing, Perfetto's JSON import, HTA).
+r"""The merged trace as one Chrome JSON file (chrome://tracing, Perfetto's JSON import, HTA).
 
 Each rank's events keep their phases, names and args; what changes so ranks can share a file:
 pids are made rank-unique (``(rank + 1) * 10**7 + pid``), flow ids are offset by rank, ``ts``
