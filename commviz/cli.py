@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from commviz.errors import CommvizError
+from commviz.errors import WRITE_ERRNOS, CommvizError, cannot_write
 
 # (module, what it adds) in the order ``commviz --help`` lists them.
 COMMANDS = (
@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except CommvizError as exc:
         print(f"commviz {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:       # a full or read-only disk, wherever a command writes
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        print(f"commviz {args.command}: error: {cannot_write(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"commviz {args.command}: interrupted", file=sys.stderr)

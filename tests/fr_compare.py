@@ -59,19 +59,24 @@ def _norm(name: str) -> str:
 # _reduce_scatter_base), and Flight Recorder records that all_reduce: same number, same input,
 # output the size of the input. (op commviz records, name Flight Recorder gives it)
 BACKEND_ALIASES = {("reduce_scatter_tensor", "allreduce")}
+# NCCL's Flight Recorder names the tensor collectives after c10d's base ops
+NAME_ALIASES = {("all_gather_into_tensor", "allgatherbase"),
+                ("reduce_scatter_tensor", "reducescatterbase")}
 # gloo runs the list reduce_scatter as one all_reduce per rank of the group, each numbered:
 # one commviz record stands for that many entries, each of the output's size.
 PER_RANK = {"reduce_scatter"}
 
 
-def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[str, Counter]:
+def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
+            after: dict[str, int] | None = None) -> dict[str, Counter]:
     """Assert that commviz recorded exactly the collectives Flight Recorder did.
 
     Per Flight Recorder entry (group, collective_seq_id): one commviz record with that group and
     ``commviz.seq``, an op whose name starts with Flight Recorder's, the same element counts
     in and out and the same dtype, and the group's ranks. No commviz collective without an
     entry (ops in ``ignore_ops`` excepted: those Flight Recorder does not record on gloo, such
-    as ``monitored_barrier``). Returns, per group, the commviz ops that Flight Recorder
+    as ``monitored_barrier``). ``after``: per group, the last number torch gave before
+    commviz started recording (those entries are not commviz's). Returns, per group, the commviz ops that Flight Recorder
     confirmed, counted (for checks on what a program issued).
     """
     recs = [r for r in snap["records"] if r.get("commviz.kind") == "collective"]
@@ -86,6 +91,8 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = ()) -> dict[s
     entries: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for e in snap["fr"]:
         # NCCL's end-of-coalescing entry shares the number of the ops it closes
+        if (after or {}).get(e["group"], 0) >= e["seq"]:
+            continue
         if not e["p2p"] and not e["name"].endswith(":coalesced"):
             entries.setdefault((e["group"], e["seq"]), []).append(e)
     problems = []
@@ -128,7 +135,8 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
     where = f"FR {e['group']}#{e['seq']} {e['name']}"
     out = []
     aliased = (r["commviz.op"], _norm(e["name"])) in BACKEND_ALIASES
-    if not (aliased or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
+    named = (r["commviz.op"], _norm(e["name"])) in NAME_ALIASES
+    if not (aliased or named or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
         out.append(f"{where} recorded as {r['commviz.op']}")
     if aliased and r["In msg nelems"] != e["in"]:
         out.append(f"{where}: input {r['In msg nelems']} != {e['in']}")

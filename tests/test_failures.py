@@ -270,7 +270,7 @@ def can_mount(tmp_path_factory: pytest.TempPathFactory) -> None:
         pytest.skip(f"mount namespaces unavailable here: {got.stderr.decode().strip()}")
 
 
-def test_read_only_run_dir_merge_and_launch(can_mount, healthy: Path, tmp_path: Path) -> None:
+def test_read_only_run_dir_merge_report_and_launch(can_mount, healthy: Path, tmp_path: Path) -> None:
     run = _copy(healthy, tmp_path / "run")
     ro = f"mount --bind {run} {run} && mount -o remount,ro,bind {run} && exec \"$0\" \"$@\""
     got = subprocess.run(_namespace(ro) + [sys.executable, "-m", "commviz", "merge", str(run)],
@@ -279,6 +279,11 @@ def test_read_only_run_dir_merge_and_launch(can_mount, healthy: Path, tmp_path: 
     assert got.returncode != 0 and "Traceback" not in out, out
     assert "Read-only file system [EROFS]" in out and str(run) in out, out
     assert not (run / "merged.pftrace").exists()
+    got = subprocess.run(_namespace(ro) + [sys.executable, "-m", "commviz", "report", str(run)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    out = got.stdout + got.stderr
+    assert got.returncode == 2 and "Traceback" not in out, out
+    assert "Read-only file system [EROFS]" in out and str(run) in out, out
     out_dir = tmp_path / "ro-out"
     out_dir.mkdir()
     got, _ = launch_job(tmp_path / "job", "none", out_dir=str(out_dir), wrap=_namespace(

@@ -56,6 +56,7 @@ def job(out: Path) -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     x = torch.ones(1 << 16, device="cuda")
     plain_breaks = _breaks(torch, _compiled, x)
+    after = {"0": dist.group.WORLD._get_sequence_number_for_group()}
     commviz.start(str(out / "run"), flush_interval=None)
     sub = dist.new_group([0])
     dist.all_reduce(x)
@@ -92,7 +93,7 @@ def job(out: Path) -> None:
     torch.cuda.synchronize()
     graphs.resolve_all()
     snap = snapshot()
-    snap.update(plain_breaks=plain_breaks, recorded_breaks=recorded_breaks,
+    snap.update(plain_breaks=plain_breaks, recorded_breaks=recorded_breaks, after=after,
                 before_capture=before_capture, boundary=commviz.record.boundary.BOUNDARY.impl.value,
                 graphs=len(commviz.RECORDER.graphs))
     (out / "snap.json").write_text(json.dumps(snap, default=str))
@@ -118,7 +119,11 @@ def test_nccl_records_equal_flight_recorder(snap: dict[str, Any]) -> None:
 
     assert snap["boundary"] == "cpp"
     assert snap["fr"], "Flight Recorder recorded nothing"
-    counts = compare(snap)
+    (Path(os.environ.get("OUT", "/tmp")) / "gpu_boundary_snap.json").write_text(json.dumps(
+        {"fr": snap["fr"], "records": [(r["Process Group Name"], r.get("commviz.seq"),
+                                        r["commviz.op"], r.get("commviz.captured"),
+                                        r["commviz.callsite"]) for r in snap["records"]]}))
+    counts = compare(snap, after=snap["after"])
     world = counts["0"]
     # API calls, coalesced pair (one NCCL number, two records), functional, inference mode,
     # DDP's setup and reducer, compiled and captured calls: all of them reach the records

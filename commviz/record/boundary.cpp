@@ -13,6 +13,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
+#include <Python.h>
+#include <frameobject.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -22,6 +24,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -101,6 +104,55 @@ const py::object& pg_name(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   return it->second.py;
 }
 
+// The call site: the first Python frame outside torch and commviz (``g_own_dirs``), found by
+// walking this thread's frames with a per-code-object verdict cached (code objects are kept).
+std::vector<std::string>* g_own_dirs = new std::vector<std::string>();
+auto* g_skip = new std::unordered_map<PyObject*, bool>();
+
+bool own_code(PyCodeObject* code) {
+  auto it = g_skip->find(reinterpret_cast<PyObject*>(code));
+  if (it != g_skip->end()) return it->second;
+  bool own = false;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (file == nullptr) {
+    PyErr_Clear();
+  } else {
+    for (const std::string& dir : *g_own_dirs) {
+      if (std::strncmp(file, dir.c_str(), dir.size()) == 0) {
+        own = true;
+        break;
+      }
+    }
+  }
+  Py_INCREF(code);
+  g_skip->emplace(reinterpret_cast<PyObject*>(code), own);
+  return own;
+}
+
+// (file, line) of the call site, or (None, None) when no frame is outside torch and commviz
+// (DDP's reducer on an autograd thread). Needs the GIL.
+std::pair<py::object, py::object> callsite() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    bool own = own_code(code);
+    if (!own) {
+      std::pair<py::object, py::object> out{
+          py::reinterpret_borrow<py::object>(code->co_filename),
+          py::int_(PyFrame_GetLineNumber(frame))};
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      return out;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return {py::none(), py::none()};
+}
+
 const py::object& dtype_name(c10::ScalarType st) {
   py::object& slot = g_dtype_names[static_cast<int>(st)];
   if (!slot) slot = py::str(c10::toString(st));
@@ -144,8 +196,9 @@ class Kernel final : public c10::OperatorKernel {
       py::object in_split = spec_.in_split_arg >= 0 ? split_list(args[spec_.in_split_arg])
                                                     : py::none();
       try {
+        auto [file, line] = callsite();
         rec = (*g_begin)(spec_.code, pg_name(pg), in_n, out_n, dtype_name(st), esize, cuda,
-                         root, redop, async_op, in_split, out_split);
+                         root, redop, async_op, in_split, out_split, file, line);
       } catch (py::error_already_set& exc) {  // never break the job's collective
         exc.discard_as_unraisable("commviz: recording a collective");
       }
@@ -231,8 +284,10 @@ class Silence : public c10::WarningHandler {
 
 void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
              const std::vector<std::string>& keys, py::object begin, py::object finish,
-             std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots) {
+             std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots,
+             const std::vector<std::string>& own_dirs) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
+  *g_own_dirs = own_dirs;
   if (g_begin == nullptr) {
     g_begin = new py::object(std::move(begin));
     g_finish = new py::object(std::move(finish));

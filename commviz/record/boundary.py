@@ -147,7 +147,7 @@ class _Boundary:
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]
         ext.install(specs, list(DISPATCH_KEYS), calls.begin, calls.finish,
-                    (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION))
+                    (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION), list(calls.OWN_DIRS))
         self._ext = ext
 
     def uninstall(self) -> None:

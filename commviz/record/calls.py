@@ -100,7 +100,7 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
 
 # torch, commviz, and the standard library's and typing_extensions' decorators and context
 # managers that torch's functions come wrapped in (``@deprecated``, ``contextlib``)
-_OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                   for m in (torch, md)) + (sysconfig.get_paths()["stdlib"] + os.sep,
                                            os.path.join(sysconfig.get_paths()["purelib"],
                                                         "typing_extensions.py"))
@@ -115,7 +115,7 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
         code = frame.f_code
         skip = _skip_code.get(code)
         if skip is None:
-            skip = _skip_code[code] = code.co_filename.startswith(_OWN_DIRS)
+            skip = _skip_code[code] = code.co_filename.startswith(OWN_DIRS)
         if not skip:
             return code.co_filename, frame.f_lineno
         frame = frame.f_back
@@ -195,8 +195,10 @@ _SPECS = tuple(OPS.values())
 
 def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
           root: int, reduce_op: int, async_op: bool, in_split: list[int] | None,
-          out_split: list[int] | None) -> list[Any] | None:
-    """The boundary kernel calls this before torch's kernel runs; None: nothing to record."""
+          out_split: list[int] | None, file: str | None, line: int | None
+          ) -> list[Any] | None:
+    """The boundary kernel calls this before torch's kernel runs, with the call site it found
+    (``callsite``'s rule, walked in C++); None: nothing to record."""
     op, _, _, kind, slots, per_rank, barrier, any_source = _SPECS[code]
     info = md.group_by_name(pg_name)
     if per_rank and not cuda:        # gloo's numbering; NCCL reports its own after the call
@@ -237,7 +239,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     return open_record(op, kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
                        "[]" if in_split is None else str(in_split),
                        "[]" if out_split is None else str(out_split),
-                       async_op, extra, callsite(), seq)
+                       async_op, extra, (file, line), seq)
 
 
 def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:
