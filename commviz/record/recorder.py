@@ -32,7 +32,9 @@ class Recorder:
     """Collects this rank's collective records and the CUDA graph tables beside them."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
+        self._enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
+        # told when recording is turned on or off (the C++ boundary kernel keeps its own flag)
+        self.on_enable: Callable[[bool], None] | None = None
         self.run_dir: Path | None = None
         self.capacity = capacity
         self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
@@ -48,6 +50,16 @@ class Recorder:
         self.before_payload: list[Callable[[], None]] = []
         self._identity: dict[str, Any] = {}
         self.journal: Journal | None = None   # every append, kept on disk past a SIGKILL
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled = on
+        if self.on_enable is not None:
+            self.on_enable(on)
 
     # -- hot path ---------------------------------------------------------------------------
     def append(self, record: dict[str, Any]) -> None:
@@ -201,13 +213,19 @@ _flusher: _PeriodicFlush | None = None
 def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None = None,
           enabled: bool = True, handle_signals: bool = True,
           flush_interval: float | None = 30.0) -> Recorder:
-    """Point this rank's recorder at ``run_dir`` (default ``$COMMVIZ_RUN_DIR``) and arm flushing.
+    """Record every collective from now on (the c10d boundary recorder and the CUDA graph
+    hooks go in), into ``run_dir`` (default ``$COMMVIZ_RUN_DIR``), and arm flushing.
 
     The record is written at normal interpreter exit, when SIGTERM/SIGINT arrive (the previous
     handlers still run afterwards) and every ``flush_interval`` seconds while new records come
     in (None: never). Call ``flush()`` yourself before ``os._exit``.
     """
     global _installed, _flusher
+    from commviz.capture import hooks
+    from commviz.record import boundary
+
+    boundary.install()
+    hooks.install()
     run_dir = run_dir if run_dir is not None else os.environ.get("COMMVIZ_RUN_DIR")
     if run_dir is not None:
         RECORDER.run_dir = Path(run_dir)
@@ -238,5 +256,5 @@ def flush(exit_reason: str = "explicit") -> Path | None:
 
 
 def enable(on: bool = True) -> None:
-    """Turn recording on or off (off: wrappers cost one attribute check)."""
+    """Turn recording on or off (off: the boundary kernel passes calls straight to torch)."""
     RECORDER.enabled = on
