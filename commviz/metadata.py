@@ -138,7 +138,7 @@ def expand(rec: list[Any] | dict[str, Any]) -> dict[str, Any]:
         ASYNC: rec[R_ASYNC],
         BYTES_IN: rec[R_IN] * esize,
         BYTES_OUT: rec[R_OUT] * esize,
-        CALLSITE: f"{rec[R_FILE]}:{rec[R_LINE]}",
+        CALLSITE: None if rec[R_FILE] is None else f"{rec[R_FILE]}:{rec[R_LINE]}",
         DEVICE: rec[R_DEVICE],
     }
     if rec[R_SEQ] is not None:

@@ -140,9 +140,20 @@ def test_compiled_code_breaks_the_same(snap: dict[str, Any]) -> None:
 def test_captured_collectives_are_recorded_with_their_graph(snap: dict[str, Any]) -> None:
     captured = [r for r in snap["records"][snap["before_capture"]:]
                 if r.get("commviz.captured")]
-    # API all_reduce, functional all_reduce, and the subgroup's: each once, in the graph
+    # API all_reduce, functional all_reduce, and the subgroup's: each once, in the graph,
+    # numbered on from the last number NCCL gave each group before the capture
     assert [r["commviz.op"] for r in captured] == ["all_reduce"] * 3
     assert len({r["commviz.graph"] for r in captured}) == 1 and snap["graphs"] == 1
+    last = {}
+    for e in snap["fr"]:
+        last[e["group"]] = max(last.get(e["group"], 0), e["seq"])
+    assert [(r["Process Group Name"], r["commviz.seq"]) for r in captured] == \
+        [("0", last["0"] + 1), ("0", last["0"] + 2), (captured[2]["Process Group Name"],
+                                                      last[captured[2]["Process Group Name"]] + 1)]
+    # the call site is the user's line, also for calls from compiled code's generated module
+    sites = [r["commviz.callsite"] for r in snap["records"] if r.get("commviz.callsite")]
+    assert sites and all(s.startswith(__file__) or "site-packages" not in s for s in sites)
+    assert not any("torchinductor" in s for s in sites), sites
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ number NCCL reports after the call where it has one (coalesced calls share their
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+import tempfile
 import sysconfig
 import threading
 import time
@@ -98,12 +100,19 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
 
 # -- the call site: the first frame outside torch and commviz ----------------------------------
 
-# torch, commviz, and the standard library's and typing_extensions' decorators and context
-# managers that torch's functions come wrapped in (``@deprecated``, ``contextlib``)
-OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                  for m in (torch, md)) + (sysconfig.get_paths()["stdlib"] + os.sep,
-                                           os.path.join(sysconfig.get_paths()["purelib"],
-                                                        "typing_extensions.py"))
+def _own_dirs() -> tuple[str, ...]:
+    """Where code that is not the user's lives: torch, commviz, the code inductor generates,
+    and the standard library's and typing_extensions' decorators and context managers that
+    torch's functions come wrapped in (``@deprecated``, ``contextlib``)."""
+    paths = sysconfig.get_paths()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, md)) + (
+        os.path.abspath(inductor) + os.sep, paths["stdlib"] + os.sep,
+        os.path.join(paths["purelib"], "typing_extensions.py"))
+
+
+OWN_DIRS = _own_dirs()
 _skip_code: dict[CodeType, bool] = {}
 
 
