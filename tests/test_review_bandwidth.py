@@ -117,8 +117,10 @@ EXPECTED = {
     "reduce": ("reduce", PART),
     "gather": ("gather", WORLD * PART),
     "scatter": ("scatter", WORLD * PART),
-    "send": ("p2p", PART),
 }
+# c10d's send and recv only enqueue (torch's send() waits afterwards, outside c10d): their
+# records are launch-only on gloo, and give no bandwidth (on GPUs their kernels do)
+LAUNCH_ONLY = {"send": ("p2p", PART)}
 
 
 @pytest.mark.parametrize("op", sorted(EXPECTED))
@@ -138,6 +140,14 @@ def test_size_and_bandwidth_of_each_type(instances, op):
     assert got.algbw_gbps == pytest.approx(size / seconds / 1e9)
     n = 2 if ctype == "p2p" else WORLD
     assert got.busbw_gbps == pytest.approx(got.algbw_gbps * bw.bus_factor(ctype, n))
+
+
+@pytest.mark.parametrize("op", sorted(LAUNCH_ONLY))
+def test_launch_only_p2p_has_size_but_no_bandwidth(instances, op):
+    ctype, size = LAUNCH_ONLY[op]
+    inst = instances[op]
+    assert (inst.ctype, inst.size_bytes, sorted(inst.events)) == (ctype, size, [0, 1])
+    assert inst.launch_only and inst.bandwidth is None
 
 
 def test_barrier_gets_no_bandwidth(instances):

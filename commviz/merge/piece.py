@@ -129,9 +129,12 @@ def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
     traces = []
     for path in job.trace_paths:
         try:
-            traces.append(load_trace(path, rank=job.rank))
+            trace = load_trace(path, rank=job.rank)
         except TraceError as exc:
             problems.append(str(exc))
+            continue
+        problems.extend(trace.problems)       # events whose times were not believed
+        traces.append(trace)
     return traces
 
 
