@@ -203,6 +203,12 @@ class Kernel final : public c10::OperatorKernel {
         exc.discard_as_unraisable("commviz: recording a collective");
       }
       if (rec && rec.is_none()) rec = py::object();
+      if (rec && PyList_CheckExact(rec.ptr())) {
+        // The ring keeps every record alive: as tracked containers they would make the
+        // collector's full passes over the whole heap (torch's included) ever more frequent.
+        // A record refers to nothing that refers back to it, so it cannot be in a cycle.
+        PyObject_GC_UnTrack(rec.ptr());
+      }
     }
     if (!rec) {
       original_.callBoxed(op, ks, stack);
