@@ -12,18 +12,27 @@ from pathlib import Path as _Path
 if (_Path(__file__).resolve().parent.parent / "launch" / "__init__.py").is_file():
     __path__.append(str(_Path(__file__).resolve().parent.parent))  # noqa: F821 - package __path__
 
-from commviz.annotate import annotate_collective  # noqa: E402
-from commviz.capture import graph, mark  # noqa: E402
-from commviz.gather import gather
-from commviz.patching import patch, unpatch
-from commviz.record import flush, load_record, profile, start, trace_handler
-from commviz.record.calls import unrecorded
-from commviz.record.recorder import RECORDER, enable
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "RECORDER", "annotate_collective", "enable", "flush", "gather", "graph", "load_record",
-    "mark", "patch", "profile", "start", "trace_handler", "unpatch", "unrecorded",
-    "__version__",
-]
+# The job-side API, loaded on first use: importing commviz (the after-the-job CLI does) imports
+# no torch and installs nothing; ``start``, ``patch`` and ``graph`` install what they need.
+_API = {
+    "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",
+    "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
+    "mark": "commviz.capture", "gather": "commviz.gather", "patch": "commviz.patching",
+    "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
+    "profile": "commviz.record", "start": "commviz.record", "trace_handler": "commviz.record",
+    "unrecorded": "commviz.record.calls",
+}
+
+__all__ = sorted(_API) + ["__version__"]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _API:
+        raise AttributeError(f"module 'commviz' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value

@@ -11,10 +11,13 @@ from __future__ import annotations
 import itertools
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a function needs it: the after-the-job tools read these keys
+# without torch.
 
 # --- the eager profiler's keys (record_param_comms / NCCL kernel args) -------------------------
 COLLECTIVE_NAME = "Collective name"
@@ -98,6 +101,10 @@ COLLECTIVE_NAMES = {
     "monitored_barrier": "monitored_barrier",
 }
 
+# Profiler ranges commviz opens (their names are read back by the matchers)
+REPLAY_RANGE = "commviz::graph_replay"    # a CUDA graph replay, args GRAPH and REPLAY
+MARK_RANGE_PREFIX = "commviz::mark::"     # a commviz.mark block
+
 LANE_BASE = 1_000_000
 SIDE_GROUP_DESC = "commviz_side"   # commviz's own gloo group (gather, clocks): not the job's
 
@@ -163,6 +170,15 @@ def lane_id(pg_name: str) -> int:
     return LANE_BASE + zlib.crc32(pg_name.encode()) % LANE_BASE
 
 
+# Bytes per element of the c10 ScalarType names the profiler writes in "dtype".
+DTYPE_BYTES = {
+    "Bool": 1, "Byte": 1, "Char": 1, "UInt8": 1, "Int8": 1, "Short": 2, "UInt16": 2,
+    "Half": 2, "BFloat16": 2, "Int": 4, "UInt32": 4, "Float": 4, "Long": 8, "UInt64": 8,
+    "Double": 8, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1,
+}
+# (the one table of element sizes: the matchers and the review read it, torch is not needed)
+
 _DTYPES: dict[torch.dtype, tuple[str, int]] = {}
 
 
@@ -172,6 +188,8 @@ def dtype_info(dtype: torch.dtype) -> tuple[str, int]:
         return _DTYPES[dtype]
     except KeyError:
         pass
+    import torch
+
     try:
         name = torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
     except (TypeError, RuntimeError):
@@ -260,6 +278,8 @@ _GROUPS: dict[int, GroupInfo] = {}
 
 def group_info(group: Any = None) -> GroupInfo:
     """The cached ``GroupInfo`` of ``group`` (``None`` means the world group)."""
+    import torch.distributed as dist
+
     pg = dist.group.WORLD if group is None else group
     info = _GROUPS.get(id(pg))
     if info is not None and info.pg is pg:
@@ -288,6 +308,8 @@ _BY_NAME: dict[str, GroupInfo] = {}
 def group_by_name(name: str) -> GroupInfo:
     """The ``GroupInfo`` of the process group torch knows by ``name`` (the c10d boundary sees
     groups by name). A group made after the last look-up is found by looking again."""
+    import torch.distributed as dist
+
     info = _BY_NAME.get(name)
     if info is not None:
         return info
@@ -305,6 +327,8 @@ def group_by_name(name: str) -> GroupInfo:
 
 def known_groups() -> list[GroupInfo]:
     """Every process group torch.distributed knows of on this rank, world group first."""
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return []
     world = dist.distributed_c10d._world

@@ -8,8 +8,19 @@
 - ``resolve_all()``: finish the capture records now; commviz does it before writing records.
 """
 
-from commviz.capture.graphs import resolve_all
-from commviz.capture.hooks import graph, install, installed, uninstall
-from commviz.capture.mark import mark
+_API = {"resolve_all": "commviz.capture.graphs", "graph": "commviz.capture.hooks",
+        "install": "commviz.capture.hooks", "installed": "commviz.capture.hooks",
+        "uninstall": "commviz.capture.hooks", "mark": "commviz.capture.mark"}
 
-__all__ = ["graph", "install", "installed", "mark", "resolve_all", "uninstall"]
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> object:
+    """The API, loaded on first use (``capture.names`` is read by after-the-job tools)."""
+    if name not in _API:
+        raise AttributeError(f"module 'commviz.capture' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value

@@ -31,8 +31,8 @@ from commviz import metadata as md
 from commviz.capture import graphs
 from commviz.record import recorder as _rec
 
-REPLAY_RANGE = "commviz::graph_replay"
-GRAPH_ARG = "commviz.graph"
+REPLAY_RANGE = md.REPLAY_RANGE
+GRAPH_ARG = md.GRAPH
 REPLAY_ARG = md.REPLAY
 
 _profiler_enabled = torch._C._autograd._profiler_enabled

@@ -21,7 +21,7 @@ from commviz.record import recorder as _rec
 
 MARK = md.MARK
 MARK_LANE = md.MARK_LANE
-RANGE_PREFIX = "commviz::mark::"
+RANGE_PREFIX = md.MARK_RANGE_PREFIX
 
 _profiler_enabled = torch._C._autograd._profiler_enabled
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast

@@ -10,10 +10,7 @@ driven by the training loop gives.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
-
-import torch
 
 from commviz import metadata as md
 from commviz.match.index import NcclSpan, Span, TraceIndex
@@ -28,21 +25,6 @@ _P2P_NAMES = frozenset({"send", "recv"})
 _OPS: dict[str, str] = {}
 for _op, _name in md.COLLECTIVE_NAMES.items():
     _OPS.setdefault(_name, _op)
-
-
-# dtypes collectives carry, by the profiler's name for them ("Float", "BFloat16", ...).
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
-           "int64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
-           "uint16", "uint32", "uint64")
-
-
-@lru_cache(maxsize=None)
-def _itemsize(dtype: str) -> int | None:
-    for name in _DTYPES:
-        value = getattr(torch, name, None)
-        if value is not None and md.dtype_name(value) == dtype:
-            return value.itemsize
-    return None
 
 
 def group_table(trace: Any) -> dict[str, dict[str, Any]]:
@@ -81,7 +63,7 @@ def commviz_args(args: dict[str, Any], *, rank: int, groups: dict[str, dict[str,
     out[md.LANE] = md.lane_id(pg)
     if reduction is not None:
         out[md.REDUCE_OP] = reduction
-    size = _itemsize(str(out.get(md.DTYPE)))
+    size = md.DTYPE_BYTES.get(str(out.get(md.DTYPE)))
     if size is not None:
         for nelems, key in ((md.IN_NELEMS, md.BYTES_IN), (md.OUT_NELEMS, md.BYTES_OUT)):
             if isinstance(out.get(nelems), int):

@@ -29,15 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from commviz import metadata as md
-from commviz.capture.hooks import GRAPH_ARG, REPLAY_ARG, REPLAY_RANGE
-from commviz.capture.mark import MARK, MARK_LANE, RANGE_PREFIX as MARK_PREFIX
 from commviz.capture.names import kernel_key
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.result import Unmatched
 from commviz.trace.kernels import LAUNCH_CATS, incompatibility, is_graph_launch, parse_nccl
 
-REPLAY = REPLAY_ARG                      # "commviz.replay": the replay's number, per graph
+REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
 NODE = md.GRAPH_NODE
 GRAPH_NODE_ID = "graph node id"
@@ -171,11 +169,11 @@ class _Index:
                     self.replays[corr] = _Replay(thread, ts)
                 else:
                     self.launches[corr] = (thread, ts)
-            elif name == REPLAY_RANGE:
+            elif name == md.REPLAY_RANGE:
                 self.tags[thread].append((ts, ts + dur, args))
-            elif name.startswith(MARK_PREFIX):
-                self.mark_ranges[thread].append((ts, ts + dur, name[len(MARK_PREFIX):],
-                                                 args.get(MARK_LANE)))
+            elif name.startswith(md.MARK_RANGE_PREFIX):
+                self.mark_ranges[thread].append((ts, ts + dur, name[len(md.MARK_RANGE_PREFIX):],
+                                                 args.get(md.MARK_LANE)))
         self.work_by_corr: dict[Any, list[int]] = defaultdict(list)
         self.graphed: set[int] = set()
         for i, ev in work:
@@ -242,8 +240,8 @@ class _Matcher:
     def identify(self, rep: _Replay) -> None:
         spans = self.idx.tag_spans.get(rep.thread)
         for _, _, args in spans.holding(rep.ts) if spans is not None else ():
-            if args.get(GRAPH_ARG) in self.graphs:
-                rep.graph, rep.number, rep.how = args[GRAPH_ARG], args.get(REPLAY_ARG), "tag"
+            if args.get(md.GRAPH) in self.graphs:
+                rep.graph, rep.number, rep.how = args[md.GRAPH], args.get(md.REPLAY), "tag"
                 return
         if self.windows:
             wall = self.trace.ns(rep.ts)
@@ -324,10 +322,10 @@ class _Matcher:
     def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
         node = g.nodes[i]
         if node.get("marks"):
-            mark = {MARK: "/".join(node["marks"]), md.GRAPH: g.gid, REPLAY: number.number,
+            mark = {md.MARK: "/".join(node["marks"]), md.GRAPH: g.gid, REPLAY: number.number,
                     NODE: node.get("node")}
             if node.get("mark_lane") is not None:
-                mark[MARK_LANE] = node["mark_lane"]
+                mark[md.MARK_LANE] = node["mark_lane"]
             self.out.marks[k.index] = mark
             self.out.bump("graph_marked_kernels")
         if node.get("ordinal") is None:
@@ -432,10 +430,10 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
         held = sorted(spans.holding(ts), key=lambda s: (s[0], -s[1])) if spans else None
         if not held:
             continue
-        label = {MARK: "/".join(s[2] for s in held)}
+        label = {md.MARK: "/".join(s[2] for s in held)}
         lane = next((s[3] for s in reversed(held) if s[3] is not None), None)
         if lane is not None:
-            label[MARK_LANE] = lane
+            label[md.MARK_LANE] = lane
         for k in idx.work_by_corr.get(corr, ()):
             out.marks[k] = dict(label)
             out.bump("eager_marked_kernels")

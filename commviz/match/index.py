@@ -12,8 +12,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from commviz.capture.hooks import REPLAY_RANGE
-from commviz.capture.mark import RANGE_PREFIX as MARK_PREFIX
+from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
+from commviz.metadata import REPLAY_RANGE
 from commviz.trace.kernels import LAUNCH_CATS, NcclKernel, is_graph_launch, parse_nccl
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call

@@ -70,13 +70,6 @@ def bus_factor(ctype: str, n: int) -> float | None:
     return None
 
 
-# Bytes per element of the c10 ScalarType names the profiler writes in "dtype".
-DTYPE_BYTES = {
-    "Bool": 1, "Byte": 1, "Char": 1, "UInt8": 1, "Int8": 1, "Short": 2, "UInt16": 2,
-    "Half": 2, "BFloat16": 2, "Int": 4, "UInt32": 4, "Float": 4, "Long": 8, "UInt64": 8,
-    "Double": 8, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16,
-    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1,
-}
 
 
 def collective_type(args: dict[str, Any]) -> str:
@@ -93,7 +86,7 @@ def size_bytes(args: dict[str, Any]) -> int | None:
     b_in, b_out = args.get(md.BYTES_IN), args.get(md.BYTES_OUT)
     if b_in is not None or b_out is not None:
         return max(int(b_in or 0), int(b_out or 0))
-    esize = DTYPE_BYTES.get(str(args.get(md.DTYPE)))
+    esize = md.DTYPE_BYTES.get(str(args.get(md.DTYPE)))
     n_in, n_out = args.get(md.IN_NELEMS), args.get(md.OUT_NELEMS)
     if esize is None or (n_in is None and n_out is None):
         return None

@@ -1,0 +1,68 @@
+"""The after-the-job tools need no torch, and importing commviz changes nothing in torch.
+
+Each check runs in a fresh interpreter (``sys.modules`` tells what was imported) on a real run
+dir made by a 2-rank gloo job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import run_ranks
+
+
+def _job(rank: int, world: int, run_dir: str) -> None:
+    import torch.distributed as dist
+
+    import commviz
+
+    commviz.start(run_dir, flush_interval=None)
+    with commviz.profile(run_dir):
+        for _ in range(3):
+            dist.all_reduce(torch.ones(16))
+    commviz.flush()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("imports") / "run"
+    run_ranks(_job, 2, str(run_dir))
+    return run_dir
+
+
+def _python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_after_the_job_commands_import_no_torch(run: Path, tmp_path: Path) -> None:
+    for argv in (["--help"], ["merge", "--help"], ["merge", str(run), "-o", str(tmp_path / "m.pftrace")],
+                 ["verify", str(tmp_path / "m.pftrace")],
+                 ["report", str(run), "-o", str(tmp_path / "r.md"), "--no-plots"],
+                 ["annotate", str(run / "trace_rank0.json.gz"), str(run / "commviz_rank0.pkl"),
+                  "-o", str(tmp_path / "a.pftrace")]):
+        code = ("import sys\nfrom commviz.cli import main\ntry:\n    rc = main(%r)\n"
+                "except SystemExit as exc:\n    rc = exc.code\nprint(rc, 'torch' in sys.modules)"
+                % (argv,))
+        assert _python(code) == "0 False", argv
+
+
+def test_importing_commviz_installs_nothing() -> None:
+    code = """
+import torch, torch.distributed
+before = (torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin,
+          torch.distributed.all_reduce)
+import commviz, commviz.record, commviz.capture, commviz.metadata
+from commviz.record import boundary
+after = (torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin,
+         torch.distributed.all_reduce)
+print(before == after and boundary.BOUNDARY.impl is None)
+"""
+    assert _python(code) == "True"
