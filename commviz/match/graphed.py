@@ -33,12 +33,12 @@ from commviz.capture.names import kernel_key
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, instance_key
 from commviz.match.result import Unmatched
-from commviz.trace.kernels import LAUNCH_CATS, incompatibility, is_graph_launch, parse_nccl
+from commviz.trace.kernels import (LAUNCH_CATS, graph_node_id, incompatibility, is_graph_launch,
+                                   is_graphed, parse_nccl)
 
 REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
 NODE = md.GRAPH_NODE
-GRAPH_NODE_ID = "graph node id"
 _WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _DROP = frozenset({md.T_BEGIN, md.T_END, md.GRAPH_NODES})
 # recorded reduction -> reductions an NCCL kernel may run it with (avg: PreMulSum for floats,
@@ -179,8 +179,8 @@ class _Index:
         for i, ev in work:
             args = ev.get("args") or {}
             corr = args.get("correlation")
-            node_id = _int(args.get(GRAPH_NODE_ID))
-            graphed = bool(node_id) or corr in self.replays
+            node_id = graph_node_id(args)
+            graphed = is_graphed(args, self.replays)
             if not graphed:
                 if corr is not None:
                     self.work_by_corr[corr].append(i)

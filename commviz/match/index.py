@@ -14,11 +14,10 @@ from typing import Any
 
 from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
-from commviz.trace.kernels import LAUNCH_CATS, NcclKernel, is_graph_launch, parse_nccl
+from commviz.trace.kernels import LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed, parse_nccl
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
 PARAM_COMMS = "record_param_comms"
-GRAPH_NODE_ID = "graph node id"
 
 
 def is_other_range(name: str) -> bool:
@@ -113,9 +112,7 @@ class TraceIndex:
                 self.param_comms[args["External id"]] = span
         for span, ev, nccl in kernels:
             args = ev.get("args") or {}
-            graphed = (args.get(GRAPH_NODE_ID) not in (None, 0)       # 0: not a graph kernel
-                       or args.get("correlation") in self.graph_launches)
-            self.nccl.append(NcclSpan(span, nccl, graphed))
+            self.nccl.append(NcclSpan(span, nccl, is_graphed(args, self.graph_launches)))
         by_thread: dict[tuple[Any, Any], list[tuple[int, int, Span]]] = {}
         for span in self.ranges:
             by_thread.setdefault(span.thread, []).append((span.start, span.end, span))

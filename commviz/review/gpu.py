@@ -2,7 +2,8 @@
 
 Times are this rank's wall ns (``Trace.ns``); the per-rank analyses (streams, overlap) never
 compare them across ranks, so no clock offset is applied. A kernel counts as graphed when its
-``correlation`` is that of a ``cudaGraphLaunch`` runtime call or it carries a graph node id.
+``correlation`` is that of a ``cudaGraphLaunch`` runtime call or it carries a non-zero graph node
+id (``trace.kernels.is_graphed``, the matchers' rule too).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from commviz.trace.kernels import is_graph_launch
+from commviz.trace.kernels import is_graph_launch, is_graphed
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
@@ -54,7 +55,7 @@ def gpu_ops(trace: Any) -> list[GpuOp]:
             end = start + round(float(ev.get("dur", 0)) * 1000)
         except (TypeError, ValueError, KeyError):
             continue
-        graphed = args.get("correlation") in launches or "graph node id" in args
+        graphed = is_graphed(args, launches)
         out.append(GpuOp(trace.rank, stream, str(ev.get("name", "")), str(ev["cat"]), start, end,
                          graphed))
     out.sort(key=lambda o: (o.start_ns, o.end_ns))

@@ -144,5 +144,18 @@ def is_graph_launch(name: str, category: str, args: dict[str, Any]) -> bool:
         category == "cuda_runtime" and args.get("cbid") in _GRAPH_LAUNCH_CBIDS))
 
 
-def is_comm_kernel(name: str) -> bool:
-    return parse_nccl(name) is not None
+GRAPH_NODE_ID = "graph node id"   # torch >= 2.12: CUPTI's node id of a graphed kernel, 0 if eager
+
+
+def graph_node_id(args: dict[str, Any]) -> int:
+    """A kernel's CUPTI graph node id, 0 when it has none (eager kernels of torch >= 2.12)."""
+    try:
+        return int(args.get(GRAPH_NODE_ID) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_graphed(args: dict[str, Any], graph_launches: set[Any] | dict[Any, Any]) -> bool:
+    """The one rule for "did this GPU kernel run in a CUDA graph replay": it carries a non-zero
+    graph node id, or its ``correlation`` is that of a graph launch (``is_graph_launch``)."""
+    return graph_node_id(args) != 0 or args.get("correlation") in graph_launches
