@@ -25,6 +25,7 @@ exactly as without commviz. ``COMMVIZ_BOUNDARY=off`` installs nothing.
 from __future__ import annotations
 
 import enum
+import fcntl
 import hashlib
 import os
 import threading
@@ -86,15 +87,32 @@ def available_ops() -> dict[str, Positions]:
 
 # -- the compiled kernel ----------------------------------------------------------------------
 
-def _build() -> Any:
-    """Build (or load the cached build of) ``boundary.cpp`` against this torch."""
+def build_directory() -> tuple[str, Path]:
+    """The extension's name (this source, this torch) and where torch builds and caches it."""
     from torch.utils import cpp_extension
 
     digest = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return cpp_extension.load(name=f"commviz_boundary_{digest}", sources=[str(SOURCE)],
-                                  extra_cflags=["-O2"], verbose=False)
+    name = f"commviz_boundary_{digest}"
+    return name, Path(cpp_extension._get_build_directory(name, verbose=False))
+
+
+def _build() -> Any:
+    """Build (or load the cached build of) ``boundary.cpp`` against this torch.
+
+    torch's own build lock is a file that a process killed mid-build (a SIGKILLed rank) leaves
+    behind, and every later build then waits on it forever. So builds are serialised by an
+    ``flock``, which the kernel drops with its holder, and under it a torch lock file can
+    only be such a leftover: it is removed."""
+    from torch.utils import cpp_extension
+
+    name, build_dir = build_directory()
+    with open(build_dir / "commviz.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
+                                      build_directory=str(build_dir), verbose=False)
 
 
 def prebuild() -> str | None:

@@ -200,6 +200,9 @@ def _reduction(code: int) -> dict[str, str]:
 
 
 _SPECS = tuple(OPS.values())
+_BY_NAME = md._BY_NAME                        # group name -> GroupInfo, filled by group_by_name
+_SIDE = md.SIDE_GROUP_DESC
+_T_BEGIN = md.R_T_BEGIN
 
 
 def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
@@ -209,7 +212,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     """The boundary kernel calls this before torch's kernel runs, with the call site it found
     (``callsite``'s rule, walked in C++); None: nothing to record."""
     op, _, _, kind, slots, per_rank, barrier, any_source = _SPECS[code]
-    info = md.group_by_name(pg_name)
+    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
     if per_rank and not cuda:        # gloo's numbering; NCCL reports its own after the call
         slots = info.size
     collective = kind == "collective"
@@ -222,9 +225,13 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
             else:
                 info.take_seq(slots)
         return None
-    if not info.member or info.desc == md.SIDE_GROUP_DESC:
+    if not info.member or info.desc == _SIDE:
         return None
-    seq = info.take_seq(slots) if collective else None
+    if collective:
+        seq = info.last_seq + 1               # GroupInfo.take_seq, inlined: the hot path
+        info.last_seq += slots
+    else:
+        seq = None
     extra: dict[str, Any] | None
     if kind == "p2p":
         async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
@@ -245,10 +252,20 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     if barrier:
         in_n = out_n = 0
         dtype, esize = "Byte", 0
-    return open_record(op, kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
-                       "[]" if in_split is None else str(in_split),
-                       "[]" if out_split is None else str(out_split),
-                       async_op, extra, (file, line), seq)
+    in_s = "[]" if in_split is None else str(in_split)
+    out_s = "[]" if out_split is None else str(out_split)
+    if _profiler_enabled() or (cuda and _hooks.capture_possible()):
+        return open_record(op, kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
+                           in_s, out_s, async_op, extra, (file, line), seq)
+    # open_record's common case, inlined: no profiler range, no capture region
+    rec = [op, kind, info, in_n, out_n, dtype, esize, in_s, out_s, async_op, file, line,
+           info.my_rank, "cuda" if cuda else "cpu", seq, extra, None, None, None, None, None,
+           None, None, None, None]
+    recorder = _rec.RECORDER
+    if recorder._enabled:
+        recorder.append(rec)
+    rec[_T_BEGIN] = _time_ns()
+    return rec
 
 
 def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:
