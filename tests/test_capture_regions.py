@@ -16,7 +16,7 @@ import pytest
 from commviz import metadata as md
 from commviz.capture import bindings, graphs, hooks, region
 from commviz.capture.graphs import dependency_order
-from commviz.capture.mark import mark
+from commviz.capture.marks import mark
 from commviz.capture.names import kernel_key
 from commviz.record.recorder import RECORDER
 
@@ -103,7 +103,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
     monkeypatch.setattr(graphs.cupti, "node_id", lambda h: (1 << 32) | graph.order.index(h))
     monkeypatch.setattr(graphs.cupti, "graph_id", lambda g: 1)
     # (the package exports the class ``mark``, which hides the module of the same name)
-    monkeypatch.setattr(sys.modules["commviz.capture.mark"], "_capturing", lambda: True)
+    monkeypatch.setattr(sys.modules["commviz.capture.marks"], "_capturing", lambda: True)
     was_installed = hooks.installed()
     yield graph
     if not was_installed:

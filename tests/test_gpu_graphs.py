@@ -204,7 +204,7 @@ def eager_truth(trace: Any) -> dict[tuple[str, int], dict[str, Any]]:
     """(process group name, position of the call on that group) -> the eager NCCL kernel's
     profiler metadata and the args of the commviz range its launch ran in."""
     from commviz.capture.hooks import REPLAY_RANGE
-    from commviz.capture.mark import RANGE_PREFIX
+    from commviz.capture.marks import RANGE_PREFIX
 
     events = trace.events
     launches, ranges = {}, defaultdict(list)
@@ -394,7 +394,7 @@ def test_mark_and_replay_tags_on_one_gpu(tmp_path: Path) -> None:
 
     import commviz
     from commviz import capture
-    from commviz.capture.mark import MARK
+    from commviz.capture.marks import MARK
     from commviz.match.graphed import match_graphed
     from commviz.record.store import load_record
     from commviz.trace.load import load_trace

@@ -20,7 +20,7 @@ import pytest
 
 from commviz import metadata as md
 from commviz.capture import cupti, hooks
-from commviz.capture.mark import MARK, MARK_LANE
+from commviz.capture.marks import MARK, MARK_LANE
 from commviz.capture.names import kernel_key
 from commviz.match.graphed import MATCHED_BY, REPLAY, check_kernel, match_graphed
 from commviz.record.store import load_record

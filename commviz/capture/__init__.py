@@ -10,7 +10,7 @@
 
 _API = {"resolve_all": "commviz.capture.graphs", "graph": "commviz.capture.hooks",
         "install": "commviz.capture.hooks", "installed": "commviz.capture.hooks",
-        "uninstall": "commviz.capture.hooks", "mark": "commviz.capture.mark"}
+        "uninstall": "commviz.capture.hooks", "mark": "commviz.capture.marks"}
 
 __all__ = sorted(_API)
 
