@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _API = {
     "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",
     "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
-    "mark": "commviz.capture", "gather": "commviz.gather", "patch": "commviz.patching",
+    "mark": "commviz.capture", "gather": "commviz.gathering", "patch": "commviz.patching",
     "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
     "profile": "commviz.record", "start": "commviz.record", "trace_handler": "commviz.record",
     "unrecorded": "commviz.record.calls",

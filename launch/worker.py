@@ -93,7 +93,7 @@ def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
     import torch.distributed as dist
 
     import commviz
-    from commviz.gather import side_group
+    from commviz.gathering import side_group
     from commviz.record import clock
     from commviz.record.recorder import RECORDER
 

@@ -66,3 +66,20 @@ after = (torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin,
 print(before == after and boundary.BOUNDARY.impl is None)
 """
     assert _python(code) == "True"
+
+
+def test_the_api_stays_callable_whatever_was_imported_first() -> None:
+    """A submodule named like a lazily loaded function would shadow it once imported."""
+    code = """
+import importlib, pkgutil
+import commviz
+for mod in pkgutil.walk_packages([commviz.__path__[0]], "commviz."):
+    if not mod.name.endswith(("__main__", "cli")):
+        importlib.import_module(mod.name)
+import commviz.capture, commviz.record
+api = [getattr(commviz, n) for n in commviz.__all__ if n not in ("__version__", "RECORDER")]
+api += [getattr(commviz.capture, n) for n in commviz.capture.__all__]
+api += [getattr(commviz.record, n) for n in commviz.record.__all__ if n != "RECORDER"]
+print(all(callable(f) and not isinstance(f, type(commviz)) for f in api))
+"""
+    assert _python(code) == "True"
