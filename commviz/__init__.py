@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 # The job-side API, loaded on first use: importing commviz (the after-the-job CLI does) imports
 # no torch and installs nothing; ``start``, ``patch`` and ``graph`` install what they need.
+from commviz.lazy import lazy_api  # noqa: E402
+
 _API = {
     "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",
     "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
@@ -27,12 +29,4 @@ _API = {
 
 __all__ = sorted(_API) + ["__version__"]
 
-
-def __getattr__(name: str) -> object:
-    if name not in _API:
-        raise AttributeError(f"module 'commviz' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_API[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_api(__name__, _API)

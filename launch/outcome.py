@@ -25,7 +25,7 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
-_WORD = re.compile(r"\[commviz\] rank (\d+) failed: (.+)$")     # worker.py's stderr verdict
+_WORD = re.compile(r"\[commviz\] rank (\d+) failed(?: at (\d+))?: (.+)$")  # worker.py's verdict
 
 
 @dataclass
@@ -87,35 +87,40 @@ def worker_failures(log_dir: Path) -> dict[int, Failure]:
     return out
 
 
-def worded_failures(output: str) -> dict[int, tuple[int, str]]:
-    """rank -> (line number, reason) of the ``[commviz] rank R failed: ...`` lines: what a rank
-    said when it could not write its failure file (a full or read-only disk)."""
-    out: dict[int, tuple[int, str]] = {}
+def worded_failures(output: str) -> dict[int, tuple[int, int | None, str]]:
+    """rank -> (line number, failure time in ns if given, reason) of the ``[commviz] rank R
+    failed at NS: ...`` lines: what a rank said when it could not write its failure file (a
+    full or read-only disk)."""
+    out: dict[int, tuple[int, int | None, str]] = {}
     for n, line in enumerate(output.splitlines()):
         m = _WORD.search(line)
         if m:
-            out.setdefault(int(m.group(1)), (n, _first_line(m.group(2))))
+            at = int(m.group(2)) if m.group(2) else None
+            out.setdefault(int(m.group(1)), (n, at, _first_line(m.group(3))))
     return out
 
 
 def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
-    """Every failed rank, the root cause first."""
+    """Every failed rank, the root cause first: a rank that died without a word, then by the
+    time each rank failed (its failure file, or its stderr verdict), then by output order."""
     files = worker_failures(log_dir)
     listed = torchrun_failures(torchrun_output)
     words = worded_failures(torchrun_output)
-    for rank, (_, reason) in words.items():
+    for rank, (_, at, reason) in words.items():
         if rank not in files:
             host = listed[rank].host if rank in listed else None
-            listed[rank] = Failure(rank, reason, host)
+            listed[rank] = Failure(rank, reason, host, time_ns=at)
     silent = sorted(r for r in listed if r not in files and r not in words)
     merged = {**listed, **files}
 
     def order(f: Failure) -> tuple[int, int, int]:
         if f.rank in silent:
             return (0, 0, f.rank)
-        if f.rank in files:
-            return (1, f.time_ns if f.time_ns is not None else 2**63, f.rank)
-        return (2, words[f.rank][0], f.rank)
+        if f.time_ns is not None:
+            return (1, f.time_ns, f.rank)
+        if f.rank in words:
+            return (2, words[f.rank][0], f.rank)
+        return (3, 0, f.rank)
     return sorted(merged.values(), key=order)
 
 

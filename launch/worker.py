@@ -145,7 +145,9 @@ def _fail(exc: BaseException) -> None:
     """Leave word of this rank's failure where the launcher and torchrun look, keep its record.
 
     On a full or read-only disk neither may be writable: the reason then says so, and the one
-    line ``[commviz] rank R failed: REASON`` on stderr (through torchrun) still carries it."""
+    line ``[commviz] rank R failed at NS: REASON`` on stderr (through torchrun) still carries it,
+    with the time the launcher orders failures by (torchrun interleaves the ranks' output)."""
+    failed_at = time.time_ns()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = int(os.environ.get("RANK", -1))
     text = "".join(traceback.format_exception(exc))
@@ -158,7 +160,7 @@ def _fail(exc: BaseException) -> None:
                 reason += f" (writing in {RECORDER.run_dir})"
             reason = _leave_word(RECORDER.run_dir, rank, exc, reason, text)
     finally:
-        sys.stderr.write(f"[commviz] rank {rank} failed: {reason}\n{text}")
+        sys.stderr.write(f"[commviz] rank {rank} failed at {failed_at}: {reason}\n{text}")
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(exc)

@@ -22,28 +22,7 @@ from commviz import metadata as md
 from commviz.verify import verify_pftrace
 from independent import flow_ends
 
-JOB = """
-import os
-import signal
-
-import torch
-
-
-def build(ctx):
-    t = torch.ones(16)
-    calls = [0]
-
-    def step():
-        calls[0] += 1
-        ctx.dist.all_reduce(t, group=ctx.group("world"))
-        ctx.dist.broadcast(t, src=0, group=ctx.group("world"))
-        how = ctx.args["how"]
-        if ctx.rank == ctx.args["rank"] and calls[0] == ctx.args["at"] and how != "none":
-            if how in ("kill", "term"):
-                os.kill(os.getpid(), getattr(signal, "SIG" + how.upper()))
-            raise RuntimeError(f"injected failure in call {calls[0]}")
-    return step
-"""
+JOBS = Path(__file__).parent / "jobs"      # failing_job.py: the entrypoint these launch
 
 
 def commviz_cli(*args: str, cwd: Path, timeout: float = 240, wrap: list[str] | None = None
@@ -56,7 +35,6 @@ def commviz_cli(*args: str, cwd: Path, timeout: float = 240, wrap: list[str] | N
 def launch_job(base: Path, how: str, out_dir: str = "out", wrap: list[str] | None = None
                ) -> tuple[subprocess.CompletedProcess, Path]:
     base.mkdir(parents=True, exist_ok=True)
-    (base / "failing_job.py").write_text(JOB)
     (base / "fail.yaml").write_text(textwrap.dedent(f"""
         name: fail
         job: {{nproc_per_node: 2, timeout_s: 60}}
@@ -64,7 +42,7 @@ def launch_job(base: Path, how: str, out_dir: str = "out", wrap: list[str] | Non
           steps: 3
           entrypoint: failing_job:build
           args: {{rank: 1, at: 3, how: {how}}}
-          pythonpath: ["{base}"]
+          pythonpath: ["{JOBS}"]
         output: {{dir: "{out_dir}", run_name: run}}
         """))
     return commviz_cli("launch", str(base / "fail.yaml"), cwd=base, wrap=wrap), \

@@ -130,38 +130,15 @@ def test_four_ranks_tp_dp_from_yaml(tmp_path):
     check_merged(run_dir, out)
 
 
-FAILING = """
-import os
-import signal
-
-import torch
-
-
-def build(ctx):
-    t = torch.ones(16)
-    calls = [0]
-
-    def step():
-        calls[0] += 1
-        ctx.dist.all_reduce(t, group=ctx.group("world"))
-        if ctx.rank == ctx.args["rank"] and calls[0] == ctx.args["at"]:
-            if ctx.args["how"] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"injected failure in call {calls[0]}")
-    return step
-"""
-
-
 def failing_job(tmp_path: Path, how: str) -> Path:
-    (tmp_path / "failing_job.py").write_text(FAILING)
     (tmp_path / "fail.yaml").write_text(textwrap.dedent(f"""
         name: fail
         job: {{nproc_per_node: 2, timeout_s: 60}}
         workload:
           steps: 4
           entrypoint: failing_job:build
-          args: {{rank: 1, at: 3, how: {how}}}
-          pythonpath: ["."]
+          args: {{rank: 1, at: 3, how: {how}, broadcast: false}}
+          pythonpath: ["{REPO / 'tests' / 'jobs'}"]
         output: {{dir: out, run_name: run}}
         """))
     return tmp_path / "out" / "run"

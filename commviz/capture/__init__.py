@@ -8,19 +8,12 @@
 - ``resolve_all()``: finish the capture records now; commviz does it before writing records.
 """
 
+from commviz.lazy import lazy_api
+
 _API = {"resolve_all": "commviz.capture.graphs", "graph": "commviz.capture.hooks",
         "install": "commviz.capture.hooks", "installed": "commviz.capture.hooks",
         "uninstall": "commviz.capture.hooks", "mark": "commviz.capture.marks"}
 
 __all__ = sorted(_API)
 
-
-def __getattr__(name: str) -> object:
-    """The API, loaded on first use (``capture.names`` is read by after-the-job tools)."""
-    if name not in _API:
-        raise AttributeError(f"module 'commviz.capture' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_API[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_api(__name__, _API)

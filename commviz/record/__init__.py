@@ -3,6 +3,8 @@
 Loaded on first use, so that reading record files (``schema``, ``store``) needs no torch.
 """
 
+from commviz.lazy import lazy_api
+
 _API = {
     "RECORDER": "commviz.record.recorder", "Recorder": "commviz.record.recorder",
     "enable": "commviz.record.recorder", "flush": "commviz.record.recorder",
@@ -12,12 +14,4 @@ _API = {
 
 __all__ = sorted(_API)
 
-
-def __getattr__(name: str) -> object:
-    if name not in _API:
-        raise AttributeError(f"module 'commviz.record' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_API[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_api(__name__, _API)
