@@ -4,11 +4,17 @@
 // Every collective reaches these ops, whoever issues it (torch.distributed, DDP's reducer,
 // FSDP, DTensor and functional collectives, compiled code), so recording here sees them all.
 // The kernel reads what the record needs straight off the boxed stack (no Python objects are
-// made for tensors or the process group), hands plain values to commviz's Python `begin`,
-// runs torch's own kernel, then calls `finish`. With recording off it costs one atomic load.
+// made for tensors or the process group) and walks to the call site.
 //
-// Built on first use by commviz.record.boundary (torch.utils.cpp_extension); a pure-Python
-// kernel with the same callbacks is used where no compiler exists.
+// The common call (no profiler, no capture, no annotate_collective block around it) is
+// recorded here without running Python: what its call site repeats (op, group, sizes, dtype,
+// root, reduction, site) is a *shape*, registered once through commviz's Python `shape`; each
+// call then only adds a fixed 40-byte entry (shape, seq, times, ordinal) to a ring in memory
+// and to this generation's calls file beside the journal (a shared file mapping: the page
+// cache outlives a SIGKILLed process). Other calls go through Python's `begin` / `finish`,
+// which build the full record. With recording off the kernel costs one atomic load.
+//
+// Built on first use by commviz.record.boundary (torch.utils.cpp_extension).
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -23,9 +29,17 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
-#include <cstring>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,13 +65,24 @@ struct OpSpec {
 
 std::atomic<bool> g_active{false};
 // Slots of commviz's compact record (commviz.metadata R_*) the kernel reads or writes itself
-// so that a plain call needs no second Python call: its end time, and the two runtime slots
-// that say whether Python must finish it (an open profiler range or capture region).
+// so that a call Python began needs no second Python call: its end time, and the two runtime
+// slots that say whether Python must finish it (an open profiler range or capture region).
 struct Slots {
   Py_ssize_t seq = -1, t_end = -1, meta = -1, region = -1;
 } g_slots;
-py::object* g_begin = nullptr;   // leaked on purpose: they must outlive interpreter teardown
-py::object* g_finish = nullptr;
+
+// commviz's Python side (commviz.record.calls), leaked on purpose: it must outlive
+// interpreter teardown.
+struct Python {
+  py::object begin, finish;   // build / finish a full record
+  py::object shape;           // register a call site's shape: (index, GroupInfo, slots) | ...
+  py::object failed;          // a natively recorded call raised: (ordinal, error)
+  py::object scope;           // calls.SCOPE: its per-thread `stack` says a block is open
+  py::object profiling;       // torch's "is a profiler running"
+  py::object capturing;       // hooks.capture_possible
+  py::object stack_attr, last_seq_attr;
+};
+Python* g_py = nullptr;
 
 struct PgName {
   std::string name;
@@ -94,12 +119,12 @@ py::object split_list(const c10::IValue& v) {
   return py::cast(v.toIntVector());
 }
 
-const py::object& pg_name(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+const py::object& pg_name(c10d::ProcessGroup& pg) {
   std::lock_guard<std::mutex> lock(g_names_mutex);
-  const std::string& name = pg->getGroupName();
-  auto it = g_names->find(pg.get());
+  const std::string& name = pg.getGroupName();
+  auto it = g_names->find(&pg);
   if (it == g_names->end() || it->second.name != name) {
-    it = g_names->insert_or_assign(pg.get(), PgName{name, py::str(name)}).first;
+    it = g_names->insert_or_assign(&pg, PgName{name, py::str(name)}).first;
   }
   return it->second.py;
 }
@@ -129,34 +154,357 @@ bool own_code(PyCodeObject* code) {
   return own;
 }
 
-// (file, line) of the call site, or (None, None) when no frame is outside torch and commviz
-// (DDP's reducer on an autograd thread). Needs the GIL.
-std::pair<py::object, py::object> callsite() {
+// The call site: its code object (kept alive by g_skip, so the pointer stays its own) and
+// line; code is null when no frame is outside torch and commviz (DDP's reducer on an autograd
+// thread). Needs the GIL.
+struct Site {
+  PyCodeObject* code = nullptr;
+  int line = 0;
+
+  py::object file() const {
+    return code == nullptr ? py::object(py::none())
+                           : py::reinterpret_borrow<py::object>(code->co_filename);
+  }
+  py::object line_obj() const {
+    return code == nullptr ? py::object(py::none()) : py::object(py::int_(line));
+  }
+};
+
+Site callsite() {
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     bool own = own_code(code);
+    Py_DECREF(code);                              // g_skip keeps it
     if (!own) {
-      std::pair<py::object, py::object> out{
-          py::reinterpret_borrow<py::object>(code->co_filename),
-          py::int_(PyFrame_GetLineNumber(frame))};
-      Py_DECREF(code);
+      Site site{code, PyFrame_GetLineNumber(frame)};
       Py_DECREF(frame);
-      return out;
+      return site;
     }
-    Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
     frame = back;
   }
-  return {py::none(), py::none()};
+  return {};
 }
 
 const py::object& dtype_name(c10::ScalarType st) {
   py::object& slot = g_dtype_names[static_cast<int>(st)];
   if (!slot) slot = py::str(c10::toString(st));
   return slot;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// -- natively recorded calls ---------------------------------------------------------------
+
+// One call recorded without Python. The same 40 bytes go to the ring and to the calls file
+// (commviz.record.journal.CALLS reads them): the ordinal is written last and a fresh file
+// reads zero, so an entry torn by a SIGKILL reads as absent.
+struct Call {
+  int32_t shape;
+  int32_t flags;    // FAILED: the call raised (its text went to the journal via `failed`)
+  int64_t seq;      // -1: none
+  int64_t t_begin;
+  int64_t t_end;    // RUNNING until the call returns
+  int64_t ordinal;
+};
+static_assert(sizeof(Call) == 40, "the calls file's entry is 40 bytes");
+constexpr int64_t RUNNING = -1;
+constexpr int32_t FAILED = 1;
+constexpr char CALLS_MAGIC[16] = {'c', 'o', 'm', 'm', 'v', 'i', 'z', '.', 'c',
+                                  'a', 'l', 'l', 's', '.', '1', '\n'};
+constexpr size_t CHUNK = 64 << 10;      // first reservation; doubles up to MAX_STEP
+constexpr size_t MAX_STEP = 16 << 20;
+
+// A calls file: mapped, grown in reserved steps (posix_fallocate: a full disk is an error
+// here, not a SIGBUS later).
+struct Segment {
+  uint64_t id = 0;
+  std::string path;
+  int fd = -1;
+  char* map = nullptr;
+  size_t size = 0;
+  size_t pos = sizeof(CALLS_MAGIC);
+
+  int reserve(size_t need) {  // 0 or an errno
+    if (pos + need <= size) return 0;
+    size_t grown = std::max(size + std::min(std::max(size, CHUNK), MAX_STEP), pos + need);
+    int rc = posix_fallocate(fd, 0, static_cast<off_t>(grown));
+    if (rc != 0) return rc;
+    void* m = map == nullptr ? mmap(nullptr, grown, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                             : mremap(map, size, grown, MREMAP_MAYMOVE);
+    if (m == MAP_FAILED) return errno;
+    map = static_cast<char*>(m);
+    size = grown;
+    return 0;
+  }
+
+  void close() {
+    if (map != nullptr) munmap(map, size);
+    if (fd >= 0) ::close(fd);
+    map = nullptr;
+    fd = -1;
+  }
+};
+
+// Where a call's entry lives, to write its end.
+struct Where {
+  int64_t ordinal = 0;
+  uint64_t ring_pos = 0;
+  uint64_t segment = 0;  // 0: not in a file
+  size_t offset = 0;
+};
+
+// The ring of natively recorded calls, the ordinal counter shared with Python's records, and
+// the calls files. All under one mutex: the end of a call is written without the GIL.
+class Native {
+ public:
+  Where add(int32_t shape, int64_t seq, int64_t t_begin) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Where w;
+    w.ordinal = ++ordinal_;
+    Call call{shape, 0, seq, t_begin, RUNNING, w.ordinal};
+    if (!ring_.empty()) {
+      w.ring_pos = pushed_++;
+      ring_[w.ring_pos % ring_.size()] = call;
+    }
+    if (current_ != nullptr) {
+      int rc = current_->reserve(sizeof(Call));
+      if (rc != 0) {
+        fail(rc);
+      } else {
+        char* at = current_->map + current_->pos;
+        std::memcpy(at, &call, offsetof(Call, ordinal));
+        std::atomic_thread_fence(std::memory_order_release);
+        std::memcpy(at + offsetof(Call, ordinal), &call.ordinal, sizeof(int64_t));
+        w.segment = current_->id;
+        w.offset = current_->pos;
+        current_->pos += sizeof(Call);
+      }
+    }
+    return w;
+  }
+
+  void end(const Where& w, int64_t seq, int64_t t_end, int32_t flags) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ring_.empty() && pushed_ - w.ring_pos <= ring_.size()) {
+      Call& call = ring_[w.ring_pos % ring_.size()];
+      if (call.ordinal == w.ordinal) {
+        call.seq = seq;
+        call.t_end = t_end;
+        call.flags = flags;
+      }
+    }
+    if (w.segment == 0) return;
+    for (Segment& seg : segments_) {
+      if (seg.id == w.segment && seg.map != nullptr) {
+        Call* call = reinterpret_cast<Call*>(seg.map + w.offset);
+        call->seq = seq;
+        call->t_end = t_end;
+        call->flags = flags;
+        return;
+      }
+    }
+  }
+
+  int64_t next_ordinal() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ++ordinal_;
+  }
+  int64_t last_ordinal() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ordinal_;
+  }
+  void set_ordinal(int64_t value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ordinal_ = value;
+  }
+
+  // Keep the last `capacity` calls (the recorder's ring size).
+  void resize(size_t capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Call> kept = ordered();
+    if (kept.size() > capacity) kept.erase(kept.begin(), kept.end() - capacity);
+    ring_.assign(capacity, Call{});
+    pushed_ = 0;
+    for (const Call& call : kept) ring_[pushed_++ % capacity] = call;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(ring_.begin(), ring_.end(), Call{});
+    pushed_ = 0;
+    ordinal_ = 0;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::min<uint64_t>(pushed_, ring_.size());
+  }
+
+  py::bytes entries() {
+    std::vector<Call> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls = ordered();
+    }
+    return py::bytes(reinterpret_cast<const char*>(calls.data()), calls.size() * sizeof(Call));
+  }
+
+  // Start writing calls to `path` (a new generation); 0 or an errno.
+  int open(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    retire();
+    Segment seg;
+    seg.id = ++segment_ids_;
+    seg.path = path;
+    seg.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (seg.fd < 0) return errno;
+    int rc = seg.reserve(CHUNK);
+    if (rc != 0) {
+      seg.close();
+      ::unlink(path.c_str());
+      return rc;
+    }
+    std::memcpy(seg.map, CALLS_MAGIC, sizeof(CALLS_MAGIC));
+    segments_.push_back(seg);
+    current_ = &segments_.back();
+    error_.clear();
+    return 0;
+  }
+
+  // Stop writing to the current file; calls still running finish in it.
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    retire();
+  }
+
+  // Unmap every file no longer written (Python removes or keeps the files).
+  void drop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Segment& seg : segments_) {
+      if (&seg != current_) seg.close();
+    }
+    segments_.remove_if([](const Segment& s) { return s.fd < 0; });
+  }
+
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  std::vector<Call> ordered() const {  // oldest first; mu_ held
+    std::vector<Call> out;
+    size_t n = std::min<uint64_t>(pushed_, ring_.size());
+    out.reserve(n);
+    for (uint64_t i = pushed_ - n; i < pushed_; ++i) out.push_back(ring_[i % ring_.size()]);
+    return out;
+  }
+
+  void retire() { current_ = nullptr; }
+
+  void fail(int rc) {  // the disk is full: keep the ring, stop the file, say why (once)
+    error_ = current_->path + ": " + std::strerror(rc);
+    retire();
+  }
+
+  std::mutex mu_;
+  std::vector<Call> ring_;
+  uint64_t pushed_ = 0;
+  int64_t ordinal_ = 0;
+  std::list<Segment> segments_;  // a list: `current_` and the others stay where they are
+  Segment* current_ = nullptr;
+  uint64_t segment_ids_ = 0;
+  std::string error_;
+};
+
+Native* g_native = new Native();
+
+// -- shapes: what a call site repeats --------------------------------------------------------
+
+struct ShapeKey {
+  const void* pg;
+  PyCodeObject* code;
+  int line;
+  int op;
+  int64_t in_n, out_n, root, redop;
+  int dtype;
+  bool async_op, cuda;
+
+  bool operator==(const ShapeKey& o) const {
+    return pg == o.pg && code == o.code && line == o.line && op == o.op && in_n == o.in_n &&
+           out_n == o.out_n && root == o.root && redop == o.redop && dtype == o.dtype &&
+           async_op == o.async_op && cuda == o.cuda;
+  }
+};
+
+struct ShapeKeyHash {
+  size_t operator()(const ShapeKey& k) const {
+    size_t h = std::hash<const void*>()(k.pg);
+    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    mix(std::hash<const void*>()(k.code));
+    mix(static_cast<size_t>(k.line));
+    mix(static_cast<size_t>(k.op));
+    mix(static_cast<size_t>(k.in_n));
+    mix(static_cast<size_t>(k.out_n));
+    mix(static_cast<size_t>(k.root) * 31 + static_cast<size_t>(k.redop));
+    mix(static_cast<size_t>(k.dtype) * 4 + k.async_op * 2 + k.cuda);
+    return h;
+  }
+};
+
+// What Python said of a shape: record natively (its index, group and sequence slots), never
+// record (a group this rank is not in, commviz's side group), or always ask `begin`
+// (point-to-point calls, numbered per peer pair).
+enum class Verdict { NATIVE, SKIP, PYTHON };
+
+struct Shape {
+  Verdict verdict = Verdict::PYTHON;
+  int32_t index = -1;
+  py::object info;  // GroupInfo: its last_seq is the group's numbering
+  int64_t slots = 1;
+  std::string pg_name;  // a pointer reused by a later group is not the same group
+};
+
+// Touched with the GIL held only.
+auto* g_shapes = new std::unordered_map<ShapeKey, Shape, ShapeKeyHash>();
+
+// Whether the common case holds: no annotate_collective / unrecorded block open on this
+// thread, no profiler running, no capture possible (CUDA calls). Needs the GIL.
+bool plain_call(bool cuda) {
+  PyObject* stack = PyObject_GetAttr(g_py->scope.ptr(), g_py->stack_attr.ptr());
+  if (stack == nullptr) throw py::error_already_set();
+  bool open = PyList_Check(stack) && PyList_GET_SIZE(stack) > 0;
+  Py_DECREF(stack);
+  if (open) return false;
+  if (PyObject_IsTrue(g_py->profiling().ptr())) return false;
+  return !(cuda && PyObject_IsTrue(g_py->capturing().ptr()));
+}
+
+// The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
+int64_t take_seq(PyObject* info, int64_t slots) {
+  py::object last = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(info, g_py->last_seq_attr.ptr()));
+  if (!last) throw py::error_already_set();
+  int64_t value = PyLong_AsLongLong(last.ptr());
+  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  py::int_ next(value + slots);
+  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return value + 1;
+}
+
+void set_last_seq(PyObject* info, int64_t value) {  // needs the GIL
+  py::int_ v(value);
+  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
 }
 
 class Kernel final : public c10::OperatorKernel {
@@ -176,75 +524,178 @@ class Kernel final : public c10::OperatorKernel {
     const at::Tensor* tensor = first_tensor(in);
     if (tensor == nullptr) tensor = first_tensor(out);
     auto pg = args[spec_.pg_arg].toCustomClass<c10d::ProcessGroup>();
-    int64_t redop = -1;
+    Args call;
+    call.redop = -1;
     if (spec_.redop_arg >= 0) {
-      redop = static_cast<int64_t>(args[spec_.redop_arg].toCustomClass<c10d::ReduceOp>()->op_);
+      call.redop =
+          static_cast<int64_t>(args[spec_.redop_arg].toCustomClass<c10d::ReduceOp>()->op_);
     }
-    int64_t root = spec_.root_arg >= 0 ? args[spec_.root_arg].toInt() : -1;
-    bool async_op = spec_.async_arg >= 0 && args[spec_.async_arg].toBool();
-    bool cuda = tensor != nullptr && tensor->is_cuda();
-    int64_t in_n = numel(in);
-    int64_t out_n = spec_.out_arg < 0 ? in_n : numel(out);
-    c10::ScalarType st = tensor != nullptr ? tensor->scalar_type() : c10::ScalarType::Byte;
-    int64_t esize = tensor != nullptr ? static_cast<int64_t>(c10::elementSize(st)) : 0;
+    call.root = spec_.root_arg >= 0 ? args[spec_.root_arg].toInt() : -1;
+    call.async_op = spec_.async_arg >= 0 && args[spec_.async_arg].toBool();
+    call.cuda = tensor != nullptr && tensor->is_cuda();
+    call.in_n = numel(in);
+    call.out_n = spec_.out_arg < 0 ? call.in_n : numel(out);
+    call.st = tensor != nullptr ? tensor->scalar_type() : c10::ScalarType::Byte;
+    call.esize = tensor != nullptr ? static_cast<int64_t>(c10::elementSize(call.st)) : 0;
+    const bool splits = has_split(args, spec_.in_split_arg) || has_split(args, spec_.out_split_arg);
 
+    Verdict verdict = Verdict::PYTHON;
+    PyObject* info = nullptr;  // borrowed: GroupInfo objects live as long as the process
+    int64_t seq = -1;
+    Where where;
     py::object rec;
     {
       py::gil_scoped_acquire gil;
-      py::object out_split = spec_.out_split_arg >= 0 ? split_list(args[spec_.out_split_arg])
-                                                      : py::none();
-      py::object in_split = spec_.in_split_arg >= 0 ? split_list(args[spec_.in_split_arg])
-                                                    : py::none();
       try {
-        auto [file, line] = callsite();
-        rec = (*g_begin)(spec_.code, pg_name(pg), in_n, out_n, dtype_name(st), esize, cuda,
-                         root, redop, async_op, in_split, out_split, file, line);
+        Site site = callsite();
+        if (!splits && plain_call(call.cuda)) {
+          const Shape& shape = shape_of(*pg, site, call);
+          verdict = shape.verdict;
+          if (verdict == Verdict::NATIVE) {
+            info = shape.info.ptr();
+            seq = take_seq(info, shape.slots);
+            where = g_native->add(shape.index, seq, now_ns());
+          }
+        }
+        if (verdict == Verdict::PYTHON) rec = begin(args, *pg, site, call);
       } catch (py::error_already_set& exc) {  // never break the job's collective
         exc.discard_as_unraisable("commviz: recording a collective");
-      }
-      if (rec && rec.is_none()) rec = py::object();
-      if (rec && PyList_CheckExact(rec.ptr())) {
-        // The ring keeps every record alive: as tracked containers they would make the
-        // collector's full passes over the whole heap (torch's included) ever more frequent.
-        // A record refers to nothing that refers back to it, so it cannot be in a cycle.
-        PyObject_GC_UnTrack(rec.ptr());
+        verdict = Verdict::SKIP;
       }
     }
-    if (!rec) {
+    if (verdict == Verdict::NATIVE) {
+      run_native(op, ks, stack, *pg, call, info, seq, where);
+    } else if (verdict == Verdict::PYTHON && rec) {
+      run_python(op, ks, stack, *pg, call, rec);
+    } else {
       original_.callBoxed(op, ks, stack);
-      return;
     }
+  }
+
+ private:
+  // What the kernel read off the stack.
+  struct Args {
+    int64_t in_n = 0, out_n = 0, esize = 0, root = -1, redop = -1;
+    c10::ScalarType st = c10::ScalarType::Byte;
+    bool async_op = false, cuda = false;
+  };
+
+  static bool has_split(const c10::IValue* args, int arg) {
+    return arg >= 0 && args[arg].isIntList() && !args[arg].toIntList().empty();
+  }
+
+  // The shape of this call: cached, else registered through Python's `shape`. Needs the GIL.
+  const Shape& shape_of(c10d::ProcessGroup& pg, const Site& site, const Args& call) const {
+    ShapeKey key{&pg, site.code, site.line, spec_.code, call.in_n, call.out_n, call.root,
+                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda};
+    const std::string& name = pg.getGroupName();
+    auto it = g_shapes->find(key);
+    if (it != g_shapes->end() && it->second.pg_name == name) return it->second;
+    py::object got = g_py->shape(spec_.code, pg_name(pg), call.in_n, call.out_n,
+                                 dtype_name(call.st), call.esize, call.cuda, call.root,
+                                 call.redop, call.async_op, site.file(), site.line_obj());
+    Shape shape;
+    shape.pg_name = name;
+    if (got.is_none()) {
+      shape.verdict = Verdict::PYTHON;
+    } else if (PyBool_Check(got.ptr())) {
+      shape.verdict = Verdict::SKIP;
+    } else {
+      auto [index, info, slots] = got.cast<std::tuple<int32_t, py::object, int64_t>>();
+      shape.verdict = Verdict::NATIVE;
+      shape.index = index;
+      shape.info = std::move(info);
+      shape.slots = slots;
+    }
+    return g_shapes->insert_or_assign(key, std::move(shape)).first->second;
+  }
+
+  py::object begin(const c10::IValue* args, c10d::ProcessGroup& pg, const Site& site,
+                   const Args& call) const {
+    py::object out_split = spec_.out_split_arg >= 0 ? split_list(args[spec_.out_split_arg])
+                                                    : py::none();
+    py::object in_split = spec_.in_split_arg >= 0 ? split_list(args[spec_.in_split_arg])
+                                                  : py::none();
+    py::object rec = g_py->begin(spec_.code, pg_name(pg), call.in_n, call.out_n,
+                                 dtype_name(call.st), call.esize, call.cuda, call.root,
+                                 call.redop, call.async_op, in_split, out_split, site.file(),
+                                 site.line_obj());
+    if (rec.is_none()) return py::object();
+    if (PyList_CheckExact(rec.ptr())) {
+      // The ring keeps every record alive: as tracked containers they would make the
+      // collector's full passes over the whole heap (torch's included) ever more frequent.
+      // A record refers to nothing that refers back to it, so it cannot be in a cycle.
+      PyObject_GC_UnTrack(rec.ptr());
+    }
+    return rec;
+  }
+
+  // torch's kernel; for a CPU (gloo) call its caller said is synchronous (async_op=False) the
+  // caller waits on the returned Work right away: waiting here first makes the record's end
+  // the collective's end, not its enqueue. (send/recv carry no such flag: isend returns.)
+  void call_original(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                     torch::jit::Stack* stack, const Args& call) {
+    original_.callBoxed(op, ks, stack);
+    if (!call.cuda && spec_.async_arg >= 0 && !call.async_op && !stack->empty() &&
+        stack->back().isCustomClass()) {
+      stack->back().toCustomClass<c10d::Work>()->wait();
+    }
+  }
+
+  // NCCL numbers its collectives itself (coalesced ones share a number); -1: no number.
+  static int64_t backend_seq(c10d::ProcessGroup& pg, const Args& call) {
+    if (!call.cuda) return -1;
     try {
-      original_.callBoxed(op, ks, stack);
-      if (!cuda && spec_.async_arg >= 0 && !async_op && !stack->empty() &&
-          stack->back().isCustomClass()) {
-        // A CPU (gloo) call its caller said is synchronous (async_op=False): the caller waits
-        // on the returned Work right away. Waiting here first makes the record's end the
-        // collective's end, not its enqueue. (send/recv carry no such flag: isend returns.)
-        stack->back().toCustomClass<c10d::Work>()->wait();
-      }
+      return static_cast<int64_t>(
+          pg.getBackend(c10::DeviceType::CUDA)->getSequenceNumberForGroup());
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+
+  void run_native(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+                  c10d::ProcessGroup& pg, const Args& call, PyObject* info, int64_t seq,
+                  const Where& where) {
+    try {
+      call_original(op, ks, stack, call);
     } catch (const std::exception& exc) {
+      g_native->end(where, seq, now_ns(), FAILED);
+      py::gil_scoped_acquire gil;
+      try {
+        g_py->failed(where.ordinal, py::str(exc.what()));
+      } catch (py::error_already_set& err) {
+        err.discard_as_unraisable("commviz: recording a failed collective");
+      }
+      throw;
+    }
+    const int64_t reported = backend_seq(pg, call);
+    const int64_t t_end = now_ns();
+    if (reported > 0 && reported != seq) {
+      py::gil_scoped_acquire gil;
+      set_last_seq(info, reported);
+      seq = reported;
+    }
+    g_native->end(where, seq, t_end, 0);
+  }
+
+  void run_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+                  c10d::ProcessGroup& pg, const Args& call, py::object& rec) {
+    try {
+      call_original(op, ks, stack, call);
+    } catch (const std::exception& exc) {
+      py::gil_scoped_acquire gil;
       finish(rec, -1, exc.what());
       throw;
     }
-    int64_t backend_seq = -1;
-    if (cuda) {  // NCCL numbers its collectives itself (coalesced ones share a number)
-      try {
-        backend_seq = static_cast<int64_t>(
-            pg->getBackend(c10::DeviceType::CUDA)->getSequenceNumberForGroup());
-      } catch (const std::exception&) {
-        backend_seq = -1;
-      }
-    }
-    const int64_t t_end = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::system_clock::now().time_since_epoch()).count();
+    const int64_t reported = backend_seq(pg, call);
+    const int64_t t_end = now_ns();
     py::gil_scoped_acquire gil;
     PyObject* list = rec.ptr();
     if (PyList_Check(list) && PyList_GET_SIZE(list) > g_slots.region &&
         PyList_GET_ITEM(list, g_slots.meta) == Py_None &&
         PyList_GET_ITEM(list, g_slots.region) == Py_None &&
-        (backend_seq < 0 || seq_is(PyList_GET_ITEM(list, g_slots.seq), backend_seq))) {
-      // the common case: nothing open, the number was right; just note when the call returned
+        (reported < 0 || seq_is(PyList_GET_ITEM(list, g_slots.seq), reported))) {
+      // nothing open, the number was right: just note when the call returned
       PyObject* end = PyLong_FromLongLong(t_end);
       if (end != nullptr) {
         PyList_SetItem(list, g_slots.t_end, end);  // steals the reference
@@ -253,28 +704,21 @@ class Kernel final : public c10::OperatorKernel {
       }
       PyErr_Clear();
     }
-    finish_locked(rec, backend_seq, nullptr);
+    finish(rec, reported, nullptr);
   }
 
- private:
   static bool seq_is(PyObject* seq, int64_t value) {
     return seq == Py_None || (PyLong_Check(seq) && PyLong_AsLongLong(seq) == value);
   }
 
-  static void finish(py::object& rec, int64_t backend_seq, const char* error) {
-    py::gil_scoped_acquire gil;
-    finish_locked(rec, backend_seq, error);
-  }
-
-  static void finish_locked(py::object& rec, int64_t backend_seq, const char* error) {
+  static void finish(py::object& rec, int64_t reported, const char* error) {  // GIL held
     try {
-      (*g_finish)(rec, backend_seq, error == nullptr ? py::object(py::none()) : py::str(error));
+      g_py->finish(rec, reported, error == nullptr ? py::object(py::none()) : py::str(error));
     } catch (py::error_already_set& exc) {
       exc.discard_as_unraisable("commviz: finishing a collective's record");
     }
     rec = py::object();
   }
-
 
   OpSpec spec_;
   c10::SafeKernelFunction original_;
@@ -289,18 +733,22 @@ class Silence : public c10::WarningHandler {
 };
 
 void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
-             const std::vector<std::string>& keys, py::object begin, py::object finish,
+             const std::vector<std::string>& keys, py::dict python,
              std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots,
              const std::vector<std::string>& own_dirs) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
   *g_own_dirs = own_dirs;
-  if (g_begin == nullptr) {
-    g_begin = new py::object(std::move(begin));
-    g_finish = new py::object(std::move(finish));
-  } else {
-    *g_begin = std::move(begin);
-    *g_finish = std::move(finish);
-  }
+  if (g_py == nullptr) g_py = new Python();
+  g_py->begin = python["begin"];
+  g_py->finish = python["finish"];
+  g_py->shape = python["shape"];
+  g_py->failed = python["failed"];
+  g_py->scope = python["scope"];
+  g_py->profiling = python["profiling"];
+  g_py->capturing = python["capturing"];
+  g_py->stack_attr = py::str("stack");
+  g_py->last_seq_attr = py::str("last_seq");
+  g_shapes->clear();
   if (!g_libraries.empty()) return;
   Silence silence;  // torch warns that a kernel is overridden: that is the point here
   c10::WarningUtils::WarningHandlerGuard guard(&silence);
@@ -335,4 +783,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall, "give torch's own kernels back");
   m.def("set_active", [](bool on) { g_active.store(on); });
   m.def("installed", []() { return !g_libraries.empty(); });
+  // the ring of natively recorded calls and the ordinal counter shared with Python's records
+  m.def("next_ordinal", []() { return g_native->next_ordinal(); });
+  m.def("last_ordinal", []() { return g_native->last_ordinal(); });
+  m.def("set_ordinal", [](int64_t value) { g_native->set_ordinal(value); });
+  m.def("resize", [](size_t capacity) { g_native->resize(capacity); });
+  m.def("clear", []() { g_native->clear(); });
+  m.def("size", []() { return g_native->size(); });
+  m.def("entries", []() { return g_native->entries(); }, "the ring's calls, oldest first");
+  // the calls files (commviz.record.journal drives their generations)
+  m.def("calls_open", [](const std::string& path) { return g_native->open(path); },
+        "write calls to a new file from now on; 0 or an errno");
+  m.def("calls_close", []() {
+    // atomically under the GIL: later calls register their shapes again, in the next file
+    g_native->close();
+    g_shapes->clear();
+  }, "stop writing calls to the current file");
+  m.def("calls_drop", []() { g_native->drop(); }, "unmap the files no longer written");
+  m.def("calls_error", []() { return g_native->error(); }, "why the file stopped, or ''");
 }

@@ -10,9 +10,12 @@ graph breaks stay exactly as they are.
 
 The kernel is C++ (``boundary.cpp``), built against the installed torch on first use
 (``torch.utils.cpp_extension``, cached in torch's extension dir; about 20 s once). It reads the
-call's sizes, dtype, group and root off the boxed stack without making Python objects of them,
-calls into Python only to build the record, and never holds the GIL while torch's kernel runs;
-with recording off it costs one atomic load.
+call's sizes, dtype, group and root off the boxed stack without making Python objects of them
+and never holds the GIL while torch's kernel runs. A plain call (no profiler, no capture, no
+``annotate_collective`` block) is recorded in C++: its call site's *shape* is registered once
+(``calls.shape``), then each call adds a fixed entry to a native ring and calls file
+(``RECORDER.attach``); other calls build their record in Python (``calls.begin``). With
+recording off it costs one atomic load.
 
 There is no pure-Python kernel on purpose: a ``torch.library`` Python kernel must call torch's
 kernel with the GIL held, and gloo's worker thread (like NCCL's watchdog) takes the GIL to free
@@ -155,8 +158,7 @@ class _Boundary:
                                   f"so collectives are not recorded ({self.problem})",
                                   RuntimeWarning, stacklevel=3)
             if self.impl is Impl.CPP:
-                RECORDER.on_enable = self._ext.set_active
-                self._ext.set_active(RECORDER.enabled)
+                RECORDER.attach(self._ext)
             return self.impl
 
     def _install_cpp(self, ops: dict[str, Positions]) -> None:
@@ -164,7 +166,13 @@ class _Boundary:
         specs = [(name, ext.OpSpec(CODES.index(name), p.sent, p.received, p.group, p.reduce_op,
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]
-        ext.install(specs, list(DISPATCH_KEYS), calls.begin, calls.finish,
+        from commviz.capture import hooks
+
+        python = {"begin": calls.begin, "finish": calls.finish, "shape": calls.shape,
+                  "failed": calls.failed, "scope": calls.SCOPE,
+                  "profiling": torch._C._autograd._profiler_enabled,
+                  "capturing": hooks.capture_possible}
+        ext.install(specs, list(DISPATCH_KEYS), python,
                     (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION), list(calls.OWN_DIRS))
         self._ext = ext
 
@@ -173,7 +181,7 @@ class _Boundary:
         with self._lock:
             if self._ext is not None:
                 self._ext.uninstall()
-            RECORDER.on_enable = None
+                RECORDER.detach()
             self.impl = None
 
 

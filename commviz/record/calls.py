@@ -1,8 +1,10 @@
 """One collective call's record: opened before torch runs it, finished when torch returns.
 
-Both entry points build records here: the c10d boundary kernel (``commviz.record.boundary``,
-every collective whoever issues it) and ``commviz.annotate_collective`` (communication the user
-issues outside c10d). ``open_record`` does, each only when it applies:
+The c10d boundary kernel (``commviz.record.boundary``, every collective whoever issues it)
+records a plain collective itself, once ``shape`` has described its call site; it calls
+``begin``/``finish`` for the others (profiled, captured, annotated, point-to-point), which
+build their record here, as ``commviz.annotate_collective`` does for communication the user
+issues outside c10d. ``open_record`` does, each only when it applies:
 - appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
 - opens a ``commviz::<op>`` profiler range whose args are the metadata, so eager traces carry
   the keys graphed ones get;
@@ -37,7 +39,6 @@ _profiler_enabled = torch._C._autograd._profiler_enabled
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _time_ns = time.time_ns
 _getframe = sys._getframe
-dtype_info = md.dtype_info
 
 # Keys that cannot go into a profiler range (non-scalar values).
 _RANGE_SKIP = frozenset({md.GRAPH_NODES})
@@ -202,7 +203,55 @@ def _reduction(code: int) -> dict[str, str]:
 _SPECS = tuple(OPS.values())
 _BY_NAME = md._BY_NAME                        # group name -> GroupInfo, filled by group_by_name
 _SIDE = md.SIDE_GROUP_DESC
-_T_BEGIN = md.R_T_BEGIN
+
+
+def _describe(spec: Any, info: md.GroupInfo, in_n: int, out_n: int, dtype: str, esize: int,
+              root: int, reduce_op: int) -> tuple[int, int, str, int, dict[str, Any] | None]:
+    """A collective's sizes, dtype and extras as recorded (a barrier sends nothing)."""
+    extra: dict[str, Any] | None
+    if reduce_op >= 0:
+        extra = _reduction(reduce_op)
+        if root >= 0:
+            extra = dict(extra, **{md.ROOT: info.global_rank(root)})
+    elif root >= 0:
+        extra = {md.ROOT: info.global_rank(root)}
+    else:
+        extra = None
+    if spec.barrier:
+        return 0, 0, "Byte", 0, extra
+    return in_n, out_n, dtype, esize, extra
+
+
+def _slots(spec: Any, info: md.GroupInfo, cuda: bool) -> int:
+    """Sequence numbers a call takes: gloo runs a list reduce_scatter as one call per rank
+    (NCCL reports its own number after the call)."""
+    return info.size if spec.slots_per_rank and not cuda else spec.slots
+
+
+def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
+          root: int, reduce_op: int, async_op: bool, file: str | None, line: int | None
+          ) -> tuple[int, md.GroupInfo, int] | bool | None:
+    """The boundary kernel asks this once per call shape (what a call site repeats) when no
+    block, profiler or capture needs Python: (the shape's index, its group, the sequence
+    numbers a call takes) to record such calls natively, False never to record them (a group
+    this rank is not in, commviz's own group), None to ask ``begin`` every time
+    (point-to-point calls: numbered per peer pair)."""
+    spec = _SPECS[code]
+    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
+    if not info.member or info.desc == _SIDE:
+        return False
+    if spec.kind != "collective":
+        return None
+    in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize, root,
+                                                 reduce_op)
+    fields = [spec.op, spec.kind, info, in_n, out_n, dtype, esize, "[]", "[]", async_op, file,
+              line, info.my_rank, "cuda" if cuda else "cpu"]
+    return _rec.RECORDER.add_shape(fields, extra), info, _slots(spec, info, cuda)
+
+
+def failed(ordinal: int, error: str) -> None:
+    """A natively recorded call raised ``error``."""
+    _rec.RECORDER.add_error(ordinal, error)
 
 
 def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
@@ -210,12 +259,12 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
           out_split: list[int] | None, file: str | None, line: int | None
           ) -> list[Any] | None:
     """The boundary kernel calls this before torch's kernel runs, with the call site it found
-    (``callsite``'s rule, walked in C++); None: nothing to record."""
-    op, _, _, kind, slots, per_rank, barrier, any_source = _SPECS[code]
+    (``callsite``'s rule, walked in C++), for calls ``shape`` does not cover; None: nothing
+    to record."""
+    spec = _SPECS[code]
     info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
-    if per_rank and not cuda:        # gloo's numbering; NCCL reports its own after the call
-        slots = info.size
-    collective = kind == "collective"
+    slots = _slots(spec, info, cuda)
+    collective = spec.kind == "collective"
     scope = SCOPE.stack
     if scope:
         owner = scope[-1]
@@ -227,45 +276,24 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
         return None
     if not info.member or info.desc == _SIDE:
         return None
+    op = spec.op
     if collective:
-        seq = info.last_seq + 1               # GroupInfo.take_seq, inlined: the hot path
-        info.last_seq += slots
+        seq = info.take_seq(slots)
+        in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize,
+                                                     root, reduce_op)
     else:
         seq = None
-    extra: dict[str, Any] | None
-    if kind == "p2p":
         async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
         me = info.my_rank
-        peer = None if any_source else info.global_rank(root)
+        peer = None if spec.any_source else info.global_rank(root)
         src, dst = (me, peer) if op == "send" else (peer, me)
         extra = {md.PEER: peer, md.SRC: src, md.DST: dst}
         if peer is not None:
             extra[md.P2P_SEQ] = info.next_p2p_seq(src, dst)
-    elif reduce_op >= 0:
-        extra = _reduction(reduce_op)
-        if root >= 0:
-            extra = dict(extra, **{md.ROOT: info.global_rank(root)})
-    elif root >= 0:
-        extra = {md.ROOT: info.global_rank(root)}
-    else:
-        extra = None
-    if barrier:
-        in_n = out_n = 0
-        dtype, esize = "Byte", 0
     in_s = "[]" if in_split is None else str(in_split)
     out_s = "[]" if out_split is None else str(out_split)
-    if _profiler_enabled() or (cuda and _hooks.capture_possible()):
-        return open_record(op, kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
-                           in_s, out_s, async_op, extra, (file, line), seq)
-    # open_record's common case, inlined: no profiler range, no capture region
-    rec = [op, kind, info, in_n, out_n, dtype, esize, in_s, out_s, async_op, file, line,
-           info.my_rank, "cuda" if cuda else "cpu", seq, extra, None, None, None, None, None,
-           None, None, None, None]
-    recorder = _rec.RECORDER
-    if recorder._enabled:
-        recorder.append(rec)
-    rec[_T_BEGIN] = _time_ns()
-    return rec
+    return open_record(op, spec.kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
+                       in_s, out_s, async_op, extra, (file, line), seq)
 
 
 def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:

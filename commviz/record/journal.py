@@ -8,6 +8,9 @@ Blocks are reserved with ``posix_fallocate`` (a full disk is then an error here,
 
 Per call only a fixed 37-byte entry is written (shape id, seq, times, ordinal): what a call
 site repeats (op, group, sizes, dtype, call site, extras) is a *shape*, written once as JSON.
+Calls the boundary kernel records natively go to a sibling file per generation,
+``commviz_rank{R}.{gen}.calls``, written by the kernel itself (``NATIVE_CALL`` entries whose
+shapes, ``T_NSHAPE``, and errors, ``T_ERROR``, are JSON entries here).
 Entries are ``<u32 body length><u8 type><body>``; a JSON entry's header is stored after its
 body, a call entry's ordinal is its last field, so a torn last entry reads as absent. Times
 are set after ``append`` (the call has not run yet), so a ticker patches them in place every
@@ -32,7 +35,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import orjson
 
@@ -45,9 +48,15 @@ CALL = struct.Struct("<IBIqqqq")            # header + shape id, seq, t_begin, t
 TIMES = struct.Struct("<qq")
 TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
 CALL_BODY = CALL.size - HEAD.size
-T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL, T_ALIVE = b"hgesmca"
+T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL, T_ALIVE, T_NSHAPE, T_ERROR = b"hgesmcaNE"
 ALIVE = struct.Struct("<q")                 # the ticker's last "still alive" wall time
 RUNNING = -1                                # t_end of a call still running at that time
+# The boundary kernel's calls file (boundary.cpp ``Call``), one per generation beside it:
+# a magic line, then fixed entries (shape index, flags, seq, t_begin, t_end, ordinal).
+NATIVE_CALL = struct.Struct("<iiqqqq")
+CALLS_MAGIC = b"commviz.calls.1\n"
+FAILED = 1                                  # NATIVE_CALL flag: the call raised
+NATIVE_FAILED = "failed (its error text was not kept)"
 NEVER_RETURNED = ("never returned: still running when its process was last seen alive; the end "
                   "shown is that time (from the journal)")
 CHUNK = 64 << 10                            # first reservation; doubles up to MAX_STEP
@@ -65,6 +74,11 @@ _GEN_RE = re.compile(r"commviz_rank(\d+)\.(\d+)\.journal$")
 
 def journal_name(rank: int, gen: int) -> str:
     return f"commviz_rank{rank}.{gen}.journal"
+
+
+def calls_path(journal: Path) -> Path:
+    """The boundary kernel's calls file of a journal generation."""
+    return journal.with_suffix(".calls")
 
 
 def journal_paths(run_dir: Path, rank: int) -> list[Path]:
@@ -88,6 +102,7 @@ class _Segment:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.calls: Path | None = None          # the boundary kernel's calls file beside it
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self.size = 0
         self.map: mmap.mmap | None = None
@@ -120,9 +135,11 @@ class _Segment:
 class Journal:
     """Journals one rank's records under ``run_dir``; ``add`` runs under the recorder's lock."""
 
-    def __init__(self, run_dir: Path, lock: threading.Lock) -> None:
+    def __init__(self, run_dir: Path, lock: threading.Lock,
+                 native: Callable[[], Any] = lambda: None) -> None:
         self.run_dir = run_dir
         self._lock = lock
+        self._native = native               # the boundary kernel's ring, when it is in
         self.error: str | None = None       # why journaling stopped (a full disk, say)
         self._rank: int | None = None
         self._gen = 0
@@ -131,7 +148,6 @@ class Journal:
         self._alive_at = 0                  # offset of the "last seen alive" time
         self._path = run_dir                # the generation being written (named in errors)
         self._old: list[_Segment] = []      # rotated generations, dropped once flushed
-        self._last = 0                      # last ordinal written
         # records whose times are not in the file yet, and their entries' offsets (two flat
         # sequences: a tuple per call would be a GC-tracked object per call)
         self._waiting: list[Any] = []
@@ -141,6 +157,7 @@ class Journal:
         self._extra_ids: dict[bytes, int] = {}
         self._sites: dict[Any, tuple[list, Any, int]] = {}
         self._shapes: dict[bytes, int] = {}
+        self._native_shapes: set[int] = set()   # native shapes written to this generation
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -148,8 +165,8 @@ class Journal:
     def add(self, rec: Any, ordinal: int) -> None:
         """Journal one record; ``ordinal`` is the recorder's count after appending it."""
         seg = self._seg
-        if seg is None or ordinal <= self._last or seg.pos > self._limit:
-            seg = self._prepare(ordinal)
+        if seg is None or seg.pos > self._limit:
+            seg = self._prepare()
             if seg is None:
                 return
         if type(rec) is list:
@@ -163,16 +180,48 @@ class Journal:
         _pack_call(seg.map, pos, CALL_BODY, T_CALL, sid, -1 if seq is None else seq, 0, 0,
                    ordinal)
         seg.pos = pos + CALL.size
-        self._last = ordinal
         self._waiting.append(rec)
         self._waiting_at.append(pos)
 
+    def native_shape(self, index: int, fields: list, extra: Any) -> None:
+        """Before the boundary kernel records a call of shape ``index`` natively: the shape is
+        in this generation and the kernel writes to its calls file."""
+        seg = self._seg
+        if seg is None or seg.pos > self._limit:
+            seg = self._prepare()
+            if seg is None:
+                return
+        if index not in self._native_shapes:
+            self._write(T_NSHAPE, _json([index, *self._shape_body(fields, extra)]))
+            self._native_shapes.add(index)
+        if seg.calls is None:
+            native = self._native()
+            if native is not None:
+                path = calls_path(seg.path)
+                err = native.calls_open(str(path))
+                if err:
+                    self._fail(OSError(err, os.strerror(err), str(path)))
+                    return
+                seg.calls = path
+
+    def note_error(self, ordinal: int, error: str) -> None:
+        """A natively recorded call raised."""
+        if self._seg is not None and self.error is None:
+            try:
+                self._write_json(T_ERROR, [ordinal, error])
+            except OSError as exc:
+                self._fail(exc)
+
     # -- shapes, groups, extras -------------------------------------------------------------
+    def _shape_body(self, fields: list, extra: Any) -> list:
+        """A shape as JSON: its record fields with the group as its entry id, its extra's id."""
+        fields = list(fields)
+        fields[md.R_INFO] = self._group(fields[md.R_INFO])
+        return [fields, self._extra(extra)]
+
     def _shape(self, rec: list) -> tuple[list, Any, int]:
         extra = rec[md.R_EXTRA]
-        fields = rec[:_FIELDS]
-        fields[md.R_INFO] = self._group(fields[md.R_INFO])
-        body = _json([fields, self._extra(extra)])
+        body = _json(self._shape_body(rec[:_FIELDS], extra))
         sid = self._shapes.get(body)
         if sid is None:
             if len(self._shapes) > CACHE_LIMIT:
@@ -228,17 +277,11 @@ class Journal:
         return pos + 1                            # ids are nonzero (0: no extra)
 
     # -- files ------------------------------------------------------------------------------
-    def _prepare(self, ordinal: int) -> _Segment | None:
-        """Open (or grow, or restart after ``Recorder.clear``) the current generation."""
+    def _prepare(self) -> _Segment | None:
+        """Open (or grow) the current generation."""
         if self.error is not None:
             return None
         try:
-            if ordinal <= self._last:       # the recorder was cleared: its records are gone
-                if self._seg is not None:
-                    self._old.append(self._seg)
-                    self._seg = None
-                self.drop_rotated()
-                self._last = 0
             if self._seg is None:
                 self._open()
             else:
@@ -259,6 +302,7 @@ class Journal:
         self._forget_waiting()
         self._groups.clear()
         self._forget()
+        self._native_shapes.clear()
         self._path = self.run_dir / journal_name(self._rank, self._gen)
         self._seg = _Segment(self._path)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() \
@@ -266,7 +310,7 @@ class Journal:
         self._write_json(T_HEADER, {
             "rank": self._rank, "world_size": world,
             "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "host": socket.gethostname(),
-            "pid": os.getpid(), "first_ordinal": self._last + 1, "start_ns": time.time_ns(),
+            "pid": os.getpid(), "start_ns": time.time_ns(),
             "backend": str(dist.get_backend()) if dist.is_available() and dist.is_initialized()
             else "none"})
         self._alive_at = self._write(T_ALIVE, ALIVE.pack(time.time_ns())) - 1 + HEAD.size
@@ -276,7 +320,10 @@ class Journal:
             self._ticker.start()
 
     def _fail(self, exc: OSError) -> None:
-        self.error = f"{self._path}: {exc.strerror or exc}"
+        self.error = f"{exc.filename or self._path}: {exc.strerror or exc}"
+        self._say_stopped()
+
+    def _say_stopped(self) -> None:
         print(f"[commviz] journal stopped: {self.error}; records are still kept in memory and "
               "written at exit", file=sys.stderr)
 
@@ -287,6 +334,10 @@ class Journal:
                 self.patch_times()
                 if self._seg is not None and self._seg.map is not None:
                     ALIVE.pack_into(self._seg.map, self._alive_at, time.time_ns())
+                native = self._native()
+                if native is not None and self.error is None and native.calls_error():
+                    self.error = native.calls_error()     # the kernel's file hit a full disk
+                    self._say_stopped()
 
     def patch_times(self) -> None:
         """Write the begin/end times calls have gained; keep those still running (call locked)."""
@@ -327,11 +378,7 @@ class Journal:
         with self._locked() as got:
             if not got:
                 return
-            self.patch_times()
-            self._forget_waiting()             # their offsets belong to the old generation
-            if self._seg is not None:
-                self._old.append(self._seg)
-                self._seg = None
+            self._end_generation()
 
     def flushed(self, target: Path) -> None:
         """After the pickle reached ``target``: generations it covers are dropped."""
@@ -340,20 +387,44 @@ class Journal:
                 if got:
                     self.drop_rotated()
 
+    def _end_generation(self) -> None:
+        """Later records go to a new generation (call locked)."""
+        self.patch_times()
+        self._forget_waiting()                 # their offsets belong to the old generation
+        native = self._native()
+        if native is not None:
+            native.calls_close()               # its later calls register shapes anew
+        if self._seg is not None:
+            self._old.append(self._seg)
+            self._seg = None
+
+    def restart(self) -> None:
+        """After ``Recorder.clear`` (call locked): the cleared records are gone for good."""
+        self._end_generation()
+        self.drop_rotated()
+
     def drop_rotated(self) -> None:
+        native = self._native()
+        if native is not None:
+            native.calls_drop()
         for seg in self._old:
             seg.close()
             seg.path.unlink(missing_ok=True)
+            if seg.calls is not None:
+                seg.calls.unlink(missing_ok=True)
         self._old = []
 
     def close(self) -> None:
         """Stop journaling (files stay: they are what a later recovery reads)."""
         self._stop.set()
         with self._lock:
-            self.patch_times()
-            for seg in self._old + ([self._seg] if self._seg is not None else []):
+            self._end_generation()
+            native = self._native()
+            if native is not None:
+                native.calls_drop()
+            for seg in self._old:
                 seg.close()
-            self._old, self._seg = [], None
+            self._old = []
 
 
 # -- reading back -------------------------------------------------------------------------------
@@ -375,7 +446,8 @@ class Entries(NamedTuple):
 
 
 def read_journal(path: Path) -> Entries:
-    """Parse one generation: JSON and integers only; a torn tail ends it quietly."""
+    """Parse one generation and its calls file: JSON and integers only; a torn tail ends
+    either quietly."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -383,6 +455,8 @@ def read_journal(path: Path) -> Entries:
     header: dict = {}
     groups: dict[int, dict] = {}
     objects: dict[int, Any] = {}
+    shapes: dict[int, Any] = {}             # native shapes by index
+    errors: dict[int, str] = {}
     calls: list[tuple[int, dict]] = []
     alive = 0
     pos = 0
@@ -414,10 +488,43 @@ def read_journal(path: Path) -> Entries:
                 groups[pos + 1] = value
             elif kind in (T_EXTRA, T_SHAPE, T_META):
                 objects[pos + 1] = (kind, value)
+            elif kind == T_NSHAPE and isinstance(value, list) and len(value) == 3:
+                shapes[value[0]] = (T_SHAPE, value[1:])
+            elif kind == T_ERROR and isinstance(value, list) and len(value) == 2:
+                errors[value[0]] = str(value[1])
             else:
                 raise RecordError(str(path), f"unknown journal entry {kind!r} at byte {pos}")
         pos = end
+    for shape, flags, seq, begin, end_ns, ordinal in _native_calls(calls_path(path)):
+        if shape not in shapes:
+            break
+        meta = _call(shapes[shape], groups, objects, seq, begin, end_ns, alive)
+        if flags & FAILED:
+            meta[md.ERROR] = NATIVE_FAILED
+        calls.append((ordinal, meta))
+    for ordinal, meta in calls:
+        if ordinal in errors:
+            meta[md.ERROR] = errors[ordinal]
     return Entries(header, groups, calls, alive)
+
+
+def _native_calls(path: Path) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """The boundary kernel's entries in a calls file, up to the first one not (fully) written."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise RecordError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    if not data.startswith(CALLS_MAGIC):
+        if data.strip(b"\0"):
+            raise RecordError(str(path), "not a commviz calls file")
+        return
+    end = len(CALLS_MAGIC) + (len(data) - len(CALLS_MAGIC)) // NATIVE_CALL.size * NATIVE_CALL.size
+    for entry in NATIVE_CALL.iter_unpack(data[len(CALLS_MAGIC):end]):
+        if entry[5] <= 0:
+            return
+        yield entry
 
 
 def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any], seq: int,
@@ -503,4 +610,5 @@ def write_recovered(run_dir: Path) -> dict[int, int]:
             added[rank] = got[1]
         for path in journal_paths(run_dir, rank):
             path.unlink(missing_ok=True)
+            calls_path(path).unlink(missing_ok=True)
     return added

@@ -1,9 +1,11 @@
 """The per-rank recorder: a bounded ring of collective records, flushed atomically to the run dir.
 
 Like the flight recorder's ring buffer, memory is capped (``capacity`` records, default 100k or
-``COMMVIZ_CAPACITY``) and what falls off is counted. Appends take a lock only to count; the
-deque itself is safe to append from several threads. The record is written at normal exit and
-on SIGTERM/SIGINT (torchrun's way of stopping workers), so a killed rank keeps what it recorded.
+``COMMVIZ_CAPACITY``) and what falls off is counted. Most calls are kept by the boundary
+kernel's native ring (fixed entries, no Python object per call); the others in a deque here.
+The record is written at normal exit and on SIGTERM/SIGINT (torchrun's way of stopping
+workers), and every record is journaled as it is made (``journal``), so a killed rank keeps
+what it recorded.
 """
 
 from __future__ import annotations
@@ -23,23 +25,32 @@ import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.record import schema, store
-from commviz.record.journal import Journal
+from commviz.record.journal import FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal
 
 DEFAULT_CAPACITY = 100_000
 
 
 class Recorder:
-    """Collects this rank's collective records and the CUDA graph tables beside them."""
+    """Collects this rank's collective records and the CUDA graph tables beside them.
+
+    Records come two ways, numbered by one ordinal counter: calls the boundary kernel records
+    natively (``native``: its ring of fixed entries, each naming a shape of ``shapes``) and
+    records built in Python (``append``: profiled, captured and annotated calls,
+    point-to-point calls). ``records()`` puts them back in one order."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
-        # told when recording is turned on or off (the C++ boundary kernel keeps its own flag)
-        self.on_enable: Callable[[bool], None] | None = None
+        self.native: Any = None        # the boundary kernel's ring, once it is installed
         self.run_dir: Path | None = None
         self.capacity = capacity
-        self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        self._ring: collections.deque[tuple[int, Any]] = collections.deque(maxlen=capacity)
         self._lock = threading.Lock()
         self._recorded = 0
+        # what a call site repeats, for natively recorded calls: (record fields up to
+        # R_SEQ, extra); one per distinct site, sizes and group, kept for the whole run
+        self.shapes: list[tuple[list[Any], dict[str, Any] | None]] = []
+        self._shape_ids: dict[tuple[Any, ...], int] = {}
+        self.errors: dict[int, str] = {}      # ordinal -> error of a natively recorded call
         self.graphs: list[dict[str, Any]] = []
         self.replays: list[dict[str, Any]] = []
         self.marks: list[dict[str, Any]] = []
@@ -49,7 +60,7 @@ class Recorder:
         # run before a payload is built: parts whose records finish lazily (capture records)
         self.before_payload: list[Callable[[], None]] = []
         self._identity: dict[str, Any] = {}
-        self.journal: Journal | None = None   # every append, kept on disk past a SIGKILL
+        self.journal: Journal | None = None   # every record, kept on disk past a SIGKILL
 
     @property
     def enabled(self) -> bool:
@@ -58,34 +69,102 @@ class Recorder:
     @enabled.setter
     def enabled(self, on: bool) -> None:
         self._enabled = on
-        if self.on_enable is not None:
-            self.on_enable(on)
+        if self.native is not None:
+            self.native.set_active(on)
 
-    # -- hot path ---------------------------------------------------------------------------
-    def append(self, record: dict[str, Any]) -> None:
-        self._ring.append(record)
+    # -- the boundary kernel's native ring ----------------------------------------------------
+    def attach(self, native: Any) -> None:
+        """The boundary kernel is in: it records plain calls itself, numbered after ours."""
         with self._lock:
-            self._recorded += 1
+            native.set_ordinal(self._recorded)
+            native.resize(self.capacity)
+            self.native = native
+        native.set_active(self._enabled)
+
+    def detach(self) -> None:
+        """The boundary kernel is out: its calls join the Python ring."""
+        with self._lock:
+            native = self.native
+            if native is None:
+                return
+            native.set_active(False)
+            kept = sorted(list(self._ring) + self._native_records(native.entries()),
+                          key=lambda r: r[0])
+            self._ring = collections.deque(kept, maxlen=self.capacity)
+            self._recorded = native.last_ordinal()
+            native.clear()
+            self.native = None
+
+    def add_shape(self, fields: list[Any], extra: dict[str, Any] | None) -> int:
+        """The index of a call shape (``calls.shape``), journaled before any call uses it."""
+        key = (id(fields[md.R_INFO]), *fields[:md.R_INFO], *fields[md.R_INFO + 1:],
+               None if extra is None else tuple(sorted(extra.items())))
+        with self._lock:
+            index = self._shape_ids.get(key)
+            if index is None:
+                index = self._shape_ids[key] = len(self.shapes)
+                self.shapes.append((fields, extra))
             if self.journal is not None:
-                self.journal.add(record, self._recorded)
+                self.journal.native_shape(index, fields, extra)
+        return index
+
+    def add_error(self, ordinal: int, error: str) -> None:
+        with self._lock:
+            self.errors[ordinal] = error
+            if self.journal is not None:
+                self.journal.note_error(ordinal, error)
+
+    def _native_records(self, entries: bytes) -> list[tuple[int, list[Any]]]:
+        """Compact records of the native ring's entries (``journal.NATIVE_CALL``)."""
+        out = []
+        tail = [None] * (md.R_META + 3 - md.R_ERROR - 1)
+        for shape, flags, seq, t_begin, t_end, ordinal in NATIVE_CALL.iter_unpack(entries):
+            fields, extra = self.shapes[shape]
+            error = self.errors.get(ordinal) or (NATIVE_FAILED if flags & FAILED else None)
+            out.append((ordinal, fields + [None if seq < 0 else seq, extra, t_begin,
+                                           None if t_end == RUNNING else t_end, error] + tail))
+        return out
+
+    # -- hot path (calls the boundary kernel does not record natively) -------------------------
+    def append(self, record: Any) -> None:
+        with self._lock:
+            if self.native is not None:
+                ordinal = self.native.next_ordinal()
+            else:
+                self._recorded += 1
+                ordinal = self._recorded
+            self._ring.append((ordinal, record))
+            if self.journal is not None:
+                self.journal.add(record, ordinal)
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property
     def recorded(self) -> int:
-        return self._recorded
+        return self.native.last_ordinal() if self.native is not None else self._recorded
 
     @property
     def dropped(self) -> int:
-        return max(0, self._recorded - len(self._ring))
+        kept = len(self._ring) + (self.native.size() if self.native is not None else 0)
+        return max(0, self.recorded - min(self.capacity, kept))
 
     def records(self) -> list[dict[str, Any]]:
-        """The records still in the ring as metadata dicts, oldest first."""
-        return [md.expand(r) for r in list(self._ring)]
+        """The records still kept, as metadata dicts, oldest first."""
+        with self._lock:
+            kept = list(self._ring)
+            if self.native is not None:
+                kept += self._native_records(self.native.entries())
+        kept.sort(key=lambda r: r[0])
+        return [md.expand(r) for _, r in kept[-self.capacity:]]
 
     def clear(self) -> None:
         with self._lock:
             self._ring.clear()
             self._recorded = 0
+            self.errors.clear()
+            if self.native is not None:
+                self.native.clear()
+            if self.journal is not None:
+                self.journal.restart()
         self.graphs.clear()
         self.replays.clear()
         self.marks.clear()
@@ -95,6 +174,8 @@ class Recorder:
         with self._lock:
             self._ring = collections.deque(self._ring, maxlen=capacity)
             self.capacity = capacity
+            if self.native is not None:
+                self.native.resize(capacity)
 
     def note_groups(self) -> None:
         """Remember every live process group and this rank's place, so both survive teardown."""
@@ -233,7 +314,8 @@ def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None
         if RECORDER.journal is None or RECORDER.journal.run_dir != RECORDER.run_dir:
             if RECORDER.journal is not None:
                 RECORDER.journal.close()
-            RECORDER.journal = Journal(RECORDER.run_dir, RECORDER._lock)
+            RECORDER.journal = Journal(RECORDER.run_dir, RECORDER._lock,
+                                       lambda: RECORDER.native)
     if capacity is not None:
         RECORDER.resize(capacity)
     RECORDER.enabled = enabled
