@@ -17,7 +17,7 @@ COMMANDS = (
     "commviz.launch.command",     # commviz launch CONFIG.yaml
     "commviz.merge.command",      # commviz merge RUN_DIR
     "commviz.match.command",      # commviz annotate TRACE RECORD -o OUT
-    "commviz.verify",             # commviz verify OUT.pftrace
+    "commviz.verify.command",     # commviz verify OUT.pftrace
     "commviz.review.command",     # commviz report RUN_DIR
 )
 

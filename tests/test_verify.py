@@ -608,3 +608,28 @@ def test_same_name_and_time_on_two_threads_pair_per_thread(tmp_path, run_dir):
     report = verify_pftrace(result.out, inputs=load_run(run_dir))
     assert report.ok, [str(e) for e in report.errors]
     assert report.inputs[0]["matched"] == 2
+
+
+def test_no_input_makes_verify_die_with_a_traceback(tmp_path, capsys):
+    """Bytes flipped at random in a valid trace (and in its gzip), and names that are not
+    UTF-8: ``commviz verify`` answers 0, 1 or 2, never with an exception."""
+    import random
+
+    good = good_trace().save(tmp_path / "g.pftrace").read_bytes()
+    rng = random.Random(13)
+    path = tmp_path / "f.pftrace"
+    for i in range(400):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        path.write_bytes(gzip.compress(bytes(data))[: -rng.randint(0, 20)] if i % 5 == 0
+                         else bytes(data))
+        assert cli_main(["verify", str(path)]) in (0, 1, 2)
+    b = good_trace()
+    b.event(BEGIN, STREAM, 600, "x")
+    raw = b.trace.SerializeToString().replace(b"\x01x", b"\x01\xff")   # the name: not UTF-8
+    path.write_bytes(raw)
+    slices, report = read_slices(path)
+    assert report.ok is False and kinds(report) == {"unclosed-slice"}
+    assert report.errors[0].name == "\ufffd"
+    capsys.readouterr()
