@@ -1,8 +1,8 @@
 """What torchrun runs on every rank: ``python -m commviz.launch.worker --config RESOLVED.yaml``.
 
 Init the process group, create the named groups, record with commviz, profile the workload's
-steps, then (collectively) measure clock offsets, write this rank's Perfetto shard where
-``commviz.merge`` provides ``write_shard``, and gather everything into rank 0's run dir.
+steps, then (collectively) measure clock offsets, write this rank's Perfetto shard and matched
+run (``commviz.merge.write_shard``), and gather everything into rank 0's run dir.
 
 A rank that fails writes ``RUN_DIR/logs/failed_rank{R}.json`` (what went wrong), flushes its
 record (so nothing recorded is lost), hands the exception to torchrun's error file, and exits 1.
@@ -28,7 +28,8 @@ from typing import Any
 
 FAILED = "failed_rank{rank}.json"
 RANK0_NODE = "rank0_node"                # which launcher's node hosts rank 0 (it merges)
-SHARD_PATTERN = "shard_rank{rank}.pftrace"  # CONTRACTS section 3: write_shard's default output
+# what write_shard leaves beside the record: the shard and the rank's matched run
+SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json")
 
 
 class Stopped(Exception):
@@ -101,7 +102,7 @@ def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
     RECORDER.clock = clock.measure_offsets(group)
     commviz.flush("finished")
     shard_ok = _write_shard(run_dir, rank)
-    commviz.gather(run_dir, extra_patterns=(SHARD_PATTERN,), measure_clock=False,
+    commviz.gather(run_dir, extra_patterns=SHARD_PATTERNS, measure_clock=False,
                    traces=gather_traces or not shard_ok)
     if rank == 0:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)

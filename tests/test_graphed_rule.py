@@ -15,7 +15,7 @@ import pytest
 
 from commviz.match import match_rank
 from commviz.record.store import load_record
-from commviz.review.gpu import gpu_ops
+from commviz.trace.gpu import gpu_ops
 from commviz.trace.load import load_trace
 
 EAGER = Path(__file__).parent / "fixtures" / "gpu" / "eager"

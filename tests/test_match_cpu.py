@@ -20,9 +20,10 @@ import torch
 
 import commviz
 from commviz import metadata as md
-from commviz.match import match_rank, match_run
+from commviz.match import artifact, match_rank, match_run
 from commviz.match.index import RANGE_PREFIX
 from commviz.match.ranges import TOLERANCE_NS
+from commviz.trace.gpu import gpu_ops
 from commviz.trace.load import load_trace
 from commviz.trace.run import load_run
 from harness import run_ranks
@@ -178,18 +179,48 @@ def test_instance_keys_agree_across_ranks(run) -> None:
         assert set(per_rank) == members, f"{key}: on ranks {sorted(per_rank)}, not {members}"
 
 
-def test_record_clock_offset_moves_every_event(run) -> None:
+def test_matcher_keeps_the_rank_clock_and_the_matched_run_applies_the_offset(run, tmp_path) -> None:
+    """The clock is applied in one place: the matcher's times are the rank's own, whatever the
+    record's offset; the matched run moves every collective and GPU op by it, and reads back
+    the same from its file."""
     run_dir, world, _ = run
     loaded = load_run(run_dir)
-    item = loaded.ranks[world - 1]
+    rank = world - 1
+    item = loaded.ranks[rank]
     trace = next(item.load_traces())
-    before = match_rank(trace, item.record, rank=world - 1)
+    before = match_rank(trace, item.record, rank=rank)
     shifted = dict(item.record, clock=dict(item.record["clock"], offset_ns=123_456_789))
-    after = match_rank(trace, shifted, rank=world - 1)
+    after = match_rank(trace, shifted, rank=rank)
     assert len(before.events) == len(after.events) == len(item.record["collectives"])
-    for a, b in zip(before.events, after.events):
-        assert (b.start_ns - a.start_ns, b.end_ns - a.end_ns) == (123_456_789, 123_456_789)
-        assert b.extra == a.extra
+    assert [(e.start_ns, e.end_ns) for e in after.events] == \
+        [(e.start_ns, e.end_ns) for e in before.events]
+    art = artifact.build(rank, [trace], shifted, inputs="in", record_inputs=None,
+                         clock=artifact.Clock(123_456_789, "measured"))
+    assert [(b.start_ns - a.start_ns, b.end_ns - a.end_ns) for a, b in
+            zip(before.events, art.events)] == [(123_456_789, 123_456_789)] * len(before.events)
+    own_ops = gpu_ops(trace)
+    assert [(b.start_ns - a.start_ns, b.end_ns - a.end_ns) for a, b in zip(own_ops, art.gpu_ops)] \
+        == [(123_456_789, 123_456_789)] * len(own_ops)
+    back = artifact.load(artifact.save(art, tmp_path / artifact.matched_name(rank)))
+    assert back.clock == art.clock and back.pgs == art.pgs and back.gpu_ops == art.gpu_ops
+    assert [(e.key, e.start_ns, e.end_ns, e.args, e.source) for e in back.events] == \
+        [(e.key, e.start_ns, e.end_ns, e.args, e.source) for e in art.events]
+
+
+def test_a_matched_run_file_that_is_not_one_is_refused_naming_it(tmp_path) -> None:
+    import pickle
+
+    from commviz.errors import SourceError
+
+    for name, data in (("pickle", pickle.dumps({"schema": artifact.SCHEMA})),
+                       ("version", json.dumps({"schema": artifact.SCHEMA, "version": 99}).encode()),
+                       ("event", json.dumps({"schema": artifact.SCHEMA, "version": artifact.VERSION,
+                                             "rank": 0, "clock": {"offset_ns": 0, "source": "x"},
+                                             "events": [["0", "all_reduce", "soon"]]}).encode())):
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(data)
+        with pytest.raises(SourceError, match=str(path)):
+            artifact.load(path)
 
 
 def test_record_alone_and_trace_alone(run) -> None:

@@ -274,8 +274,8 @@ def _job_shards_only(rank: int, world: int, base: str) -> None:
         cvd.broadcast(t, src=1)
     commviz.flush()
     write_shard(run_dir, rank)
-    commviz.gather(run_dir, extra_patterns=("shard_rank{rank}.pftrace",), measure_clock=False,
-                   traces=False)
+    commviz.gather(run_dir, extra_patterns=("shard_rank{rank}.pftrace", "matched_rank{rank}.json"),
+                   measure_clock=False, traces=False)
 
 
 def test_shards_alone_reach_rank0_and_are_merged(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commviz.review.gpu import gpu_ops
+from commviz.trace.gpu import gpu_ops
 from commviz.review.overlap import (COMMUNICATION, COMPUTATION, MEMORY, OTHER, hta_kernel_type,
                                     intersection, merge, overlap_table)
 from commviz.review.streams import stream_table

@@ -44,19 +44,17 @@ def _check_rank(trace: Any, record: dict | None, rank: int) -> None:
 
 def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
     """Match one rank's trace (a ``commviz.trace.load.Trace``) with its record; either may be
-    None."""
+    None. Times stay on the rank's own clock: ``commviz.match.artifact`` aligns them."""
     _check_rank(trace, record, rank)
     result = RankMatch(rank=rank, trace_path=getattr(trace, "path", None))
     if trace is None:
         if record is not None:
             collectives = record["collectives"]
-            offset = int((record.get("clock") or {}).get("offset_ns") or 0)
             result.events.extend(cpu.recorded_spans(collectives, set(range(len(collectives))),
-                                                    rank=rank, offset_ns=offset))
+                                                    rank=rank))
             result.bump("records_outside_trace", len(result.events))
         return result.finish()
     index = TraceIndex(trace)
-    offset = int(((record or {}).get("clock") or {}).get("offset_ns") or 0)
     eager_kernels = [k for k in index.nccl if not k.graphed]
     graphed = [k for k in index.nccl if k.graphed]
     result.stats.update(kernels=index.kernels, nccl_kernels=len(index.nccl),
@@ -71,9 +69,9 @@ def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
                             ranges_by_time=pairing.by_time,
                             range_time_mismatch=pairing.time_mismatch)
         with_kernels, strays = eager.match_eager(index, collectives, pairing, eager_kernels,
-                                                 result, rank=rank, offset_ns=offset)
-        derive.derive(index, strays, result, rank=rank, offset_ns=offset, recorded=True)
-        cpu.match_cpu(index, record, pairing, with_kernels, result, rank=rank, offset_ns=offset)
+                                                 result, rank=rank)
+        derive.derive(index, strays, result, rank=rank, recorded=True)
+        cpu.match_cpu(index, record, pairing, with_kernels, result, rank=rank)
     _match_graphed(trace, record, index, graphed, result)
     return result.finish()
 

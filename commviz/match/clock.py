@@ -13,17 +13,24 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from commviz.match.artifact import Clock, RankArtifact
 from commviz.trace.run import Run
 
 SAME_HOST, MEASURED, DERIVED, NONE = "same-host", "measured", "derived", "none"
+PENDING = "pending"                   # on its own clock until derived from collective ends
 
 
 @dataclass
 class ClockPlan:
     offsets: dict[int, int] = field(default_factory=dict)      # ns added to the rank's times
     sources: dict[int, str] = field(default_factory=dict)      # how each offset was found
-    record_offsets: dict[int, int] = field(default_factory=dict)  # what the matcher adds itself
     pending: list[int] = field(default_factory=list)           # ranks still to derive
+
+    def clock(self, rank: int) -> Clock:
+        """The rank's clock as known now (a pending rank stays on its own until derived)."""
+        if rank in self.pending or rank not in self.offsets:
+            return Clock(0, PENDING)
+        return Clock(self.offsets[rank], self.sources[rank])
 
     def describe(self) -> str:
         groups: dict[str, list[int]] = {}
@@ -40,7 +47,6 @@ def plan_clock(run: Run) -> ClockPlan:
     for rank, inp in sorted(run.ranks.items()):
         clock = (inp.record or {}).get("clock") or {}
         recorded = int(clock.get("offset_ns") or 0)
-        plan.record_offsets[rank] = recorded if inp.record is not None else 0
         if len({h for h in hosts.values() if h}) <= 1 or hosts[rank] == hosts.get(ref):
             plan.offsets[rank], plan.sources[rank] = recorded, SAME_HOST
         elif clock.get("offset_source") in (MEASURED, SAME_HOST):
@@ -78,3 +84,16 @@ def derive(plan: ClockPlan, ends: dict[int, dict[tuple, int]]) -> list[str]:
                         "collective shared with an aligned rank; its times are left as recorded")
     plan.pending = []
     return problems
+
+
+def align(plan: ClockPlan, ranks: dict[int, RankArtifact]) -> tuple[dict[int, RankArtifact],
+                                                                    list[str]]:
+    """Every rank on the merged clock: pending ranks' offsets derived from the others' ends
+    (``derive``), then each artifact moved to its rank's clock (``RankArtifact.aligned``)."""
+    problems: list[str] = []
+    if plan.pending:
+        ends = {rank: (art.own_ends() if rank in plan.pending else
+                       {ev.key: ev.end_ns for ev in art.events if ev.key is not None})
+                for rank, art in ranks.items()}
+        problems = derive(plan, ends)
+    return {rank: art.aligned(plan.clock(rank)) for rank, art in ranks.items()}, problems

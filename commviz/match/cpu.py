@@ -18,7 +18,7 @@ from commviz.match.result import RankMatch, Unmatched
 
 
 def match_cpu(index: TraceIndex, record: dict[str, Any], pairing: Pairing, with_kernels: set[int],
-              result: RankMatch, *, rank: int, offset_ns: int = 0) -> None:
+              result: RankMatch, *, rank: int) -> None:
     """CommEvents for recorded calls that got no kernel; labels for every paired range."""
     collectives = record["collectives"]
     for span, reason in pairing.unpaired:
@@ -38,24 +38,23 @@ def match_cpu(index: TraceIndex, record: dict[str, Any], pairing: Pairing, with_
             continue
         result.events.append(CommEvent(
             rank=rank, pg=str(meta.get(md.PG_NAME)), op=str(meta.get(md.OP)),
-            start_ns=span.start + offset_ns, end_ns=span.end + offset_ns, args=meta,
+            start_ns=span.start, end_ns=span.end, args=meta,
             key=instance_key(meta), source="cpu",
             extra={"trace_index": span.index, "record_index": pos}))
         result.bump("cpu_matched")
         if index.kernels:
             result.bump("records_without_kernel")
     if outside:
-        events = recorded_spans(collectives, outside, rank=rank, offset_ns=offset_ns)
+        events = recorded_spans(collectives, outside, rank=rank)
         result.events.extend(events)
         result.bump("records_outside_trace", len(events))
 
 
 def recorded_spans(collectives: list[dict[str, Any]], positions: set[int], *,
-                   rank: int, offset_ns: int) -> list[CommEvent]:
+                   rank: int) -> list[CommEvent]:
     """The recorded CPU spans of the calls at ``positions`` (``events_from_record``)."""
     chosen = {id(collectives[p]): p for p in positions}
-    events = events_from_record({"rank": rank, "clock": {"offset_ns": offset_ns},
-                                 "collectives": [collectives[p] for p in sorted(positions)]})
+    events = events_from_record({"rank": rank, "collectives": [collectives[p] for p in sorted(positions)]})
     for ev in events:
         ev.extra["record_index"] = chosen[id(ev.args)]
     return events

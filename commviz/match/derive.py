@@ -74,7 +74,7 @@ def commviz_args(args: dict[str, Any], *, rank: int, groups: dict[str, dict[str,
 
 
 def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, rank: int,
-           offset_ns: int = 0, recorded: bool = False) -> None:
+           recorded: bool = False) -> None:
     """CommEvents for eager NCCL kernels from their own metadata; the rest are Unmatched.
 
     Without a record, in a trace with no NCCL kernel at all (a CPU-only profile),
@@ -114,8 +114,8 @@ def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, ran
         key = (*lane, int(seq) if seq is not None else n) if known_peers else None
         is_kernel = index.events[span.index].get("cat") == "kernel"
         result.events.append(CommEvent(
-            rank=rank, pg=pg, op=str(args[md.OP]), start_ns=span.start + offset_ns,
-            end_ns=span.end + offset_ns, args=args, key=key,
+            rank=rank, pg=pg, op=str(args[md.OP]), start_ns=span.start,
+            end_ns=span.end, args=args, key=key,
             source="kernel" if is_kernel else "cpu",
             stream=index.args(span.index).get("stream") if is_kernel else None,
             extra={"trace_index": span.index,

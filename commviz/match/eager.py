@@ -71,8 +71,7 @@ def _by_call_time(index: TraceIndex, k: NcclSpan, collectives: list[dict[str, An
 
 
 def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: Pairing,
-                kernels: list[NcclSpan], result: RankMatch, *, rank: int,
-                offset_ns: int = 0) -> tuple[set[int], list[NcclSpan]]:
+                kernels: list[NcclSpan], result: RankMatch, *, rank: int) -> tuple[set[int], list[NcclSpan]]:
     """Label eager NCCL kernels with their recorded call; one CommEvent per call with kernels.
 
     Returns the record positions that got kernels, and the kernels no recorded call owns
@@ -113,13 +112,13 @@ def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: P
                 result.unmatched.append(Unmatched(f"kernel {index.name(k.span.index)}",
                                                   k.span.index, why))
         if good:
-            _emit(index, pos, meta, good, result, rank=rank, offset_ns=offset_ns)
+            _emit(index, pos, meta, good, result, rank=rank)
             matched.add(pos)
     return matched, leftover
 
 
 def _emit(index: TraceIndex, pos: int, meta: dict[str, Any], kernels: list[NcclSpan],
-          result: RankMatch, *, rank: int, offset_ns: int) -> None:
+          result: RankMatch, *, rank: int) -> None:
     first = min(kernels, key=lambda k: k.span.start)
     own = index.args(first.span.index)
     args = dict(meta)
@@ -137,8 +136,8 @@ def _emit(index: TraceIndex, pos: int, meta: dict[str, Any], kernels: list[NcclS
                  and not (key == md.PG_RANKS and _truncated(own[key]))})
     result.events.append(CommEvent(
         rank=rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
-        start_ns=first.span.start + offset_ns,
-        end_ns=max(k.span.end for k in kernels) + offset_ns,
+        start_ns=first.span.start,
+        end_ns=max(k.span.end for k in kernels),
         args=args, key=instance_key(args), source="kernel", stream=own.get("stream"),
         extra={"trace_index": first.span.index, "record_index": pos,
                "kernel_indices": [k.span.index for k in kernels]}))

@@ -215,7 +215,6 @@ class _Matcher:
         self.idx = idx
         self.out = out
         self.rank = int(record.get("rank", getattr(trace, "rank", 0)))
-        self.offset = int((record.get("clock") or {}).get("offset_ns") or 0)
         self.graphs = {g["graph"]: _Graph(g) for g in record.get("graphs") or []
                        if isinstance(g, dict) and "graph" in g}
         self.metas: dict[tuple, dict] = {}
@@ -348,7 +347,7 @@ class _Matcher:
         args[MATCHED_BY] = how
         args[NODE] = node.get("node")
         self.out.kernel_args[k.index] = args
-        start = self.trace.ns(k.ts) + self.offset
+        start = self.trace.ns(k.ts)
         base = instance_key(args)
         self.out.events.append(CommEvent(
             rank=self.rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),

@@ -1,4 +1,4 @@
-"""What matching produces: one ``CommEvent`` per collective (or p2p op) per rank, on one clock.
+"""What matching produces: one ``CommEvent`` per collective (or p2p op) per rank.
 
 Everything downstream (the merged trace's lanes and flows, the review) works on these. A
 ``CommEvent`` says where a collective ran on a rank (its GPU kernel, or its CPU span for gloo
@@ -43,7 +43,8 @@ def instance_key(args: dict[str, Any]) -> InstanceKey | None:
 
 @dataclass(slots=True)
 class CommEvent:
-    """One collective on one rank. Times are ns on the merged clock (rank 0's wall clock)."""
+    """One collective on one rank. Times are wall ns: the rank's own clock as the matcher
+    makes them, the merged clock (rank 0's) once ``commviz.match.artifact`` aligned them."""
 
     rank: int
     pg: str
@@ -67,18 +68,17 @@ class CommEvent:
 
 
 def events_from_record(record: dict[str, Any]) -> list[CommEvent]:
-    """Records alone (no trace): each call's CPU span, shifted onto rank 0's clock.
+    """Records alone (no trace): each call's CPU span, on the rank's own clock.
 
     For gloo the call is synchronous (unless async_op), so its CPU span is the collective.
     """
-    offset = int(record.get("clock", {}).get("offset_ns", 0) or 0)
     out = []
     for args in record["collectives"]:
         t0, t1 = args.get(md.T_BEGIN), args.get(md.T_END)
         if t0 is None or t1 is None:
             continue
         out.append(CommEvent(rank=int(record["rank"]), pg=str(args.get(md.PG_NAME)),
-                             op=str(args.get(md.OP)), start_ns=int(t0) + offset,
-                             end_ns=int(t1) + offset, args=args, key=instance_key(args),
+                             op=str(args.get(md.OP)), start_ns=int(t0),
+                             end_ns=int(t1), args=args, key=instance_key(args),
                              source="record", graphed=bool(args.get(md.CAPTURED))))
     return out

@@ -16,20 +16,21 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from commviz import metadata as md
 from commviz.errors import WRITE_ERRNOS, CommvizError, SourceError, cannot_write
+from commviz.match import artifact
+from commviz.match import clock as clk
+from commviz.match.artifact import PgInfo
+from commviz.match.matched import fingerprints
 from commviz.match.model import CommEvent
-from commviz.merge import clock as clk
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
-from commviz.merge.piece import (RankJob, RankResult, comm_events, convert_rank, load_traces,
-                                 no_gc)
-from commviz.merge.shard import fingerprint, read_shard, shard_path
+from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank, load_traces,
+                                 no_gc, result_of)
+from commviz.merge.shard import fingerprint, shard_path
 from commviz.trace.run import RankInput, Run, load_rank, load_run
 from commviz.write.chrome import join as join_json, write_rank_trace
 
@@ -52,36 +53,44 @@ def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
 
 
 def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,
-         json_base_ns: int = 0) -> RankJob:
-    offset = plan.offsets.get(rank, 0)
+         json_base_ns: int = 0, matched_dir: Path | None = None) -> RankJob:
+    clock = plan.clock(rank)
     shard = shard_path(run.run_dir, rank)
+    inputs, record_inputs = fingerprints(inp)
     return RankJob(rank=rank, out=tmp / f"rank{rank}.{'pftrace' if fmt == 'pftrace' else 'json'}",
-                   record=inp.record, trace_paths=list(inp.trace_paths), offset_ns=offset,
-                   record_offset_ns=plan.record_offsets.get(rank, 0), host=inp.host, fmt=fmt,
-                   fingerprint=fingerprint(inp.record, list(inp.trace_paths), offset)
-                   if fmt == "pftrace" else None,
-                   record_fingerprint=fingerprint(inp.record, [], offset)
-                   if fmt == "pftrace" and inp.record is not None else None,
-                   json_base_ns=json_base_ns,
+                   record=inp.record, trace_paths=list(inp.trace_paths),
+                   matched=artifact.matched_path(matched_dir or run.run_dir, rank),
+                   inputs=inputs, record_inputs=record_inputs, clock=clock, host=inp.host,
+                   fmt=fmt, fingerprint=fingerprint(inputs, clock.offset_ns)
+                   if fmt == "pftrace" else None, json_base_ns=json_base_ns,
                    shard=shard if fmt == "pftrace" and shard.exists() else None)
 
 
-def _run_job(job: RankJob) -> RankResult:
-    """A worker's task: reuse the rank's shard when it matches, else convert.
+def _fresh(job: RankJob, problems: list[str]) -> artifact.RankArtifact | None:
+    """The rank's saved matched run on this job's clock, when built from the same inputs."""
+    art = artifact.load_fresh(job.matched, job.inputs, job.record_inputs,
+                              bool(job.trace_paths), problems)
+    return art.aligned(job.clock) if art is not None else None
 
-    A shard matches when it was made from the same inputs, or, when this rank's traces are not
-    in the run dir (``gather(..., traces=False)`` left them on their node), from the same record.
+
+def _run_job(job: RankJob) -> RankResult:
+    """A worker's task: the rank's piece, from its shard when that is still valid.
+
+    A shard is valid when the rank's fresh matched run names it and it was made on this clock
+    (the matched run is fresh for the same inputs or, when this rank's traces are not in the
+    run dir, ``gather(..., traces=False)``, for the same record).
     """
     try:
-        if job.shard is not None and job.fingerprint:
-            (seen, seen_record), events = read_shard(job.shard)
-            if seen == job.fingerprint or (not job.trace_paths and seen_record is not None
-                                           and seen_record == job.record_fingerprint):
-                return RankResult(rank=job.rank, out=job.shard, events=events,
-                                  stats={"rank": job.rank, "reused_shard": job.shard.name,
-                                         "comm_events": len(events),
-                                         "lanes": dict(Counter(ev.pg for ev in events))})
-        return convert_rank(job)
+        problems: list[str] = []
+        art = _fresh(job, problems)
+        if (art is not None and job.shard is not None and art.shard is not None
+                and art.shard == fingerprint(art.inputs, job.offset_ns)):
+            result = result_of(job, art, job.shard)
+            result.stats["reused_shard"] = job.shard.name
+            return result
+        result = convert_rank(job, art)
+        result.problems[:0] = [p for p in problems if p not in result.problems]
+        return result
     except CommvizError as exc:
         return RankResult(rank=job.rank, out=None, problems=[str(exc)])
     except Exception as exc:  # a malformed trace must not stop the other ranks
@@ -90,13 +99,17 @@ def _run_job(job: RankJob) -> RankResult:
             f"{where}: conversion failed ({type(exc).__name__}: {exc}); rank left out"])
 
 
-def _collect_ends(job: RankJob) -> tuple[int, dict[tuple, int], list[str]]:
-    """Collective end times of one rank (for clock derivation), on its own clock."""
+def _match_only(job: RankJob) -> RankResult:
+    """A rank whose clock is still to be derived: matched (on its own clock) and saved, so the
+    conversion after the derivation reads it instead of matching again."""
     problems: list[str] = []
-    with no_gc():
-        traces = load_traces(job, problems)
-        events, _ = comm_events(traces, job.record, job.rank, problems)
-    return job.rank, {ev.key: ev.end_ns for ev in events if ev.key is not None}, problems
+    art = _fresh(job, problems)
+    if art is None:
+        with no_gc():
+            art = build_artifact(job, load_traces(job, problems), problems)
+    result = result_of(job, art, None)
+    result.problems[:0] = [p for p in problems if p not in result.problems]
+    return result
 
 
 class _Pool:
@@ -197,15 +210,17 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
     plan = clk.plan_clock(run)
     with tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name:
         tmp = Path(tmp_name)
+        # matched runs go beside the records, or into the scratch dir of a read-only run dir
+        matched_dir = run.run_dir if os.access(run.run_dir, os.W_OK) else tmp
         if plan.pending:
-            jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt) for r in sorted(run.ranks)]
-            ends = {}
-            for rank, rank_ends, found in pool.map(_collect_ends, jobs, "clock offsets"):
-                ends[rank] = rank_ends
-                problems.extend(found)
+            jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, matched_dir=matched_dir)
+                    for r in sorted(run.ranks)]
+            ends = {res.rank: {ev.key: ev.end_ns for ev in res.events if ev.key is not None}
+                    for res in pool.map(_match_only, jobs, "matching")}
             problems.extend(clk.derive(plan, ends))
         base = _json_base(run, plan) if fmt == "json" else 0
-        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base) for r in sorted(run.ranks)]
+        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir)
+                for r in sorted(run.ranks)]
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks")
         for res in results:
             problems.extend(p for p in res.problems if p not in problems)
@@ -223,7 +238,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                 if fmt == "pftrace":
                     events = [ev for res in results for ev in res.events]
                     cross = tmp / "cross.pftrace"
-                    stats.update(write_cross(cross, events, _pg_table(results, events), problems))
+                    stats.update(write_cross(cross, events, _pg_table(results), problems))
                     lone = lone_flows(events)   # instances on one rank: no cross-rank flow
                     stats["lone_flow_ends_dropped"] = sum(
                         copy_piece(p, f, lone)
@@ -260,14 +275,12 @@ def _write_ranks(out_dir: Path, run: Run, results: list[RankResult], base_ns: in
             partial.unlink(missing_ok=True)
 
 
-def _pg_table(results: list[RankResult], events: list[CommEvent]) -> dict[str, dict]:
-    """pg name -> desc and ranks, from the ranks' inputs, else from the collectives' args."""
-    pgs: dict[str, dict] = {}
+def _pg_table(results: list[RankResult]) -> dict[str, PgInfo]:
+    """pg name -> desc and ranks, from the ranks' matched runs (the first rank that knows)."""
+    pgs: dict[str, PgInfo] = {}
     for res in results:
         for pg, info in res.pgs.items():
             pgs.setdefault(pg, info)
-    for ev in events:
-        pgs.setdefault(ev.pg, {"desc": ev.args.get(md.PG_DESC), "ranks": ev.args.get(md.PG_RANKS)})
     return pgs
 
 
@@ -306,13 +319,16 @@ def write_shard(run_dir: str | os.PathLike[str], rank: int,
                 out: str | os.PathLike[str] | None = None) -> Path:
     """Convert one rank's trace into ``RUN_DIR/shard_rank{R}.pftrace`` (on the rank's own node).
 
-    The clock offset is the one in the rank's record (measured by ``commviz.gather``: call it
-    first). Problems are warned about; the shard holds whatever could be read.
+    The rank's matched run is saved beside it (``RUN_DIR/matched_rank{R}.json``, gathered with
+    the shard). The clock offset is the one in the rank's record (measured by
+    ``commviz.gather``: call it first). Problems are warned about; the shard holds whatever
+    could be read.
     """
     inp, problems = load_rank(run_dir, rank)
     plan = clk.ClockPlan()
-    recorded = int(((inp.record or {}).get("clock") or {}).get("offset_ns") or 0)
-    plan.offsets[rank] = plan.record_offsets[rank] = recorded
+    clock = (inp.record or {}).get("clock") or {}
+    plan.offsets[rank] = int(clock.get("offset_ns") or 0)
+    plan.sources[rank] = str(clock.get("offset_source") or clk.NONE)
     run = Run(run_dir=Path(run_dir), ranks={rank: inp}, world_size=None, problems=problems)
     target = Path(out) if out is not None else shard_path(run.run_dir, rank)
     with tempfile.TemporaryDirectory(prefix=".commviz-shard-", dir=target.parent) as tmp:

@@ -20,7 +20,7 @@ import gc
 import hashlib
 import os
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +29,10 @@ from typing import Any, Iterator
 import orjson
 
 from commviz import metadata as md
-from commviz.errors import CommvizError, TraceError
-from commviz.match import RankMatch, match_traces
-from commviz.match.model import CommEvent, events_from_record
+from commviz.errors import TraceError
+from commviz.match import artifact
+from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
+from commviz.match.model import CommEvent
 from commviz.merge.flows import GPU_CATS, Edge, FlowPoint, launch_edges
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
@@ -44,9 +45,6 @@ CROSS_FLOW_BIT = 1 << 63
 _TIMED = frozenset({"s", "t", "f", "i", "I", "C"})      # converted phases other than X and M
 MAX_NS = (1 << 63) - 1                # Perfetto's timestamps: what trace processor can hold
 LANE_CAT = "commviz"
-# In the matcher's reason for a kernel that had nothing to match with (no record and no
-# profiler metadata), as opposed to one it could not match with certainty.
-NO_METADATA = "no collective metadata"
 INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
 
 
@@ -85,14 +83,19 @@ class RankJob:
     out: Path
     record: dict | None
     trace_paths: list[Path]
-    offset_ns: int = 0                  # added to this rank's trace times (merged clock)
-    record_offset_ns: int = 0           # what the matcher already added to CommEvent times
+    matched: Path                       # the rank's matched run: read when fresh, else written
+    inputs: str                         # fingerprint of record + traces (artifact.inputs_...)
+    record_inputs: str | None           # of the record alone (its traces may stay on its node)
+    clock: Clock = Clock()              # this rank's clock (a pending one: its own, match only)
     host: str | None = None
     fmt: str = "pftrace"
-    fingerprint: str | None = None      # of the inputs, written into the piece
-    record_fingerprint: str | None = None   # of the record alone (its traces may stay on its node)
+    fingerprint: str | None = None      # of the shard's inputs and clock, written into the piece
     shard: Path | None = None           # the rank's own shard, reused if its fingerprint matches
     json_base_ns: int = 0               # --format json: ts are µs after this wall time
+
+    @property
+    def offset_ns(self) -> int:
+        return self.clock.offset_ns
 
 
 @dataclass
@@ -102,27 +105,26 @@ class RankResult:
     stats: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     events: list[CommEvent] = field(default_factory=list)   # for the cross-rank summary
-    pgs: dict[str, dict] = field(default_factory=dict)       # pg name -> desc, ranks
+    pgs: dict[str, PgInfo] = field(default_factory=dict)
 
 
-def comm_events(traces: list[Trace], record: dict | None, rank: int,
-                problems: list[str]) -> tuple[list[CommEvent], RankMatch | None]:
-    """This rank's collectives (the record's offset applied) and the matcher's result.
+def result_of(job: RankJob, art: RankArtifact, out: Path | None) -> RankResult:
+    """What the merge keeps of a rank: its matched collectives, groups, problems and counts."""
+    stats = {"rank": job.rank, "host": art.host, **art.stats,
+             "lanes": dict(Counter(ev.pg for ev in art.events))}
+    return RankResult(rank=job.rank, out=out, stats=stats, problems=list(art.problems),
+                      events=art.events, pgs=art.pgs)
 
-    A rank with several traces (profiler steps) is matched trace by trace and combined, so
-    each recorded call appears once. If matching fails, the record's own spans are the lanes.
-    """
-    try:
-        result = match_traces(traces, record, rank=rank)
-    except CommvizError as exc:
-        problems.append(str(exc))
-    except Exception as exc:  # the matcher's failure must not cost the rank its trace
-        where = ", ".join(str(t.path) for t in traces) or f"rank {rank}"
-        problems.append(f"{where}: matching failed ({type(exc).__name__}: {exc}); its lanes "
-                        "come from the record alone")
-    else:
-        return list(result.events), result
-    return (events_from_record(record) if record is not None else []), None
+
+def build_artifact(job: RankJob, traces: list[Trace], problems: list[str]) -> RankArtifact:
+    """Match the rank once, on its clock, and save it beside its shard."""
+    art = artifact.build(job.rank, traces, job.record, inputs=job.inputs,
+                         record_inputs=job.record_inputs, clock=job.clock, host=job.host,
+                         problems=problems)
+    if job.fmt == "pftrace" and job.fingerprint:
+        art.shard = job.fingerprint
+    artifact.save(art, job.matched)
+    return art
 
 
 def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
@@ -146,27 +148,10 @@ def _device(job: RankJob, gpu_pids: set) -> str:
     return f"cuda:{ints[0]}" if ints else "cpu"
 
 
-def _pg_table(job: RankJob, traces: list[Trace], events: list[CommEvent]) -> dict[str, dict]:
-    """pg name -> {"desc", "ranks"}: from the record, else distributedInfo, else the events."""
-    table: dict[str, dict] = {}
-    for g in (job.record or {}).get("process_groups") or []:
-        table.setdefault(str(g.get("name")), {"desc": g.get("desc"), "ranks": g.get("ranks")})
-    for t in traces:
-        for g in (t.distributed_info or {}).get("pg_config") or []:
-            if isinstance(g, dict):
-                table.setdefault(str(g.get("pg_name")), {"desc": g.get("pg_desc"),
-                                                         "ranks": g.get("ranks")})
-    for ev in events:
-        if ev.pg not in table:
-            table[ev.pg] = {"desc": ev.args.get(md.PG_DESC), "ranks": ev.args.get(md.PG_RANKS)}
-    return table
-
-
-def lane_name(pg: str, info: dict | None) -> str:
-    info = info or {}
-    desc = info.get("desc")
+def lane_name(pg: str, info: PgInfo | None) -> str:
+    desc = info.desc if info is not None else None
     label = f"PG {desc}" if desc and desc != "undefined" else f"PG {pg}"
-    ranks = info.get("ranks")
+    ranks = info.ranks if info is not None else None
     if isinstance(ranks, str):
         return f"{label} · ranks {ranks}"
     return f"{label} · ranks {list(ranks)}" if ranks is not None else label
@@ -294,22 +279,23 @@ def _flow_fields(edges: list[Edge], rank: int) -> dict[int, bytes]:
     return dict(flows)
 
 
-def _concat(traces: list[Trace], match: Any, offset_ns: int
+def _concat(traces: list[Trace], labels: list[TraceLabels], offset_ns: int
             ) -> tuple[list[dict], list[tuple[int, int, int]], dict[int, dict]]:
     """All traces' events in one list, each trace's (lo, hi, time base) and the args to add."""
     combined = traces[0].events if len(traces) == 1 else [e for t in traces for e in t.events]
-    parts = match.per_trace if match is not None and match.per_trace else [match] * len(traces)
+    by_trace = {lab.trace: lab for lab in labels}
     segments: list[tuple[int, int, int]] = []
     extra: dict[int, dict] = {}
     lo = 0
-    for trace, part in zip(traces, parts):
+    for trace in traces:
         hi = lo + len(trace.events)
         segments.append((lo, hi, trace.base_ns + offset_ns))
+        part = by_trace.get(trace.path.name)
         if part is not None:
             for index, args in part.kernel_args.items():
                 extra.setdefault(index + lo, {}).update(args)
-            for index, labels in part.marks.items():
-                extra.setdefault(index + lo, {}).update(labels)
+            for index, marks in part.marks.items():
+                extra.setdefault(index + lo, {}).update(marks)
         lo = hi
     return combined, segments, extra
 
@@ -325,7 +311,7 @@ class _Rank:
     layout: _Layout
     lanes: list[dict]
     lane_items: dict[str, list]
-    pgs: dict[str, dict]
+    pgs: dict[str, PgInfo]
     name: str                            # "rank R · host · device"
 
     def tracks(self) -> list[tuple[tuple, str, int]]:
@@ -358,21 +344,21 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def convert_rank(job: RankJob) -> RankResult:
-    """Convert one rank into its piece file (pftrace, or a Chrome JSON fragment)."""
+def convert_rank(job: RankJob, art: RankArtifact | None = None) -> RankResult:
+    """Convert one rank into its piece file (pftrace, or a Chrome JSON fragment), from its
+    matched run ``art`` (built and saved here when not given)."""
     with no_gc():
-        return _convert(job)
+        return _convert(job, art)
 
 
-def _convert(job: RankJob) -> RankResult:
+def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
     problems: list[str] = []
     traces = load_traces(job, problems)
-    events, match = comm_events(traces, job.record, job.rank, problems)
-    shift = job.offset_ns - job.record_offset_ns       # the matcher applied the record's offset
-    for ev in events:
-        ev.start_ns += shift
-        ev.end_ns += shift
-    combined, segments, extra = _concat(traces, match, job.offset_ns)
+    if art is None:
+        art = build_artifact(job, traces, problems)
+        problems = []                  # the trace problems are the artifact's now
+    events = art.events
+    combined, segments, extra = _concat(traces, art.labels, job.offset_ns)
     layout = _Layout(combined, segments)
     if layout.negative:
         problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
@@ -386,18 +372,13 @@ def _convert(job: RankJob) -> RankResult:
                         "converted (commviz converts X, i, s/t/f, C and M events)")
     lanes, lane_items = lane_events(events)
     device = _device(job, {k[0] for k in layout.gpu})
-    host = job.host or next((t.host for t in traces if t.host), None) or "?"
-    rank = _Rank(job, combined, segments, extra, layout, lanes, lane_items,
-                 _pg_table(job, traces, events), process_name(job.rank, host, device))
-    result = RankResult(rank=job.rank, out=job.out, problems=problems, events=events,
-                        pgs=rank.pgs)
-    result.stats.update(rank=job.rank, host=host, device=device, traces=len(traces),
-                        profiler_events=len(combined), comm_events=len(events),
-                        lanes={pg: len(v) for pg, v in lane_items.items()})
-    if match is not None:
-        bare = sum(NO_METADATA in u.reason for u in match.unmatched)
-        result.stats["unmatched"] = len(match.unmatched) - bare     # uncertain: left unlabelled
-        result.stats["no_metadata"] = bare
+    host = job.host or art.host or "?"
+    rank = _Rank(job, combined, segments, extra, layout, lanes, lane_items, art.pgs,
+                 process_name(job.rank, host, device))
+    result = result_of(job, art, job.out)
+    result.problems.extend(p for p in problems if p not in result.problems)
+    result.stats.update(host=host, device=device, traces=len(traces),
+                        profiler_events=len(combined))
     if job.fmt == "json":
         _write_json(rank, result)
     else:
@@ -423,8 +404,7 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
     sources = ", ".join(p.name for p in job.trace_paths) or "its record"
     desc = f"converted by commviz from {sources}"
     if job.fingerprint:
-        desc += f" (inputs {job.fingerprint}" + (
-            f", record {job.record_fingerprint})" if job.record_fingerprint else ")")
+        desc += f" (shard {job.fingerprint}, inputs {job.inputs})"
     with open(job.out, "wb") as f:
         piece = Piece(f, job.rank + 1)
         proc = piece.new_uuid()

@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from commviz.review.gpu import GpuOp
+from commviz.trace.gpu import GpuOp
 
 COMMUNICATION, MEMORY, COMPUTATION, OTHER = "COMMUNICATION", "MEMORY", "COMPUTATION", "OTHER"
 _COMM_RE = re.compile(r"^nccl.*Kernel")

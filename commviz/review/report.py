@@ -1,6 +1,7 @@
 """``commviz report``: the whole review of a run dir as a terminal table, Markdown or JSON.
 
-``review_run`` loads a run (``load_run`` + ``match_run``) and runs every analysis;
+``review_run`` loads a run's matched ranks (``commviz.match.matched``: the per-rank artifacts the
+merge also reads, on the same clock) and runs every analysis;
 ``write_report`` renders it, writes it into the run dir (or ``out``) and draws the plots. Tables
 list what costs the most time first and stop at ``top`` rows; the JSON holds everything,
 times in ns, sizes in bytes, bandwidth in GB/s (1e9 bytes/s).
@@ -20,12 +21,12 @@ from commviz.errors import SourceError
 from commviz.match.model import CommEvent
 from commviz.review import instances as inst_mod
 from commviz.review.desync import Desync, find_desyncs
-from commviz.review.gpu import GpuOp, gpu_ops
 from commviz.review.instances import (CollectiveSummary, GroupSummary, Instance, RankSummary,
                                       build_instances, collective_summaries, group_summaries,
                                       rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
 from commviz.review.streams import StreamRow, stream_table
+from commviz.trace.gpu import GpuOp
 from commviz.trace.kernels import KERNEL_CLASSES
 
 FORMATS = ("table", "markdown", "json")
@@ -61,26 +62,18 @@ class ReportResult:
 
 
 def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
-    """A run's collectives (matched onto its traces) and GPU ops, the ranks with data, problems.
+    """A run's collectives and GPU ops on the merged clock (its matched ranks, the same the
+    merged trace is made of), the ranks with data, and the problems."""
+    from commviz.match.matched import matched_run
 
-    A trace that cannot be used costs its GPU ops and is named in the problems; the rest loads.
-    """
-    from commviz.match import match_traces
-    from commviz.trace.run import load_run
-
-    run = load_run(run_dir)
-    problems = list(run.problems)
-    if not run.ranks:
-        why = "; ".join(problems) if problems else "no commviz records and no profiler traces"
+    matched = matched_run(run_dir)
+    if not matched.ranks:
+        why = "; ".join(matched.problems) or "no commviz records and no profiler traces"
         raise SourceError(str(run_dir), f"nothing to review: {why}")
-    events: list[CommEvent] = []
-    ops: list[GpuOp] = []
-    for item in run.ranks.values():          # one rank's traces in memory at a time, read once
-        traces = list(item.load_traces(problems))
-        events.extend(match_traces(traces, item.record, rank=item.rank).events)
-        for trace in traces:
-            ops.extend(gpu_ops(trace))
-    return events, ops, set(run.ranks), problems
+    ranks = [matched.ranks[r] for r in sorted(matched.ranks)]
+    events = [ev for art in ranks for ev in art.events]
+    ops = [op for art in ranks for op in art.gpu_ops]
+    return events, ops, set(matched.ranks), matched.problems
 
 
 def analyse(events: list[CommEvent], ops: list[GpuOp], *, present: set[int] | None = None,

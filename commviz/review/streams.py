@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from commviz.review.gpu import GpuOp
+from commviz.trace.gpu import GpuOp
 from commviz.trace.kernels import KERNEL_CLASSES, classify
 
 

@@ -1,7 +1,7 @@
 """A rank's GPU activity from its profiler trace: kernels, memcpys and memsets with their stream.
 
-Times are this rank's wall ns (``Trace.ns``); the per-rank analyses (streams, overlap) never
-compare them across ranks, so no clock offset is applied. A kernel counts as graphed when its
+Times are this rank's own wall ns (``Trace.ns``); the matched run (``commviz.match.artifact``)
+moves them onto the merged clock with the rank's collectives. A kernel counts as graphed when its
 ``correlation`` is that of a ``cudaGraphLaunch`` runtime call or it carries a non-zero graph node
 id (``trace.kernels.is_graphed``, the matchers' rule too).
 """

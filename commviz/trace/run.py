@@ -20,7 +20,8 @@ from commviz.record.store import load_record
 from commviz.trace.load import Trace, TraceHeader, load_trace, rank_from_name, read_header
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-OWN_OUTPUT_PREFIXES = ("merged", "shard_rank")    # what commviz merge writes into a run dir
+# what commviz writes into a run dir after the job: merged traces, shards, matched runs
+OWN_OUTPUT_PREFIXES = ("merged", "shard_rank", "matched_rank")
 
 
 @dataclass

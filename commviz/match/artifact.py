@@ -1,0 +1,374 @@
+"""One rank's matched run, built once and saved beside its shard: ``RUN_DIR/matched_rank{R}.json``.
+
+Matching a rank's traces with its record is the expensive, knowledge-heavy step; everything
+after it (the rank's Perfetto shard, the merge's cross-rank piece and summary tracks,
+``commviz report``) reads this artifact instead of matching again. It is built where the rank's
+data is: by ``write_shard`` on the rank's node at the end of a launched job, else by the merge's
+worker (or the report, whichever comes first) for plain traces. Like Flight Recorder's analyzer
+(one typed database) and HTA (a run loaded once), every analysis reads the same events.
+
+The clock is applied here and only here (``RankArtifact.aligned``): the matcher's times are the
+rank's own wall clock, the artifact's are the merged clock (rank 0's), and it says which offset
+it applied and how that was found. The file is JSON of plain values, versioned; loading checks
+every field's type and never runs anything (no pickle). Its schema, version ``VERSION``::
+
+    {"schema": "commviz.matched", "version": 1, "rank": int, "host": str | null,
+     "inputs": str,                 # fingerprint of the record and traces it was built from
+     "record_inputs": str | null,   # of the record alone (its traces may stay on its node)
+     "shard": str | null,           # fingerprint of the shard written with it, if any
+     "clock": {"offset_ns": int, "source": str},        # added to the rank's own times
+     "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
+     "events": [[pg, op, start_ns, end_ns, args, key | null, source, stream | null, graphed]],
+     "gpu": {"names": [str], "cats": [str],
+             "ops": [[stream, name index, cat index, start_ns, end_ns, graphed]]},
+     "labels": [{"trace": str, "kernel_args": [[event index, args]],
+                 "marks": [[event index, args]]}],  # per trace: args the shard adds to events
+     "problems": [str], "stats": {str: int}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+from commviz import metadata as md
+from commviz.errors import CommvizError, SourceError
+from commviz.match import match_traces
+from commviz.match.model import CommEvent, events_from_record
+from commviz.match.result import RankMatch
+from commviz.trace.gpu import GpuOp, gpu_ops
+from commviz.trace.load import Trace
+
+SCHEMA = "commviz.matched"
+VERSION = 1
+MATCHED_GLOB = "matched_rank*.json"
+# In the matcher's reason for a kernel that had nothing to match with (no record and no
+# profiler metadata), as opposed to one it could not match with certainty.
+NO_METADATA = "no collective metadata"
+_SAMPLE = 1 << 16
+_RECORD_PARTS = ("rank", "world_size", "host", "device", "process_groups", "collectives",
+                 "graphs", "replays", "marks")
+
+
+def matched_name(rank: int) -> str:
+    """Rank R's matched run, beside its record and shard (``commviz.record.schema``'s style)."""
+    return f"matched_rank{rank}.json"
+
+
+def matched_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / matched_name(rank)
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """What was added to the rank's own times to put them on the merged clock, and why."""
+
+    offset_ns: int = 0
+    source: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class PgInfo:
+    desc: str | None
+    ranks: list[int] | str | None      # the record's list, or the profiler's "[0, 1]"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLabels:
+    """Args the shard adds to one trace's events (by index into ``Trace.events``)."""
+
+    trace: str
+    kernel_args: dict[int, dict[str, Any]]
+    marks: dict[int, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class RankArtifact:
+    """One rank's matched collectives and GPU ops on the merged clock, with what it came from."""
+
+    rank: int
+    host: str | None
+    inputs: str
+    record_inputs: str | None
+    clock: Clock
+    events: list[CommEvent]
+    gpu_ops: list[GpuOp]
+    pgs: dict[str, PgInfo]
+    labels: list[TraceLabels]
+    problems: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    shard: str | None = None
+
+    def aligned(self, clock: Clock) -> RankArtifact:
+        """The same rank on ``clock``: the one place a rank's times move between clocks."""
+        delta = clock.offset_ns - self.clock.offset_ns
+        if delta == 0:
+            return replace(self, clock=clock)
+        events = [replace(ev, start_ns=ev.start_ns + delta, end_ns=ev.end_ns + delta)
+                  for ev in self.events]
+        ops = [replace(op, start_ns=op.start_ns + delta, end_ns=op.end_ns + delta)
+               for op in self.gpu_ops]
+        return replace(self, clock=clock, events=events, gpu_ops=ops)
+
+    def own_ends(self) -> dict[tuple, int]:
+        """Each instance's end on the rank's own clock (what the clock derivation compares)."""
+        return {ev.key: ev.end_ns - self.clock.offset_ns for ev in self.events
+                if ev.key is not None}
+
+    def fresh_for(self, inputs: str, record_inputs: str | None, has_traces: bool) -> bool:
+        """Whether it was built from these inputs (or, where the rank's traces stayed on their
+        node, from this record)."""
+        return self.inputs == inputs or (not has_traces and record_inputs is not None
+                                         and self.record_inputs == record_inputs)
+
+
+# -- fingerprints ------------------------------------------------------------------------------
+
+def _file_sample(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(_SAMPLE)
+        size = f.seek(0, 2)
+        f.seek(max(size - _SAMPLE, 0))
+        tail = f.read(_SAMPLE)
+    return f"{path.name}:{size}:".encode() + head + tail
+
+
+def inputs_fingerprint(record: dict | None, trace_paths: Iterable[Path]) -> str:
+    """Which inputs a rank's matched run comes from. Only the record parts matching uses count
+    (its exit reason, write time and clock change when the job ends, after a shard was made)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{SCHEMA}:{VERSION}:".encode())
+    if record is not None:
+        used = {k: record.get(k) for k in _RECORD_PARTS}
+        h.update(orjson.dumps(used, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+                              default=str))
+    for path in trace_paths:
+        try:
+            h.update(_file_sample(path))
+        except OSError:
+            h.update(f"{path.name}:missing".encode())
+    return h.hexdigest()
+
+
+# -- building ----------------------------------------------------------------------------------
+
+def _pg_table(record: dict | None, traces: list[Trace], events: list[CommEvent]
+              ) -> dict[str, PgInfo]:
+    """pg name -> desc and ranks: from the record, else distributedInfo, else the events."""
+    table: dict[str, PgInfo] = {}
+    for g in (record or {}).get("process_groups") or []:
+        table.setdefault(str(g.get("name")), PgInfo(g.get("desc"), g.get("ranks")))
+    for t in traces:
+        for g in (t.distributed_info or {}).get("pg_config") or []:
+            if isinstance(g, dict):
+                table.setdefault(str(g.get("pg_name")), PgInfo(g.get("pg_desc"), g.get("ranks")))
+    for ev in events:
+        table.setdefault(ev.pg, PgInfo(ev.args.get(md.PG_DESC), ev.args.get(md.PG_RANKS)))
+    return table
+
+
+def _match(traces: list[Trace], record: dict | None, rank: int,
+           problems: list[str]) -> tuple[list[CommEvent], RankMatch | None]:
+    """The matcher's result; if matching fails, the record's own spans are the collectives."""
+    try:
+        result = match_traces(traces, record, rank=rank)
+    except CommvizError as exc:
+        problems.append(str(exc))
+    except Exception as exc:  # the matcher's failure must not cost the rank its trace
+        where = ", ".join(str(t.path) for t in traces) or f"rank {rank}"
+        problems.append(f"{where}: matching failed ({type(exc).__name__}: {exc}); its lanes "
+                        "come from the record alone")
+    else:
+        return list(result.events), result
+    return (events_from_record(record) if record is not None else []), None
+
+
+def _labels(traces: list[Trace], match: RankMatch | None) -> list[TraceLabels]:
+    parts = match.per_trace if match is not None and match.per_trace else [match] * len(traces)
+    return [TraceLabels(t.path.name, dict(p.kernel_args) if p else {}, dict(p.marks) if p else {})
+            for t, p in zip(traces, parts)]
+
+
+def build(rank: int, traces: list[Trace], record: dict | None, *, inputs: str,
+          record_inputs: str | None, clock: Clock, host: str | None = None,
+          problems: Iterable[str] = ()) -> RankArtifact:
+    """Match one rank once and put it on ``clock``."""
+    found = list(problems)
+    events, match = _match(traces, record, rank, found)
+    ops = [op for t in traces for op in gpu_ops(t)]
+    stats = {"traces": len(traces), "comm_events": len(events)}
+    if match is not None:
+        bare = sum(NO_METADATA in u.reason for u in match.unmatched)
+        stats["unmatched"] = len(match.unmatched) - bare      # uncertain: left unlabelled
+        stats["no_metadata"] = bare
+    host = host or (record or {}).get("host") or next((t.host for t in traces if t.host), None)
+    own = RankArtifact(rank=rank, host=host, inputs=inputs, record_inputs=record_inputs,
+                       clock=Clock(0, "own"), events=events, gpu_ops=ops,
+                       pgs=_pg_table(record, traces, events), labels=_labels(traces, match),
+                       problems=found, stats=stats)
+    return own.aligned(clock)
+
+
+# -- the file ----------------------------------------------------------------------------------
+
+def to_json(art: RankArtifact) -> bytes:
+    names: dict[str, int] = {}
+    cats: dict[str, int] = {}
+    ops = [[op.stream, names.setdefault(op.name, len(names)), cats.setdefault(op.cat, len(cats)),
+            op.start_ns, op.end_ns, op.graphed] for op in art.gpu_ops]
+    doc = {
+        "schema": SCHEMA, "version": VERSION, "rank": art.rank, "host": art.host,
+        "inputs": art.inputs, "record_inputs": art.record_inputs, "shard": art.shard,
+        "clock": {"offset_ns": art.clock.offset_ns, "source": art.clock.source},
+        "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in art.pgs.items()},
+        "events": [[e.pg, e.op, e.start_ns, e.end_ns, e.args, e.key, e.source, e.stream,
+                    e.graphed] for e in art.events],
+        "gpu": {"names": list(names), "cats": list(cats), "ops": ops},
+        "labels": [{"trace": lab.trace, "kernel_args": sorted(lab.kernel_args.items()),
+                    "marks": sorted(lab.marks.items())} for lab in art.labels],
+        "problems": art.problems, "stats": art.stats,
+    }
+    return orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """Values a record may hold that JSON lacks (sets, numpy scalars): as lists and numbers."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def save(art: RankArtifact, path: str | os.PathLike[str]) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(to_json(art))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+class _Bad(Exception):
+    pass
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise _Bad(what)
+
+
+def _int(v: Any, what: str) -> int:
+    _need(isinstance(v, int) and not isinstance(v, bool), f"{what} is not an integer")
+    return v
+
+
+def _str_or_none(v: Any, what: str) -> str | None:
+    _need(v is None or isinstance(v, str), f"{what} is not a string")
+    return v
+
+
+def _key(v: Any) -> Any:
+    """An instance key as the matcher made it: JSON lists back to tuples."""
+    return tuple(_key(x) for x in v) if isinstance(v, list) else v
+
+
+def _index_map(items: Any, what: str) -> dict[int, dict[str, Any]]:
+    _need(isinstance(items, list), f"{what} is not a list")
+    out = {}
+    for item in items:
+        _need(isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict),
+              f"{what} holds something other than [index, args]")
+        out[_int(item[0], what)] = item[1]
+    return out
+
+
+def from_json(doc: Any) -> RankArtifact:
+    """A loaded document as a RankArtifact; ``_Bad`` says which field is wrong."""
+    _need(isinstance(doc, dict), "not a JSON object")
+    _need(doc.get("schema") == SCHEMA, f"not a commviz matched run (schema {doc.get('schema')!r})")
+    _need(doc.get("version") == VERSION, f"version {doc.get('version')!r}, this commviz reads "
+                                         f"{VERSION}")
+    rank = _int(doc.get("rank"), "rank")
+    clock = doc.get("clock")
+    _need(isinstance(clock, dict), "clock is not an object")
+    events = []
+    _need(isinstance(doc.get("events"), list), "events is not a list")
+    for e in doc["events"]:
+        _need(isinstance(e, list) and len(e) == 9, "an event is not a 9-item list")
+        pg, op, start, end, args, key, source, stream, graphed = e
+        _need(isinstance(pg, str) and isinstance(op, str) and isinstance(args, dict)
+              and isinstance(source, str) and isinstance(graphed, bool)
+              and (key is None or isinstance(key, list))
+              and (stream is None or isinstance(stream, int)), "an event has a wrong field")
+        events.append(CommEvent(rank=rank, pg=pg, op=op, start_ns=_int(start, "event start"),
+                                end_ns=_int(end, "event end"), args=args, key=_key(key),
+                                source=source, stream=stream, graphed=graphed))
+    gpu = doc.get("gpu")
+    _need(isinstance(gpu, dict) and all(isinstance(gpu.get(k), list)
+                                        for k in ("names", "cats", "ops")), "gpu is malformed")
+    ops = []
+    for o in gpu["ops"]:
+        _need(isinstance(o, list) and len(o) == 6 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in o[:5])
+            and isinstance(o[5], bool) and 0 <= o[1] < len(gpu["names"])
+            and 0 <= o[2] < len(gpu["cats"]), "a GPU op is malformed")
+        ops.append(GpuOp(rank, o[0], str(gpu["names"][o[1]]), str(gpu["cats"][o[2]]), o[3], o[4],
+                         o[5]))
+    pgs = doc.get("pgs")
+    _need(isinstance(pgs, dict) and all(isinstance(v, dict) for v in pgs.values()),
+          "pgs is malformed")
+    labels = doc.get("labels")
+    _need(isinstance(labels, list) and all(isinstance(lab, dict) for lab in labels),
+          "labels is malformed")
+    problems, stats = doc.get("problems"), doc.get("stats")
+    _need(isinstance(problems, list) and all(isinstance(p, str) for p in problems),
+          "problems is not a list of strings")
+    _need(isinstance(stats, dict) and all(isinstance(v, int) for v in stats.values()),
+          "stats is malformed")
+    return RankArtifact(
+        rank=rank, host=_str_or_none(doc.get("host"), "host"),
+        inputs=str(_str_or_none(doc.get("inputs"), "inputs")),
+        record_inputs=_str_or_none(doc.get("record_inputs"), "record_inputs"),
+        shard=_str_or_none(doc.get("shard"), "shard"),
+        clock=Clock(_int(clock.get("offset_ns"), "clock offset"),
+                    str(_str_or_none(clock.get("source"), "clock source"))),
+        events=events, gpu_ops=ops,
+        pgs={str(pg): PgInfo(v.get("desc"), v.get("ranks")) for pg, v in pgs.items()},
+        labels=[TraceLabels(str(lab.get("trace")), _index_map(lab.get("kernel_args"), "labels"),
+                            _index_map(lab.get("marks"), "labels")) for lab in labels],
+        problems=list(problems), stats=dict(stats))
+
+
+def load(path: str | os.PathLike[str]) -> RankArtifact:
+    """Read a matched run; anything malformed is one ``SourceError`` naming the file."""
+    path = Path(path)
+    try:
+        return from_json(orjson.loads(path.read_bytes()))
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(str(path), f"not JSON ({exc})") from None
+    except _Bad as exc:
+        raise SourceError(str(path), f"not a usable matched run: {exc}") from None
+
+
+def load_fresh(path: Path, inputs: str, record_inputs: str | None, has_traces: bool,
+               problems: list[str]) -> RankArtifact | None:
+    """The saved matched run if it was built from these inputs; a bad file is a problem."""
+    if not path.is_file():
+        return None
+    try:
+        art = load(path)
+    except SourceError as exc:
+        problems.append(f"{exc}; rebuilt from the rank's inputs")
+        return None
+    return art if art.fresh_for(inputs, record_inputs, has_traces) else None
