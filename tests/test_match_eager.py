@@ -8,6 +8,8 @@ around each call, a ``record_param_comms`` op inside with the eager keys, the la
 kernels carrying the eager keys in ``args`` except the ``ncclDevKernel_SendRecv`` of
 ``batch_isend_irecv`` (none), kernels of a ``cudaGraphLaunch`` replay (cbid 311) with only
 stream/correlation, a DDP-style kernel no commviz call issued, and one with nothing at all.
+The profiler's eager keys are worked out from the calls the job makes (``profiler_eager``),
+never copied from the records, so a record that says otherwise is a conflict the tests see.
 Tests on recorded GPU fixtures replace these when ``tests/fixtures/gpu/`` has them.
 """
 
@@ -45,8 +47,31 @@ ARGS_STORAGE = "(ncclDevKernelArgsStorage<4096ul>)"
 PROFILER_ONLY = ("Rank", "Global rank start", "Global rank stride")
 
 
-def job(rank: int, world: int) -> list[dict[str, Any]]:
-    """The calls issue_step makes on the GPU machines, here on gloo: their real records."""
+def profiler_eager(world: int, groups: dict[str, str]) -> list[dict[str, Any]]:
+    """What the eager profiler writes for each call of ``job``, in call order, worked out here
+    from the calls themselves (tensor sizes, groups as torch names them) and the formats of
+    ``record_param_comms`` in torch's ProcessGroupNCCL: the expectation owes nothing to
+    commviz's records."""
+    ranks = str(list(range(world)))
+
+    def call(name: str, n_in: int, n_out: int, group: str) -> dict[str, Any]:
+        return {"Collective name": name, "In msg nelems": n_in, "Out msg nelems": n_out,
+                "Group size": world, "dtype": "Float", "In split size": "[]",
+                "Out split size": "[]", "Process Group Name": groups[group],
+                "Process Group Description": group, "Process Group Ranks": ranks}
+
+    return [call("allreduce", 8, 8, "default_pg"), call("allreduce", 8, 8, "tp"),
+            call("broadcast", 8, 8, "default_pg"),
+            call("_allgather_base", 8, 8 * world, "tp"),
+            call("_reduce_scatter_base", 4 * world, 4, "default_pg"),
+            call("all_to_allv", 2 * world, 2 * world, "default_pg"),
+            call("send", 8, 8, "default_pg"), call("recv", 8, 8, "default_pg"),
+            call("allreduce", 8, 8, "default_pg")]
+
+
+def job(rank: int, world: int) -> dict[str, Any]:
+    """The calls issue_step makes on the GPU machines, here on gloo: their real records, and
+    the eager profiler's view of the same calls (``profiler_eager``)."""
     import torch.distributed as td
 
     import commviz.distributed as cvd
@@ -66,12 +91,22 @@ def job(rank: int, world: int) -> list[dict[str, Any]]:
                                        cvd.P2POp(cvd.irecv, torch.zeros(8), peer)]):
         work.wait()
     cvd.all_reduce(x(), async_op=True).wait()
-    return commviz.RECORDER.payload("explicit")
+    record = commviz.RECORDER.payload("explicit")
+    groups = {"default_pg": td.group.WORLD.group_name, "tp": tp.group_name}
+    record["profiler_eager"] = profiler_eager(world, groups)
+    return record
 
 
 @pytest.fixture(scope="module")
 def records() -> list[dict[str, Any]]:
     return run_ranks(job, WORLD, timeout=240)
+
+
+def test_records_say_what_the_eager_profiler_says(records) -> None:
+    """Every eager key of every record as the profiler writes it for the same call."""
+    for record in records:
+        calls = record["collectives"]
+        assert [{k: c[k] for k in md.EAGER_KEYS} for c in calls] == record["profiler_eager"]
 
 
 class GpuTrace:
@@ -107,12 +142,10 @@ class GpuTrace:
                          "pid": 0, "tid": stream, "ts": self.ts(t0), "dur": 21.5,
                          "args": {**base, **args}})
 
-    @staticmethod
-    def eager(meta: dict[str, Any]) -> dict[str, Any]:
-        """The eager keys as record_param_comms writes them for this call."""
-        out = {k: meta[k] for k in md.EAGER_KEYS}
-        out.update({"Rank": meta[md.RANK], "Global rank start": 0, "Global rank stride": 1})
-        return out
+    def eager(self, pos: int, **changed: Any) -> dict[str, Any]:
+        """The eager keys record_param_comms writes for call ``pos`` (``profiler_eager``)."""
+        return {**self.record["profiler_eager"][pos], **changed, "Rank": self.record["rank"],
+                "Global rank start": 0, "Global rank stride": 1}
 
     def _call(self, pos: int, meta: dict[str, Any]) -> None:
         t0, t1 = meta[md.T_BEGIN], meta[md.T_END]
@@ -122,8 +155,8 @@ class GpuTrace:
         corr, ext = next(self.ids), next(self.ids)
         launch_at = t0 + 200
         self.cpu("record_param_comms", "cpu_op", t0 + 150, t0 + 400,
-                 {"External id": ext, **self.eager(meta)})
-        carried = {k: v for k, v in self.eager(meta).items() if k not in PROFILER_ONLY}
+                 {"External id": ext, **self.eager(pos)})
+        carried = {k: v for k, v in self.eager(pos).items() if k not in PROFILER_ONLY}
         self.cpu("cuLaunchKernelEx", "cuda_driver", launch_at, launch_at + 80,
                  {"External id": ext, "cbid": 652, "correlation": corr})
         self.kernel_of[pos] = self.kernel(
@@ -142,13 +175,12 @@ class GpuTrace:
     def unrecorded_allreduce(self, pg: str = "0") -> int:
         """A DDP-reducer style all_reduce: the profiler's metadata, no commviz call around it."""
         t0 = max(c[md.T_END] for c in self.record["collectives"]) + 50_000
-        meta = dict(self.record["collectives"][0], **{md.IN_NELEMS: 4096, md.OUT_NELEMS: 4096})
+        eager = self.eager(0, **{md.IN_NELEMS: 4096, md.OUT_NELEMS: 4096})
         ext, corr = next(self.ids), next(self.ids)
-        self.cpu("record_param_comms", "cpu_op", t0, t0 + 300,
-                 {"External id": ext, **self.eager(meta)})
+        self.cpu("record_param_comms", "cpu_op", t0, t0 + 300, {"External id": ext, **eager})
         self.cpu("cuLaunchKernelEx", "cuda_driver", t0 + 100, t0 + 180,
                  {"External id": ext, "cbid": 652, "correlation": corr})
-        carried = {k: v for k, v in self.eager(meta).items() if k not in PROFILER_ONLY}
+        carried = {k: v for k, v in eager.items() if k not in PROFILER_ONLY}
         return self.kernel(KERNELS["all_reduce"], t0 + 5000, STREAMS[pg],
                            {"External id": ext, "correlation": corr, **carried})
 
