@@ -16,7 +16,7 @@ from commviz.errors import WRITE_ERRNOS, CommvizError, cannot_write
 COMMANDS = (
     "commviz.launch.command",     # commviz launch CONFIG.yaml
     "commviz.merge.command",      # commviz merge RUN_DIR
-    "commviz.match.command",      # commviz annotate TRACE RECORD -o OUT
+    "commviz.merge.annotate",     # commviz annotate TRACE RECORD -o OUT
     "commviz.verify.command",     # commviz verify OUT.pftrace
     "commviz.review.command",     # commviz report RUN_DIR
 )
@@ -27,14 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="commviz",
         description="Make collective communication visible in multi-GPU PyTorch jobs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+    for name in COMMANDS:           # a missing module is an error, never a dropped command
+        importlib.import_module(name).register(sub)
     return parser
 
 

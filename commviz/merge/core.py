@@ -210,8 +210,10 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
     plan = clk.plan_clock(run)
     with tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name:
         tmp = Path(tmp_name)
-        # matched runs go beside the records, or into the scratch dir of a read-only run dir
-        matched_dir = run.run_dir if os.access(run.run_dir, os.W_OK) else tmp
+        # matched runs go beside the records when the merge writes into the run dir; a merge
+        # written elsewhere (a read-only or shared input dir) keeps them in its scratch dir
+        inside = target.resolve().is_relative_to(run.run_dir.resolve())
+        matched_dir = run.run_dir if inside and os.access(run.run_dir, os.W_OK) else tmp
         if plan.pending:
             jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, matched_dir=matched_dir)
                     for r in sorted(run.ranks)]

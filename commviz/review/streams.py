@@ -26,10 +26,6 @@ class StreamRow:
     def total_ns(self) -> int:
         return sum(self.time_ns.values())
 
-    @property
-    def total_count(self) -> int:
-        return sum(self.count.values())
-
 
 def stream_table(ops: Iterable[GpuOp]) -> list[StreamRow]:
     """One row per (rank, stream), the busiest stream first."""

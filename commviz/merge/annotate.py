@@ -3,7 +3,7 @@
 The matcher alone, without a run dir: every collective kernel (or gloo range) the record can be
 matched with gains commviz's keys, and the count of matched and unmatched kernels, with the
 reasons, is printed. JSON output is the profiler's trace with only ``args`` added to; pftrace
-output goes through the merger as a run of one rank.
+output goes through the merger as a run of one rank (so this command lives after the merge).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from commviz.errors import CommvizError
 from commviz.match import RankMatch, match_rank
 from commviz.record import schema
 from commviz.record.store import dump_record, load_record, write_atomic
@@ -85,11 +84,8 @@ def write_json(trace: Trace, result: RankMatch, out: Path) -> None:
 def write_pftrace(trace_path: Path, record: dict | None, rank: int, out: Path) -> None:
     """A Perfetto trace of this one rank, made by the merger from a run dir holding the trace
     (linked) and a copy of the record that lists only that trace."""
-    try:
-        from commviz.merge import merge_run
-    except ImportError:
-        raise CommvizError("--format pftrace needs the merger (commviz.merge.merge_run), "
-                           "which this install lacks; use --format json") from None
+    from commviz.merge.core import merge_run
+
     with tempfile.TemporaryDirectory(prefix="commviz-annotate-") as tmp:
         name = f"trace_rank{rank}" + (".json.gz" if trace_path.name.endswith(".gz") else ".json")
         os.symlink(trace_path.resolve(), Path(tmp) / name)
