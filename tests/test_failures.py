@@ -229,6 +229,39 @@ def test_one_event_with_huge_dur_and_negative_ts_is_skipped(healthy: Path, tmp_p
     assert "Traceback" not in verify.stdout + verify.stderr
 
 
+
+def _json_flow_ends(path: Path) -> dict[tuple, list[str]]:
+    """(cat, id) -> the phases of its flow events, read from the JSON with the stdlib."""
+    ends: dict[tuple, list[str]] = {}
+    for e in json.loads(path.read_text())["traceEvents"]:
+        if e.get("ph") in ("s", "t", "f"):
+            ends.setdefault((e.get("cat"), e.get("id")), []).append(e["ph"])
+    return ends
+
+
+def test_json_merge_draws_no_flow_with_one_end(healthy: Path, tmp_path: Path) -> None:
+    """Rank 1's record missing, and rank 0's trace cut mid-flow (a start whose finish was never
+    written, a finish whose start was): ``merge --format json`` keeps the whole flow and only
+    it."""
+    run = _copy(healthy, tmp_path / "run", drop=("commviz_rank1.pkl",))
+
+    def cut(events: list) -> None:
+        ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("pid"), int)
+               and e.get("cat") != "Trace"]
+        a, b, c = ops[0], ops[len(ops) // 2], ops[-1]
+        point = lambda ph, e, fid: {"ph": ph, "cat": "fwdbwd", "id": fid, "name": "fwdbwd",  # noqa: E731
+                                    "pid": e["pid"], "tid": e["tid"], "ts": e["ts"],
+                                    **({"bp": "e"} if ph == "f" else {})}
+        events += [point("s", a, 901), point("f", b, 901), point("s", c, 902),
+                   point("f", a, 903)]
+    _rewrite_trace(run, 0, cut)
+    result = merge(run, "--format", "json")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in out, out
+    assert "commviz_rank1.pkl: missing" in out
+    ends = _json_flow_ends(run / "merged.json")
+    assert sorted(sorted(ph) for ph in ends.values()) == [["f", "s"]], ends
+
 # -- full and read-only disks (a mount namespace: works as root, where chmod stops nothing) ----
 
 def _namespace(script: str) -> list[str]:

@@ -2,8 +2,9 @@ r"""The merged trace as one Chrome JSON file (chrome://tracing, Perfetto's JSON 
 
 Each rank's events keep their phases, names and args; what changes so ranks can share a file:
 pids are made rank-unique (``(rank + 1) * 10**7 + pid``), flow ids are offset by rank, ``ts``
-is microseconds after one common ``baseTimeNanoseconds`` on the merged clock, and process names
-say the rank. Each rank also gets a "comm lanes" process with one thread per process group.
+is microseconds after one common ``baseTimeNanoseconds`` on the merged clock, process names
+say the rank, and a flow with one end (cut off, or its other end not believed) is left out.
+Each rank also gets a "comm lanes" process with one thread per process group.
 Ranks are written as fragments (by the workers) and joined into one file by ``join``, or each
 into its own file by ``write_rank_trace`` (HTA reads one file per rank).
 
@@ -24,6 +25,7 @@ import orjson
 PID_SPAN = 10_000_000
 LANES_PID = PID_SPAN - 1
 FLOW_SHIFT = 40
+FLOW_PHASES = frozenset({"s", "t", "f"})
 
 
 def rank_pid(rank: int, pid: Any) -> int:
@@ -44,6 +46,7 @@ def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
     """
     dumps = orjson.dumps
     flow_offset = (rank + 1) << FLOW_SHIFT
+    drawn = two_ended_flows(events[i] for lo, hi, _ in segments for i in range(lo, hi))
     count = 0
     with open(out, "wb") as f:
         buf = bytearray()
@@ -58,6 +61,8 @@ def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
         for lo, hi, seg_base in segments:
             shift_us = (seg_base - base_ns) / 1000
             for i in range(lo, hi):
+                if events[i].get("ph") in FLOW_PHASES and _flow_key(events[i]) not in drawn:
+                    continue                    # a flow with one end links nothing
                 ev = dict(events[i])
                 ev["pid"] = rank_pid(rank, ev.get("pid"))
                 if "ts" in ev:
@@ -99,6 +104,20 @@ def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
                      "dur": round((-neg_end - start) / 1000, 3), "args": lane["args"]})
         f.write(buf)
     return count
+
+
+def _flow_key(ev: dict) -> tuple[Any, Any]:
+    return ev.get("cat"), ev.get("id")
+
+
+def two_ended_flows(events: Iterable[dict]) -> set[tuple[Any, Any]]:
+    """(cat, id) of the flows among ``events`` with a start and a step or finish: the others
+    (a trace cut mid-step, an end whose event was not believed) would be drawn with one end."""
+    phases: dict[tuple[Any, Any], set[str]] = {}
+    for ev in events:
+        if ev.get("ph") in FLOW_PHASES:
+            phases.setdefault(_flow_key(ev), set()).add(ev["ph"])
+    return {key for key, ph in phases.items() if "s" in ph and ph & {"t", "f"}}
 
 
 def _rename(ev: dict, rank: int, name: str) -> None:
