@@ -19,7 +19,7 @@ import pytest
 
 from commviz import load_record
 from commviz import metadata as md
-from commviz.verify import verify_pftrace
+from commviz.verify import read_slices, verify_pftrace
 from independent import flow_ends
 
 JOBS = Path(__file__).parent / "jobs"      # failing_job.py: the entrypoint these launch
@@ -261,6 +261,25 @@ def test_json_merge_draws_no_flow_with_one_end(healthy: Path, tmp_path: Path) ->
     assert "commviz_rank1.pkl: missing" in out
     ends = _json_flow_ends(run / "merged.json")
     assert sorted(sorted(ph) for ph in ends.values()) == [["f", "s"]], ends
+
+
+def test_trace_shifted_by_days_is_named_not_believed(healthy: Path, tmp_path: Path) -> None:
+    """Rank 1's trace moved three days on, every time still consistent within the file: the
+    merge names the file and rank, leaves the trace out (its record still gives its lanes),
+    and the merged trace verifies."""
+    run = _copy(healthy, tmp_path / "run")
+    path = next(run.glob("trace_rank1*.json.gz"))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc["baseTimeNanoseconds"] += 3 * 86_400 * 10**9
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    result = merge(run)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in out, out
+    assert f"{path}: rank 1: starts 3.0 days from its rank's own record" in out, out
+    assert_verifies(run / "merged.pftrace")
+    slices, _ = read_slices(run / "merged.pftrace")
+    assert max(s.ts for s in slices) - min(s.ts for s in slices) < 86_400 * 10**9
+    assert any(s.process.startswith("rank 1") for s in slices)
 
 # -- full and read-only disks (a mount namespace: works as root, where chmod stops nothing) ----
 

@@ -38,6 +38,7 @@ _TS_RE = re.compile(r'"ts"\s*:\s*([-+0-9.eE]+)')
 MAX_NS = (1 << 63) - 1          # wall times are int64 nanoseconds downstream
 MIN_SPAN_US = 1e6               # a trace's span is taken as at least a second...
 SPAN_FACTOR = 1000              # ...and times this many spans away from it are not believed
+FAR_NS = 6 * 3_600 * 10**9      # a trace this far from the rest of the job is not believed
 
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
@@ -82,6 +83,7 @@ class TraceHeader:
     base_ns: int | None               # baseTimeNanoseconds, when the start of the file has it
     is_trace: bool                    # the start looks like a Chrome trace
     merged: bool                      # a trace commviz itself wrote (merge --format json)
+    start_ns: int | None = None       # wall ns of its first events (median of the first few)
 
 
 def read_bytes(path: Path, limit: int | None = None) -> bytes:
@@ -125,15 +127,76 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
     pid = _PID_RE.search(text, events_at) if events_at >= 0 else None
     ident = _TRACE_ID_RE.search(text, 0, meta_end) or (
         _TS_RE.search(text, events_at) if events_at >= 0 else None)
+    base_ns = int(base.group(1)) if base else None
     return TraceHeader(
         path=path, distributed_info=info,
         rank=_int_or_none(info, "rank"), world_size=_int_or_none(info, "world_size"),
         host=json.loads(f'"{host.group(1)}"') if host else None,
         pid=int(pid.group(1)) if pid else None, identity=ident.group(1) if ident else None,
-        base_ns=int(base.group(1)) if base else None,
+        base_ns=base_ns,
         is_trace=events_at >= 0 or info is not None or '"schemaVersion"' in text[:4096]
         or text.lstrip().startswith("[{"),
-        merged='"commviz_merged"' in text[:4096])
+        merged='"commviz_merged"' in text[:4096],
+        start_ns=_start_ns(text, events_at, base_ns))
+
+
+def _start_ns(text: str, events_at: int, base_ns: int | None) -> int | None:
+    """Wall ns of a trace's first events: the median of its first non-zero ``ts`` values
+    (metadata events may carry 0), so one odd event does not decide it."""
+    if events_at < 0:
+        return None
+    found = []
+    for m in _TS_RE.finditer(text, events_at):
+        value = _number(_float(m.group(1)))
+        if value:
+            found.append(value)
+            if len(found) == 25:
+                break
+    if not found:
+        return None
+    ns = (base_ns or 0) + sorted(found)[len(found) // 2] * 1000
+    return round(ns) if _wall_ok(0, ns / 1000) else None
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def far_traces(starts: dict[Path, tuple[int, int]],
+               records: dict[int, tuple[int, int]]) -> list[tuple[Path, int, str]]:
+    """Traces whose times are plausible on their own but ``FAR_NS`` or more away from the job.
+
+    ``starts``: trace -> (rank, start ns); ``records``: rank -> (first, last) call wall ns of
+    its record. A trace is far when it is that far from its own rank's record, or, for a rank
+    without one, from most of the other ranks' traces and records (at least two of them: with
+    one, which side is wrong cannot be told). Returns (trace, rank, why) for each.
+    """
+    far = []
+    for path, (rank, start) in starts.items():
+        own = records.get(rank)
+        if own is not None:
+            gap = _gap(start, own)
+            if gap >= FAR_NS:
+                far.append((path, rank, f"starts {_days(gap)} from its rank's own record"))
+            continue
+        gaps = [_gap(start, (s, s)) for p, (r, s) in starts.items() if r != rank]
+        gaps += [_gap(start, span) for r, span in records.items() if r != rank]
+        away = sorted(g for g in gaps if g >= FAR_NS)
+        if len(gaps) >= 2 and len(away) * 2 > len(gaps):
+            far.append((path, rank, f"starts {_days(away[0])} or more from {len(away)} of the "
+                                    f"other {len(gaps)} ranks' traces and records"))
+    return far
+
+
+def _gap(ns: int, span: tuple[int, int]) -> int:
+    return max(span[0] - ns, ns - span[1], 0)
+
+
+def _days(ns: int) -> str:
+    return f"{ns / 86_400e9:.1f} days" if ns >= 86_400e9 else f"{ns / 3_600e9:.1f} hours"
 
 
 def _partial_gunzip(path: Path) -> bytes:

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from commviz import metadata as md
 from commviz.errors import RecordError, SourceError, TraceError
 from commviz.record import journal, schema
 from commviz.record.store import load_record
-from commviz.trace.load import Trace, TraceHeader, load_trace, rank_from_name, read_header
+from commviz.trace.load import (Trace, TraceHeader, far_traces, load_trace, rank_from_name,
+                                read_header)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # what commviz writes into a run dir after the job: merged traces, shards, matched runs
@@ -126,6 +128,7 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False) -> Run:
 
     traces = {rank: _drop_duplicates(rank, paths, headers, records.get(rank), problems)
               for rank, paths in claims.items()}
+    _drop_far(traces, headers, records, problems)
 
     world_size = _world_size(run_dir, records, headers, problems)
     ranks: dict[int, RankInput] = {}
@@ -202,6 +205,24 @@ def _drop_duplicates(rank: int, paths: list[Path], headers: dict[Path, TraceHead
                                            f"({_clash_kind(clash, path, headers)}); using "
                                            f"{clash.name}, ignoring this file"))
     return sorted(kept, key=lambda p: p.name)
+
+
+def _drop_far(traces: dict[int, list[Path]], headers: dict[Path, TraceHeader],
+              records: dict[int, tuple[Path, dict]], problems: _Problems) -> None:
+    """Traces hours or days away from the rest of the job (a wrong clock, a shifted
+    ``baseTimeNanoseconds``), though plausible on their own: named and left out."""
+    starts = {p: (rank, headers[p].start_ns) for rank, paths in traces.items() for p in paths
+              if headers[p].start_ns is not None}
+    spans: dict[int, tuple[int, int]] = {}
+    for rank, (_, record) in records.items():
+        times = [c[md.T_BEGIN] for c in record.get("collectives") or ()
+                 if isinstance(c, dict) and isinstance(c.get(md.T_BEGIN), int) and c[md.T_BEGIN] > 0]
+        if times:
+            spans[rank] = (min(times), max(times))
+    for path, rank, why in far_traces(starts, spans):
+        problems.add(TraceError(str(path), f"rank {rank}: {why}: its times are not believed; "
+                                           "trace left out"))
+        traces[rank].remove(path)
 
 
 def _stem(path: Path) -> str:
