@@ -79,8 +79,9 @@ struct Python {
   py::object failed;          // a natively recorded call raised: (ordinal, error)
   py::object scope;           // calls.SCOPE: its per-thread `stack` says a block is open
   py::object profiling;       // torch's "is a profiler running"
-  py::object capturing;       // hooks.capture_possible
-  py::object stack_attr, last_seq_attr;
+  py::object hooks;           // commviz.capture.hooks: its capture_possible(), looked up
+                              // per call (a test or benchmark may replace it)
+  py::object stack_attr, last_seq_attr, capturing_attr;
 };
 Python* g_py = nullptr;
 
@@ -485,7 +486,9 @@ bool plain_call(bool cuda) {
   Py_DECREF(stack);
   if (open) return false;
   if (PyObject_IsTrue(g_py->profiling().ptr())) return false;
-  return !(cuda && PyObject_IsTrue(g_py->capturing().ptr()));
+  if (!cuda) return true;
+  py::object capturing = g_py->hooks.attr(g_py->capturing_attr);
+  return !PyObject_IsTrue(capturing().ptr());
 }
 
 // The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
@@ -745,8 +748,9 @@ void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
   g_py->failed = python["failed"];
   g_py->scope = python["scope"];
   g_py->profiling = python["profiling"];
-  g_py->capturing = python["capturing"];
+  g_py->hooks = python["hooks"];
   g_py->stack_attr = py::str("stack");
+  g_py->capturing_attr = py::str("capture_possible");
   g_py->last_seq_attr = py::str("last_seq");
   g_shapes->clear();
   if (!g_libraries.empty()) return;

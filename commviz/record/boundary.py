@@ -171,7 +171,7 @@ class _Boundary:
         python = {"begin": calls.begin, "finish": calls.finish, "shape": calls.shape,
                   "failed": calls.failed, "scope": calls.SCOPE,
                   "profiling": torch._C._autograd._profiler_enabled,
-                  "capturing": hooks.capture_possible}
+                  "hooks": hooks}
         ext.install(specs, list(DISPATCH_KEYS), python,
                     (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION), list(calls.OWN_DIRS))
         self._ext = ext
