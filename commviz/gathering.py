@@ -25,7 +25,7 @@ import torch.distributed as dist
 from commviz import metadata as md
 from commviz.errors import cannot_write
 from commviz.record.calls import unrecorded
-from commviz.record import clock, schema, store
+from commviz.record import clock, journal, schema, store
 from commviz.record import recorder as _rec
 
 _side_group: Any = None
@@ -70,9 +70,12 @@ def _recv_bytes(src: int, group: Any) -> bytes:
 
 def rank_files(run_dir: Path, rank: int, patterns: Iterable[str] = (), traces: bool = True
                ) -> list[Path]:
-    """This rank's files in the run dir: its record, its traces (unless ``traces`` is False),
-    and any extra ``patterns``."""
+    """This rank's files in the run dir: its record, its journal (left only when the record
+    could not be written: rank 0 rebuilds the record from it), its traces (unless ``traces``
+    is False), and any extra ``patterns``."""
     names = [schema.record_name(rank)]
+    for path in journal.journal_paths(run_dir, rank) if run_dir.is_dir() else ():
+        names += [path.name, journal.calls_path(path).name]
     found = []
     for p in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
         if not p.is_file():

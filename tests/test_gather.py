@@ -64,3 +64,11 @@ def test_rank_that_cannot_write_is_named_and_others_kept(tmp_path: Path) -> None
     for rank in (0, 1):
         assert commviz.load_record(node0 / schema.record_name(rank))["rank"] == rank
     assert (node0 / schema.trace_name(2)).is_file()  # what rank 2 did write still arrives
+    # its journal arrives too: rank 2's records are rebuilt from it on rank 0's node
+    from commviz.trace.run import load_run
+
+    run = load_run(node0)
+    rebuilt = run.ranks[2].record
+    assert rebuilt is not None and [c[md.OP] for c in rebuilt["collectives"]] == \
+        ["all_reduce", "broadcast"], run.problems
+    assert any("rank 2 did not write its final record" in p for p in run.problems)
