@@ -19,6 +19,7 @@ COMMANDS = (
     "commviz.merge.annotate",     # commviz annotate TRACE RECORD -o OUT
     "commviz.verify.command",     # commviz verify OUT.pftrace
     "commviz.review.command",     # commviz report RUN_DIR
+    "commviz.review.overview",    # commviz overview RUN_DIR
 )
 
 

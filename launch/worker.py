@@ -28,8 +28,9 @@ from typing import Any
 
 FAILED = "failed_rank{rank}.json"
 RANK0_NODE = "rank0_node"                # which launcher's node hosts rank 0 (it merges)
-# what write_shard leaves beside the record: the shard and the rank's matched run
-SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json")
+# what write_shard leaves beside the record: the shard and the rank's matched run, and the comm
+# table made from it (what ``commviz overview`` reads)
+SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json", "comm_rank{rank}.json")
 
 
 class Stopped(Exception):
@@ -76,9 +77,11 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
 def _write_shard(run_dir: Path, rank: int) -> bool:
     """This rank's Perfetto shard, made here on its own node; whether it was written."""
     from commviz.merge import write_shard
+    from commviz.review.table import write_table
 
     try:
         write_shard(run_dir, rank)
+        write_table(run_dir, rank)
     except Exception as exc:  # the merge converts this rank itself; the job still succeeds
         print(f"[commviz] rank {rank}: write_shard failed ({type(exc).__name__}: {exc}); the "
               "merge will convert this rank's trace", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``commviz merge RUN_DIR [-o OUT] [--format pftrace|json] [--per-rank] [--strict] [--workers N]``."""
+"""``commviz merge RUN_DIR [-o OUT] [--format pftrace|json] [--per-rank] [--strict] [--workers N]
+[--ranks 0-7,512]``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from typing import Any
 
 from commviz.merge.core import FORMATS, merge_run
+from commviz.merge.select import parse_ranks
 
 
 def register(subparsers: Any) -> None:
@@ -26,6 +28,10 @@ def register(subparsers: Any) -> None:
                         "in the directory OUT (default RUN_DIR/merged_ranks); HTA reads these")
     p.add_argument("--strict", action="store_true",
                    help="any problem with the inputs is an error, and nothing is written")
+    p.add_argument("--ranks", default=None, metavar="0-7,512",
+                   help="merge only these ranks (detail on demand, after `commviz overview`); "
+                        "default output RUN_DIR/merged_ranks0-7,512.pftrace; cross-rank flows "
+                        "only between selected ranks")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per CPU core, at most one per rank)")
     p.set_defaults(func=handler)
@@ -33,7 +39,8 @@ def register(subparsers: Any) -> None:
 
 def handler(args: argparse.Namespace) -> int:
     result = merge_run(args.run_dir, args.out, fmt=args.format, strict=args.strict,
-                       workers=args.workers, progress=True, per_rank=args.per_rank)
+                       workers=args.workers, progress=True, per_rank=args.per_rank,
+                       ranks=parse_ranks(args.ranks) if args.ranks is not None else None)
     for problem in result.problems:
         print(f"commviz merge: problem: {problem}", file=sys.stderr)
     s = result.stats

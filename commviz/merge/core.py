@@ -30,6 +30,7 @@ from commviz.match.model import CommEvent
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
 from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank, load_traces,
                                  no_gc, result_of)
+from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
 from commviz.trace.run import RankInput, Run, load_rank, load_run
 from commviz.write.chrome import join as join_json, write_rank_trace
@@ -120,7 +121,7 @@ class _Pool:
         self.progress = progress
 
     def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str) -> list[Any]:
-        bar = _progress(label, len(jobs)) if self.progress else None
+        bar = progress_bar(label, len(jobs)) if self.progress else None
         try:
             if self.workers == 1:
                 out = []
@@ -152,7 +153,7 @@ class _Bar:
         self._progress.stop()
 
 
-def _progress(label: str, total: int) -> _Bar | None:
+def progress_bar(label: str, total: int) -> _Bar | None:
     if not sys.stderr.isatty():
         return None
     from rich.console import Console
@@ -172,18 +173,21 @@ def _input_bytes(run: Run) -> int:
 
 def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
               fmt: str = "pftrace", strict: bool = False, workers: int | None = None,
-              progress: bool = True, per_rank: bool = False) -> MergeResult:
+              progress: bool = True, per_rank: bool = False,
+              ranks: list[int] | None = None) -> MergeResult:
     """Merge a run dir (or a plain directory of profiler traces) into one trace.
 
     Every bad input is one problem naming its file, and the other ranks are still merged;
     ``strict`` raises on the first problem instead, and then nothing is written.
     ``per_rank`` (JSON only): ``out`` is a directory that gets one ``trace_rank{R}.json`` per
-    rank, all on the merged clock (HTA reads one file per rank). An output that cannot be
-    written (full or read-only disk) is one ``WriteError`` naming the path and the errno.
+    rank, all on the merged clock (HTA reads one file per rank). ``ranks``: merge only these
+    (``merge.select``; default output ``RUN_DIR/merged_ranks0-7,512.pftrace``). An output that
+    cannot be written (full or read-only disk) is one ``WriteError`` naming the path and the
+    errno.
     """
     try:
         return _merge_run(run_dir, out, fmt=fmt, strict=strict, workers=workers,
-                          progress=progress, per_rank=per_rank)
+                          progress=progress, per_rank=per_rank, ranks=ranks)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -192,16 +196,18 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
 
 def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None, *,
                fmt: str, strict: bool, workers: int | None, progress: bool,
-               per_rank: bool) -> MergeResult:
+               per_rank: bool, ranks: list[int] | None) -> MergeResult:
     started = time.perf_counter()
     if fmt not in FORMATS:
         raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if per_rank and fmt != "json":
         raise CommvizError("per-rank output is JSON only: add --format json")
-    run = load_run(run_dir, strict=strict)
+    run = load_run(run_dir, strict=strict) if ranks is None else load_selected(run_dir, ranks)
     if not run.ranks:
         raise SourceError(str(run.run_dir), "no profiler traces and no commviz records found")
-    target = Path(out) if out is not None else _default_out(run.run_dir, fmt, per_rank)
+    target = Path(out) if out is not None else (
+        _default_out(run.run_dir, fmt, per_rank) if ranks is None or fmt != "pftrace"
+        else run.run_dir / detail_name(ranks))
     (target if per_rank else target.parent).mkdir(parents=True, exist_ok=True)
     problems = list(run.problems)
     show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS

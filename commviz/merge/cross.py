@@ -61,13 +61,13 @@ def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict],
             group = piece.new_uuid()
             piece.descriptor(track_descriptor(group, name="collectives · all ranks",
                                               explicit_children=True, order_rank=-1))
-            _write_summary(piece, group, summary, pgs, stats)
+            write_summary(piece, group, summary, pgs, stats)
         piece.flush()
     return stats
 
 
-def _write_summary(piece: Piece, group: int, summary: Any, pgs: dict[str, dict],
-                   stats: dict[str, int]) -> None:
+def write_summary(piece: Piece, group: int, summary: Any, pgs: dict[str, dict],
+                  stats: dict[str, int]) -> None:
     rows: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     events: list[dict] = []
     for s in summary.slices:

@@ -97,22 +97,27 @@ class Instance:
 
     @property
     def label(self) -> str:
-        if self.key[0] == "p":
-            text = f"{self.op} {self.key[2]}->{self.key[3]} #{self.key[4]}"
-        elif self.key[0] == "b":
-            text = f"{self.op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in self.key[2])
-        else:
-            seq = self.seq if self.seq is not None else (
-                self.key[2] if self.key[0] == "c" and len(self.key) > 2 else None)
-            text = self.op if seq is None else f"{self.op} #{seq}"
-        if "replay" in self.key:                 # one CUDA graph replay's copy of the call
-            replay = self.key[self.key.index("replay") + 1]
-            replay = " ".join(map(str, replay)) if isinstance(replay, tuple) else replay
-            text += f" replay {replay}"
-        return text
+        return instance_label(self.key, self.op, self.seq)
 
 
-def _expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
+def instance_label(key: tuple, op: str, seq: int | None) -> str:
+    """How an instance is named in tables and on summary slices ("all_reduce #3")."""
+    if key[0] == "p":
+        text = f"{op} {key[2]}->{key[3]} #{key[4]}"
+    elif key[0] == "b":
+        text = f"{op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in key[2])
+    else:
+        seq = seq if seq is not None else (key[2] if key[0] == "c" and len(key) > 2 else None)
+        text = op if seq is None else f"{op} #{seq}"
+    if "replay" in key:                      # one CUDA graph replay's copy of the call
+        replay = key[key.index("replay") + 1]
+        replay = " ".join(map(str, replay)) if isinstance(replay, tuple) else replay
+        text += f" replay {replay}"
+    return text
+
+
+def expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
+    """The ranks that should take part in an instance: its two p2p ends, else its group's."""
     if key[0] == "p":
         return tuple(sorted({int(key[2]), int(key[3])}))
     if key[0] == "b":
@@ -127,11 +132,10 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
     starts = {r: e.start_ns for r, e in evs.items()}
     late_rank = max(starts, key=lambda r: (starts[r], r))
     last_start = starts[late_rank]
-    launch_only = any(e.source != "kernel" and (e.args.get(md.ASYNC) or (e.rank, e.pg) in gpu)
-                      for e in evs.values())
+    launch_only = any(is_launch_only(e, gpu) for e in evs.values())
     wait = {r: 0 if launch_only else max(0, min(last_start, e.end_ns) - e.start_ns)
             for r, e in evs.items()}
-    expected = _expected_ranks(key, args) or tuple(sorted(evs))
+    expected = expected_ranks(key, args) or tuple(sorted(evs))
     ctype = bw.collective_type(args)
     sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
     size = max(sizes) if sizes else None
@@ -148,6 +152,16 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
     return inst
 
 
+def kernel_groups(events: Iterable[CommEvent]) -> set[tuple[int, str]]:
+    """(rank, pg) pairs whose collectives ran as GPU kernels on that rank."""
+    return {(ev.rank, ev.pg) for ev in events if ev.source == "kernel"}
+
+
+def is_launch_only(ev: CommEvent, gpu: set[tuple[int, str]]) -> bool:
+    """Whether the event's span covers only the call's launch (see the module docstring)."""
+    return ev.source != "kernel" and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
+
+
 def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,
                     straggler_min_ns: int = STRAGGLER_MIN_NS,
                     straggler_factor: float = STRAGGLER_FACTOR) -> list[Instance]:
@@ -157,13 +171,12 @@ def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = N
     ``Instance.missing`` lists only those, so a rank with no record at all is one problem
     reported once, not a "missing" on every collective.
     """
+    events = list(events)
     groups: dict[tuple, dict[int, CommEvent]] = defaultdict(dict)
     ranks_seen: set[int] = set()
-    gpu: set[tuple[int, str]] = set()
+    gpu = kernel_groups(events)
     for ev in events:
         ranks_seen.add(ev.rank)
-        if ev.source == "kernel":
-            gpu.add((ev.rank, ev.pg))
         if ev.key is None:
             continue
         groups[ev.key].setdefault(ev.rank, ev)
@@ -188,9 +201,15 @@ def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS
         if len(inst.events) > 1 and not inst.launch_only:
             by_pg[inst.pg].append(inst)
     for insts in by_pg.values():
-        threshold = max(min_ns, factor * statistics.median(i.skew_ns for i in insts))
+        threshold = straggler_threshold([i.skew_ns for i in insts], min_ns, factor)
         for inst in insts:
             inst.straggler = inst.late_rank if inst.skew_ns >= threshold else None
+
+
+def straggler_threshold(skews: list[int], min_ns: int = STRAGGLER_MIN_NS,
+                        factor: float = STRAGGLER_FACTOR) -> float:
+    """The skew from which a group's late rank is a straggler (``mark_stragglers``)."""
+    return max(min_ns, factor * statistics.median(skews))
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from commviz.errors import SourceError
+from commviz.merge.select import suggestion
 from commviz.match.model import CommEvent
 from commviz.review import instances as inst_mod
 from commviz.review.desync import Desync, find_desyncs
@@ -214,9 +215,11 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
 
 def _headline(review: Review) -> str:
     strag = sum(1 for i in review.instances if i.straggler is not None)
-    return (f"commviz report: {review.run_dir}: {len(review.ranks)} ranks, {review.events} "
+    line = (f"commviz report: {review.run_dir}: {len(review.ranks)} ranks, {review.events} "
             f"collective calls, {len(review.instances)} instances in {len(review.groups)} "
             f"groups, {strag} with a straggler, {len(review.desyncs)} desync(s)")
+    detail = suggestion(review.run_dir, review.instances)
+    return line + (f"\ndetail of the worst straggler and its group: {detail}" if detail else "")
 
 
 def render_table(review: Review, top: int = TOP, width: int = TABLE_WIDTH) -> str:

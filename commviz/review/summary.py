@@ -79,7 +79,7 @@ def slice_args(inst: Instance) -> dict:
     return {k: v for k, v in args.items() if v is not None}
 
 
-def _rows(instances: list[Instance]) -> list[int]:
+def rows_of(instances: list[Instance]) -> list[int]:
     """Greedy interval colouring: the lowest row whose last slice ended before this one."""
     free: list[tuple[int, int]] = []        # (end_ns, row) of each row's last slice
     rows, used = [], 0
@@ -93,7 +93,7 @@ def _rows(instances: list[Instance]) -> list[int]:
     return rows
 
 
-def _counter(pg: str, instances: list[Instance]) -> list[CounterSample]:
+def bandwidth_counter(pg: str, instances: list[Instance]) -> list[CounterSample]:
     deltas: dict[int, float] = defaultdict(float)
     for inst in instances:
         if inst.bandwidth is None or inst.comm_ns is None or inst.comm_ns <= 0:
@@ -116,11 +116,11 @@ def tracks_for(instances: list[Instance]) -> SummaryTracks:
     counters: list[CounterSample] = []
     for pg in sorted(by_pg):
         insts = sorted(by_pg[pg], key=lambda i: (i.first_start_ns, i.last_end_ns))
-        for inst, row in zip(insts, _rows(insts)):
+        for inst, row in zip(insts, rows_of(insts)):
             slices.append(SummarySlice(pg=pg, start_ns=inst.first_start_ns,
                                        end_ns=inst.last_end_ns, name=inst.label,
                                        args=slice_args(inst), row=row))
-        counters.extend(_counter(pg, insts))
+        counters.extend(bandwidth_counter(pg, insts))
     return SummaryTracks(slices=slices, counters=counters)
 
 

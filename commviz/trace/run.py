@@ -22,8 +22,8 @@ from commviz.trace.load import (Trace, TraceHeader, far_traces, load_trace, rank
                                 read_header)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-# what commviz writes into a run dir after the job: merged traces, shards, matched runs
-OWN_OUTPUT_PREFIXES = ("merged", "shard_rank", "matched_rank")
+# what commviz writes into a run dir after the job: merged traces, shards, matched runs, comm tables
+OWN_OUTPUT_PREFIXES = ("merged", "shard_rank", "matched_rank", "comm_rank")
 
 
 @dataclass

@@ -1,0 +1,208 @@
+"""One rank's comm table, ``RUN_DIR/comm_rank{R}.json``: what the cross-rank review needs of it.
+
+A rank's matched run (``matched_rank{R}.json``) grows with its trace: it holds every GPU op and
+each collective's full metadata. The overview of a large job needs much less per rank: each
+collective instance (group, op, instance key, start and end on the merged clock, bytes, nccl-tests
+type, whether its span is a launch only or the call failed), the rank's groups and its problems.
+The table is that projection, made from the matched run on the rank's own node, so only tables
+travel to rank 0 for the overview; its size grows with the rank's collectives, never with its
+trace. It is derived data: the matched run stays the source, and a table whose ``inputs`` and
+clock no longer match the matched run beside it is rebuilt from it. Schema, version ``VERSION``::
+
+    {"schema": "commviz.comm", "version": 1, "rank": int, "host": str | null,
+     "inputs": str, "clock": {"offset_ns": int, "source": str},
+     "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
+     "problems": [str],
+     "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags]]}   # by start
+
+``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
+across ranks can be said about them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import IntFlag
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import orjson
+
+from commviz import metadata as md
+from commviz.errors import SourceError
+from commviz.match import artifact
+from commviz.match.artifact import Clock, PgInfo, RankArtifact
+from commviz.review import bandwidth as bw
+from commviz.review.instances import is_launch_only, kernel_groups
+
+SCHEMA = "commviz.comm"
+VERSION = 1
+TABLE_GLOB = "comm_rank*.json"
+
+
+class Flag(IntFlag):
+    LAUNCH_ONLY = 1      # the span covers the launch only: no comm time, wait or straggler
+    FAILED = 2           # the call raised on this rank (md.ERROR): it moved no data
+
+
+class Row(NamedTuple):
+    """One collective instance as one rank saw it."""
+
+    pg: str
+    op: str
+    key: tuple
+    start_ns: int
+    end_ns: int
+    size_bytes: int | None
+    ctype: str
+    flags: Flag
+
+
+@dataclass(slots=True)
+class CommTable:
+    rank: int
+    host: str | None
+    inputs: str                     # the matched run's inputs fingerprint
+    clock: Clock
+    pgs: dict[str, PgInfo]
+    problems: list[str]
+    rows: list[Row]
+
+
+def table_name(rank: int) -> str:
+    return f"comm_rank{rank}.json"
+
+
+def table_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / table_name(rank)
+
+
+def from_artifact(art: RankArtifact) -> CommTable:
+    """The rank's table, on the matched run's clock."""
+    gpu = kernel_groups(art.events)
+    rows = []
+    for ev in art.events:
+        if ev.key is None:
+            continue
+        flags = Flag(0)
+        if is_launch_only(ev, gpu):
+            flags |= Flag.LAUNCH_ONLY
+        if md.ERROR in ev.args:
+            flags |= Flag.FAILED
+        rows.append(Row(ev.pg, ev.op, ev.key, ev.start_ns, max(ev.end_ns, ev.start_ns),
+                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags))
+    rows.sort(key=lambda r: (r.start_ns, r.end_ns))
+    return CommTable(rank=art.rank, host=art.host, inputs=art.inputs, clock=art.clock,
+                     pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
+
+
+def to_json(table: CommTable) -> bytes:
+    return orjson.dumps({
+        "schema": SCHEMA, "version": VERSION, "rank": table.rank, "host": table.host,
+        "inputs": table.inputs,
+        "clock": {"offset_ns": table.clock.offset_ns, "source": table.clock.source},
+        "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in table.pgs.items()},
+        "problems": table.problems,
+        "rows": [[r.pg, r.op, r.key, r.start_ns, r.end_ns, r.size_bytes, r.ctype, int(r.flags)]
+                 for r in table.rows]})
+
+
+def save(table: CommTable, path: Path) -> Path:
+    """Write atomically (a gather or overview never reads half a file)."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(to_json(table))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _key(v: Any) -> Any:
+    return tuple(_key(x) for x in v) if isinstance(v, list) else v
+
+
+def _bad(path: Path, what: str) -> SourceError:
+    return SourceError(str(path), f"not a usable comm table: {what}")
+
+
+def load(path: Path) -> CommTable:
+    """Read a table; anything malformed is one ``SourceError`` naming the file."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise SourceError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(str(path), f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise _bad(path, "not a commviz comm table")
+    if doc.get("version") != VERSION:
+        raise _bad(path, f"version {doc.get('version')!r}, this commviz reads {VERSION}")
+    try:
+        clock = doc["clock"]
+        rows = []
+        for pg, op, key, start, end, size, ctype, flags in doc["rows"]:
+            if not (isinstance(start, int) and isinstance(end, int) and isinstance(key, list)):
+                raise TypeError("a row's times or key")
+            rows.append(Row(str(pg), str(op), _key(key), start, end,
+                            size if isinstance(size, int) else None, str(ctype), Flag(flags)))
+        return CommTable(
+            rank=int(doc["rank"]), host=doc.get("host"), inputs=str(doc["inputs"]),
+            clock=Clock(int(clock["offset_ns"]), str(clock["source"])),
+            pgs={str(pg): PgInfo(v.get("desc"), v.get("ranks")) for pg, v in doc["pgs"].items()},
+            problems=[str(p) for p in doc["problems"]], rows=rows)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _bad(path, f"malformed ({type(exc).__name__}: {exc})") from None
+
+
+def write_table(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Rank R's table from its matched run (on its node, right after ``write_shard``)."""
+    art = artifact.load(artifact.matched_path(run_dir, rank))
+    return save(from_artifact(art), table_path(run_dir, rank))
+
+
+def _rank_of(name: str, prefix: str) -> int | None:
+    stem = name[len(prefix):].split(".", 1)[0]
+    return int(stem) if name.startswith(prefix) and stem.isdigit() else None
+
+
+def table_ranks(run_dir: Path) -> list[int]:
+    """Ranks with a comm table or a matched run in the run dir (a table can be made from it)."""
+    ranks = {_rank_of(p.name, "comm_rank") for p in run_dir.glob(TABLE_GLOB)}
+    ranks |= {_rank_of(p.name, "matched_rank") for p in run_dir.glob(artifact.MATCHED_GLOB)}
+    return sorted(r for r in ranks if r is not None)
+
+
+def rank_table(run_dir: Path, rank: int, problems: list[str]) -> CommTable | None:
+    """Rank R's table: the saved one, unless the matched run beside it is newer (then rebuilt
+    from it and saved when the run dir is writable). A rank with neither is a problem."""
+    path, matched = table_path(run_dir, rank), artifact.matched_path(run_dir, rank)
+    table = None
+    if path.is_file():
+        try:
+            table = load(path)
+        except SourceError as exc:
+            problems.append(str(exc))
+    if matched.is_file() and (table is None or matched.stat().st_mtime > path.stat().st_mtime):
+        try:
+            art = artifact.load(matched)
+        except SourceError as exc:
+            problems.append(str(exc))
+            return table
+        if table is None or (table.inputs, table.clock) != (art.inputs, art.clock):
+            table = from_artifact(art)
+            if os.access(run_dir, os.W_OK):
+                save(table, path)
+    if table is None:
+        problems.append(f"rank {rank}: no comm table ({path.name}) and no matched run "
+                        f"({matched.name}) in {run_dir}")
+    return table
+
+
+def iter_tables(run_dir: Path, ranks: list[int], problems: list[str]) -> Iterator[CommTable]:
+    """One rank's table at a time (the overview never holds every rank's rows)."""
+    for rank in ranks:
+        table = rank_table(run_dir, rank, problems)
+        if table is not None:
+            yield table
