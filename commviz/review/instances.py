@@ -52,8 +52,31 @@ def parse_ranks(text: object) -> tuple[int, ...]:
         return ()
 
 
+class Span:
+    """Timing shared by every cross-rank view of an instance (the report's ``Instance``, the
+    overview's folded one): the skew between the first and last start, the time spent
+    communicating once the last rank arrived."""
+
+    __slots__ = ()
+    first_start_ns: int
+    last_start_ns: int
+    last_end_ns: int
+    launch_only: bool
+    failed: bool
+
+    @property
+    def skew_ns(self) -> int:
+        return self.last_start_ns - self.first_start_ns
+
+    @property
+    def comm_ns(self) -> int | None:
+        if self.launch_only or self.failed:
+            return None
+        return max(0, self.last_end_ns - self.last_start_ns)
+
+
 @dataclass(slots=True)
-class Instance:
+class Instance(Span):
     """One collective (or p2p transfer) across the ranks that took part."""
 
     key: tuple
@@ -78,18 +101,8 @@ class Instance:
     straggler: int | None = None
 
     @property
-    def skew_ns(self) -> int:
-        return self.last_start_ns - self.first_start_ns
-
-    @property
     def span_ns(self) -> int:
         return self.last_end_ns - self.first_start_ns
-
-    @property
-    def comm_ns(self) -> int | None:
-        if self.launch_only or self.failed:
-            return None
-        return max(0, self.last_end_ns - self.last_start_ns)
 
     @property
     def total_wait_ns(self) -> int:

@@ -33,9 +33,9 @@ from commviz.merge.cross import write_summary
 from commviz.merge.piece import (LANE_CAT, ORDER_LANE, PID_BASE, cross_flow_id, instance_text,
                                  lane_name, lane_order)
 from commviz.review import bandwidth as bw
-from commviz.review.instances import expected_ranks, instance_label, straggler_threshold
-from commviz.review.summary import (CounterSample, SummarySlice, SummaryTracks,
-                                    bandwidth_counter, rows_of)
+from commviz.review.instances import (Span, expected_ranks, instance_label,
+                                      straggler_threshold)
+from commviz.review.summary import SummaryTracks, tracks_for
 from commviz.review.table import CommTable, Flag, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
@@ -44,7 +44,7 @@ STRAGGLERS_TRACK = "stragglers · late rank per instance"
 
 
 @dataclass(slots=True)
-class Seen:
+class Seen(Span):
     """One collective instance, folded one rank at a time (what a summary slice needs)."""
 
     key: tuple
@@ -62,16 +62,6 @@ class Seen:
     expected: int = 0               # ranks that should hold it
     bandwidth: bw.Bandwidth | None = None
     straggler: int | None = None
-
-    @property
-    def skew_ns(self) -> int:
-        return self.last_start_ns - self.first_start_ns
-
-    @property
-    def comm_ns(self) -> int | None:
-        if self.launch_only or self.failed:
-            return None
-        return max(0, self.last_end_ns - self.last_start_ns)
 
     @property
     def label(self) -> str:
@@ -146,18 +136,7 @@ def slice_args(seen: Seen) -> dict[str, Any]:
 
 
 def summary_of(instances: list[Seen]) -> SummaryTracks:
-    by_pg: dict[str, list[Seen]] = defaultdict(list)
-    for seen in instances:
-        by_pg[seen.pg].append(seen)
-    slices: list[SummarySlice] = []
-    counters: list[CounterSample] = []
-    for pg in sorted(by_pg):
-        insts = sorted(by_pg[pg], key=lambda i: (i.first_start_ns, i.last_end_ns))
-        for seen, row in zip(insts, rows_of(insts)):           # type: ignore[arg-type]
-            slices.append(SummarySlice(pg, seen.first_start_ns, seen.last_end_ns, seen.label,
-                                       slice_args(seen), row))
-        counters.extend(bandwidth_counter(pg, insts))          # type: ignore[arg-type]
-    return SummaryTracks(slices, counters)
+    return tracks_for(instances, slice_args)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from commviz.match.model import CommEvent
 from commviz.review.instances import Instance, build_instances
@@ -107,9 +108,12 @@ def bandwidth_counter(pg: str, instances: list[Instance]) -> list[CounterSample]
     return out
 
 
-def tracks_for(instances: list[Instance]) -> SummaryTracks:
-    """Summary slices and counters of already built instances."""
-    by_pg: dict[str, list[Instance]] = defaultdict(list)
+def tracks_for(instances: Sequence[Any],
+               args_of: Callable[[Any], dict] | None = None) -> SummaryTracks:
+    """Summary slices and counters of already built instances (the report's ``Instance``, or
+    the overview's folded ones with their own ``args_of``)."""
+    args_of = args_of or slice_args
+    by_pg: dict[str, list[Any]] = defaultdict(list)
     for inst in instances:
         by_pg[inst.pg].append(inst)
     slices: list[SummarySlice] = []
@@ -119,7 +123,7 @@ def tracks_for(instances: list[Instance]) -> SummaryTracks:
         for inst, row in zip(insts, rows_of(insts)):
             slices.append(SummarySlice(pg=pg, start_ns=inst.first_start_ns,
                                        end_ns=inst.last_end_ns, name=inst.label,
-                                       args=slice_args(inst), row=row))
+                                       args=args_of(inst), row=row))
         counters.extend(bandwidth_counter(pg, insts))
     return SummaryTracks(slices=slices, counters=counters)
 
