@@ -43,6 +43,7 @@ from commviz.match.model import CommEvent, events_from_record
 from commviz.match.result import RankMatch
 from commviz.trace.gpu import GpuOp, gpu_ops
 from commviz.trace.load import Trace
+from commviz.record.store import write_atomic
 
 SCHEMA = "commviz.matched"
 VERSION = 1
@@ -248,12 +249,7 @@ def _plain(value: Any) -> Any:
 def save(art: RankArtifact, path: str | os.PathLike[str]) -> Path:
     """Write atomically (a reader never sees half a file)."""
     path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(to_json(art))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(path, to_json(art))
     return path
 
 

@@ -35,6 +35,7 @@ from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact
 from commviz.review import bandwidth as bw
 from commviz.review.instances import is_launch_only, kernel_groups
+from commviz.record.store import write_atomic
 
 SCHEMA = "commviz.comm"
 VERSION = 1
@@ -110,12 +111,7 @@ def to_json(table: CommTable) -> bytes:
 
 def save(table: CommTable, path: Path) -> Path:
     """Write atomically (a gather or overview never reads half a file)."""
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(to_json(table))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(path, to_json(table))
     return path
 
 
