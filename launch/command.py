@@ -3,7 +3,9 @@
 Loads and checks the config (one clear error before any process starts), writes the resolved
 config to ``RUN_DIR/config.yaml``, runs this node's torchrun, then on the node that holds
 rank 0's files merges the run (``commviz.merge.merge_run``) and writes the report
-(``commviz.review.report.write_report``), and prints a short summary. A failed rank makes the
+(``commviz.review.report.write_report``), and prints a short summary. After a tables-only
+gather (``output.gather``) it writes the overview (``commviz.review.overview``) instead of the
+merge, and the report only where every rank's matched run is visible (a shared run dir). A failed rank makes the
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
 
 Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
@@ -22,11 +24,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from commviz.errors import CommvizError, ConfigError, cannot_write
+from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, torchrun
 from commviz.launch.echo import Echo, rank_logs
 from commviz.launch.schema import Config
-from commviz.record import journal
+from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
 
@@ -97,6 +100,45 @@ def _merge(run_dir: Path, cfg: Config, out: TextIO) -> tuple[Path | None, bool]:
     for problem in result.problems:
         out.write(f"merge: problem: {problem}\n")
     return result.out, result.out is not None
+
+
+def _overview(run_dir: Path, world: int, out: TextIO) -> tuple[Path | None, bool]:
+    """After a tables gather: ranks that sent their inputs instead of a table are converted
+    here, then every rank's table becomes ``RUN_DIR/overview.pftrace``; (its path, ok)."""
+    from commviz.convert import convert_here
+    from commviz.review.overview import write_overview
+    from commviz.review.table import table_path
+
+    for rank in range(world):
+        if (not table_path(run_dir, rank).is_file()
+                and (run_dir / schema.record_name(rank)).is_file()):
+            problem = convert_here(run_dir, rank)
+            out.write(f"rank {rank} sent its record instead of a comm table: "
+                      f"{'converted here' if problem is None else 'not converted: ' + problem}\n")
+    try:
+        result = write_overview(run_dir, progress=sys.stderr.isatty())
+    except CommvizError as exc:
+        out.write(f"overview: failed: {exc}\n")
+        return None, False
+    except OSError as exc:
+        out.write(f"overview: failed: {cannot_write(exc, run_dir)}\n")
+        return None, False
+    for problem in result.problems:
+        out.write(f"overview: problem: {problem}\n")
+    if result.stragglers:
+        worst = sorted(result.stragglers.items(), key=lambda kv: (-kv[1], kv[0]))[:8]
+        out.write("stragglers (rank: instances): " + ", ".join(f"{r}: {n}" for r, n in worst)
+                  + "\n")
+    out.write(f"overview: {result.out}  ({result.ranks} ranks, {result.instances} collective "
+              f"instances; open it in https://ui.perfetto.dev, then `commviz merge {run_dir} "
+              f"--ranks ...` for detail)\n")
+    return result.out, True
+
+
+def _all_matched(run_dir: Path, world: int) -> bool:
+    from commviz.match.artifact import matched_path
+
+    return all(matched_path(run_dir, r).is_file() for r in range(world))
 
 
 def _report(run_dir: Path, out: TextIO) -> bool:
@@ -215,17 +257,34 @@ def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, h
                   f"in {log_path})\n")
 
 
+def gather_line(summary: dict) -> str:
+    """What travelled to rank 0, from ``gather.json``: bytes per rank, whatever the traces."""
+    shared = set(summary["shared"])
+    sent = {int(r): n for r, n in summary["received"].items() if int(r) not in shared}
+    line = f"gather:  {summary['mode']}, "
+    if not sent:
+        return line + f"nothing travelled (all {summary['world_size']} ranks share the run dir)"
+    return line + (f"{len(sent)} rank(s) sent {min(sent.values())}-{max(sent.values())} bytes "
+                   f"each ({sum(sent.values())} in all; {len(shared)} shared the run dir), "
+                   f"per rank in {Path(summary['run_dir']) / SUMMARY_NAME}")
+
+
 def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: bool,
              out: TextIO) -> None:
     have = outcome.contents(run_dir)
     world = cfg.world_size
+    gathered = load_summary(run_dir) if gathered_here else None
+    tables = gathered is not None and gathered["mode"] == Mode.TABLES.value
     out.write(f"run dir: {run_dir}\n")
-    out.write(f"records: {len(have.records)}/{world} ranks, "
-              f"{sum(have.records.values())} collectives; traces: {sum(have.traces.values())} "
-              f"from {len(have.traces)} rank(s)\n")
-    missing = sorted(set(range(world)) - set(have.records))
+    if gathered is not None:
+        out.write(gather_line(gathered) + "\n")
+    out.write(f"records: {len(have.records)}/{world} ranks"
+              f"{' in this run dir' if tables else ''}, {sum(have.records.values())} "
+              f"collectives; traces: {sum(have.traces.values())} from {len(have.traces)} "
+              "rank(s)\n")
+    missing = gathered["missing"] if tables else sorted(set(range(world)) - set(have.records))
     if missing and gathered_here:
-        out.write(f"missing records: ranks {missing}\n")
+        out.write(f"missing {'ranks' if tables else 'records: ranks'} {missing}\n")
     for bad in have.unreadable:
         out.write(f"unreadable: {bad}\n")
     if merged is not None:
@@ -279,11 +338,18 @@ def handle(args: argparse.Namespace) -> int:
         _point_at_logs(run_dir, cfg, node_rank, log_path, echo.held, out)
     merged, ok = None, True
     here = _merges_here(run_dir, cfg, node_rank)
+    tables = Mode.resolve(cfg.output.gather, cfg.world_size) is Mode.TABLES
     if not here:
         out.write("rank 0 ran on another node: the run is gathered (and merged) there\n")
-    if here and cfg.output.merge:
+    elif tables:
+        ok = _overview(run_dir, cfg.world_size, out)[1]
+    elif cfg.output.merge:
         merged, ok = _merge(run_dir, cfg, out)
     if here and cfg.output.report:
-        ok = _report(run_dir, out) and ok
+        if not tables or _all_matched(run_dir, cfg.world_size):
+            ok = _report(run_dir, out) and ok
+        else:
+            out.write("report:  skipped: the other ranks' matched runs stayed on their nodes "
+                      "(tables-only gather); the overview names the stragglers\n")
     _summary(run_dir, cfg, merged, here, out)
     return 1 if code != 0 or not ok else 0

@@ -190,10 +190,15 @@ class Output(Strict):
     run_name: str = Field("{name}-{time}", description="run dir name; placeholders {name}, "
                           "{time}, {rdzv_id}, {world}")
     merge: bool = Field(True, description="merge the per-rank traces when the job ends")
-    gather_traces: bool = Field(True, description="bring every rank's raw profiler traces to "
-                                "rank 0's run dir when it is not shared; false: a rank that made "
-                                "its Perfetto shard sends only the shard and its record (large "
-                                "jobs; the report then has no stream/overlap rows for it)")
+    gather: Literal["auto", "full", "tables"] = Field(
+        "auto", description="what reaches rank 0's run dir: full (records and traces: one "
+        "merged trace), tables (each rank's comm table only, tens of kB: the overview; shards "
+        "and traces stay on their nodes), auto (full up to 16 ranks, tables above)")
+    gather_traces: bool = Field(True, description="with a full gather, bring every rank's raw "
+                                "profiler traces to rank 0's run dir when it is not shared; "
+                                "false: a rank that made its Perfetto shard sends only the shard "
+                                "and its record (the report then has no stream/overlap rows for "
+                                "it)")
     format: Literal["pftrace", "json"] = Field("pftrace", description="merged trace format")
     report: bool = Field(True, description="write report.md after merging")
 

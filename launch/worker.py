@@ -1,8 +1,9 @@
 """What torchrun runs on every rank: ``python -m commviz.launch.worker --config RESOLVED.yaml``.
 
 Init the process group, create the named groups, record with commviz, profile the workload's
-steps, then (collectively) measure clock offsets, write this rank's Perfetto shard and matched
-run (``commviz.merge.write_shard``), and gather everything into rank 0's run dir.
+steps, then (collectively) measure clock offsets, write this rank's Perfetto shard, matched run
+and comm table (``commviz.convert.convert_here``), and gather into rank 0's run dir: everything
+(``output.gather: full``) or the comm tables only (``tables``).
 
 A rank that fails writes ``RUN_DIR/logs/failed_rank{R}.json`` (what went wrong), flushes its
 record (so nothing recorded is lost), hands the exception to torchrun's error file, and exits 1.
@@ -74,29 +75,16 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
                            with_stack=p.with_stack)
 
 
-def _write_shard(run_dir: Path, rank: int) -> bool:
-    """This rank's Perfetto shard, made here on its own node; whether it was written."""
-    from commviz.merge import write_shard
-    from commviz.review.table import write_table
+def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> None:
+    """Collective: clock offsets, flush, this rank's conversion, gather, final barrier.
 
-    try:
-        write_shard(run_dir, rank)
-        write_table(run_dir, rank)
-    except Exception as exc:  # the merge converts this rank itself; the job still succeeds
-        print(f"[commviz] rank {rank}: write_shard failed ({type(exc).__name__}: {exc}); the "
-              "merge will convert this rank's trace", file=sys.stderr)
-        return False
-    return True
-
-
-def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
-    """Collective: clock offsets, flush, shard, gather, final barrier.
-
-    ``gather_traces=False``: a rank whose shard was written sends only the shard and its record
-    to rank 0's run dir (when it is not shared); its raw traces stay on its node."""
+    ``mode``: ``commviz.gathered.Mode``. ``gather_traces=False`` (full gather): a rank whose
+    shard was written sends only the shard and its record to rank 0's run dir (when it is not
+    shared); its raw traces stay on its node."""
     import torch.distributed as dist
 
     import commviz
+    from commviz.convert import convert_here
     from commviz.gathering import side_group
     from commviz.record import clock
     from commviz.record.recorder import RECORDER
@@ -104,9 +92,12 @@ def _finish(run_dir: Path, rank: int, gather_traces: bool = True) -> None:
     group = side_group()
     RECORDER.clock = clock.measure_offsets(group)
     commviz.flush("finished")
-    shard_ok = _write_shard(run_dir, rank)
+    problem = convert_here(run_dir, rank)
+    if problem is not None:    # the merge converts this rank itself; the job still succeeds
+        print(f"[commviz] rank {rank}: write_shard failed ({problem}); the merge will convert "
+              "this rank's trace", file=sys.stderr)
     commviz.gather(run_dir, extra_patterns=SHARD_PATTERNS, measure_clock=False,
-                   traces=gather_traces or not shard_ok)
+                   traces=gather_traces or problem is not None, mode=mode)
     if rank == 0:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
@@ -119,6 +110,7 @@ def run(config_path: str) -> None:
     import torch.distributed as dist
 
     import commviz
+    from commviz.gathered import Mode
     from commviz.launch import config as C
     from commviz.launch import groups, workloads
 
@@ -142,7 +134,7 @@ def run(config_path: str) -> None:
                             seed=cfg.workload.seed)
     step = workloads.build(cfg.workload, ctx, C.pythonpath(loaded))
     workloads.run(step, cfg.workload, ctx, _profiler(cfg, run_dir))
-    _finish(run_dir, rank, cfg.output.gather_traces)
+    _finish(run_dir, rank, Mode.resolve(cfg.output.gather, world), cfg.output.gather_traces)
 
 
 def _fail(exc: BaseException) -> None:
