@@ -1,5 +1,5 @@
 """``commviz merge RUN_DIR [-o OUT] [--format pftrace|json] [--per-rank] [--strict] [--workers N]
-[--ranks 0-7,512]``."""
+[--ranks 0-7,512] [--steps 3-4 | --window T0:T1]``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from commviz.merge.core import FORMATS, merge_run
+from commviz.merge.keep import keep_of
 from commviz.merge.select import parse_ranks
 
 
@@ -32,6 +33,14 @@ def register(subparsers: Any) -> None:
                    help="merge only these ranks (detail on demand, after `commviz overview`); "
                         "default output RUN_DIR/merged_ranks0-7,512.pftrace; cross-rank flows "
                         "only between selected ranks")
+    p.add_argument("--steps", default=None, metavar="3-4",
+                   help="keep only these profiler steps: each rank's ProfilerStep#N ranges in its "
+                        "own traces (events starting inside; flows only where both ends are "
+                        "kept); default output RUN_DIR/merged[_ranksSEL]_steps3-4.pftrace")
+    p.add_argument("--window", default=None, metavar="T0:T1",
+                   help="keep only events starting in this time window: milliseconds after "
+                        "the run's first collective on the merged clock (time 0 of "
+                        "`commviz overview`'s trace in the Perfetto UI), e.g. 120:180.5")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per CPU core, at most one per rank)")
     p.set_defaults(func=handler)
@@ -40,7 +49,8 @@ def register(subparsers: Any) -> None:
 def handler(args: argparse.Namespace) -> int:
     result = merge_run(args.run_dir, args.out, fmt=args.format, strict=args.strict,
                        workers=args.workers, progress=True, per_rank=args.per_rank,
-                       ranks=parse_ranks(args.ranks) if args.ranks is not None else None)
+                       ranks=parse_ranks(args.ranks) if args.ranks is not None else None,
+                       keep=keep_of(args.steps, args.window))
     for problem in result.problems:
         print(f"commviz merge: problem: {problem}", file=sys.stderr)
     s = result.stats

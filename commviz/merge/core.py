@@ -17,7 +17,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -30,6 +30,7 @@ from commviz.match.model import CommEvent
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
 from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank, load_traces,
                                  no_gc, result_of)
+from commviz.merge.keep import Keep, run_start_ns
 from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
 from commviz.trace.run import RankInput, Run, load_rank, load_run
@@ -54,7 +55,8 @@ def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
 
 
 def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,
-         json_base_ns: int = 0, matched_dir: Path | None = None) -> RankJob:
+         json_base_ns: int = 0, matched_dir: Path | None = None, keep: Keep | None = None
+         ) -> RankJob:
     clock = plan.clock(rank)
     shard = shard_path(run.run_dir, rank)
     inputs, record_inputs = fingerprints(inp)
@@ -64,7 +66,8 @@ def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fm
                    inputs=inputs, record_inputs=record_inputs, clock=clock, host=inp.host,
                    fmt=fmt, fingerprint=fingerprint(inputs, clock.offset_ns)
                    if fmt == "pftrace" else None, json_base_ns=json_base_ns,
-                   shard=shard if fmt == "pftrace" and shard.exists() else None)
+                   shard=shard if fmt == "pftrace" and shard.exists() and keep is None else None,
+                   keep=keep)
 
 
 def _fresh(job: RankJob, problems: list[str]) -> artifact.RankArtifact | None:
@@ -174,20 +177,22 @@ def _input_bytes(run: Run) -> int:
 def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
               fmt: str = "pftrace", strict: bool = False, workers: int | None = None,
               progress: bool = True, per_rank: bool = False,
-              ranks: list[int] | None = None) -> MergeResult:
+              ranks: list[int] | None = None, keep: Keep | None = None) -> MergeResult:
     """Merge a run dir (or a plain directory of profiler traces) into one trace.
 
     Every bad input is one problem naming its file, and the other ranks are still merged;
     ``strict`` raises on the first problem instead, and then nothing is written.
     ``per_rank`` (JSON only): ``out`` is a directory that gets one ``trace_rank{R}.json`` per
     rank, all on the merged clock (HTA reads one file per rank). ``ranks``: merge only these
-    (``merge.select``; default output ``RUN_DIR/merged_ranks0-7,512.pftrace``). An output that
+    (``merge.select``; default output ``RUN_DIR/merged_ranks0-7,512.pftrace``). ``keep``: only
+    the events of some profiler steps or of a time window (``merge.keep``; pftrace only, each
+    rank converted from its traces, never from its shard). An output that
     cannot be written (full or read-only disk) is one ``WriteError`` naming the path and the
     errno.
     """
     try:
         return _merge_run(run_dir, out, fmt=fmt, strict=strict, workers=workers,
-                          progress=progress, per_rank=per_rank, ranks=ranks)
+                          progress=progress, per_rank=per_rank, ranks=ranks, keep=keep)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -196,18 +201,22 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
 
 def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None, *,
                fmt: str, strict: bool, workers: int | None, progress: bool,
-               per_rank: bool, ranks: list[int] | None) -> MergeResult:
+               per_rank: bool, ranks: list[int] | None, keep: Keep | None) -> MergeResult:
     started = time.perf_counter()
     if fmt not in FORMATS:
         raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if per_rank and fmt != "json":
         raise CommvizError("per-rank output is JSON only: add --format json")
+    if keep is not None and fmt != "pftrace":
+        raise CommvizError("--steps and --window write a .pftrace only: leave out --format json")
     run = load_run(run_dir, strict=strict) if ranks is None else load_selected(run_dir, ranks)
     if not run.ranks:
         raise SourceError(str(run.run_dir), "no profiler traces and no commviz records found")
+    if keep is not None and keep.window_ms is not None:
+        keep = replace(keep, start_ns=run_start_ns(run.run_dir))
     target = Path(out) if out is not None else (
-        _default_out(run.run_dir, fmt, per_rank) if ranks is None or fmt != "pftrace"
-        else run.run_dir / detail_name(ranks))
+        _default_out(run.run_dir, fmt, per_rank) if (ranks is None and keep is None)
+        or fmt != "pftrace" else run.run_dir / detail_name(ranks, keep.label if keep else None))
     (target if per_rank else target.parent).mkdir(parents=True, exist_ok=True)
     problems = list(run.problems)
     show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS
@@ -227,7 +236,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                     for res in pool.map(_match_only, jobs, "matching")}
             problems.extend(clk.derive(plan, ends))
         base = _json_base(run, plan) if fmt == "json" else 0
-        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir)
+        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep)
                 for r in sorted(run.ranks)]
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks")
         for res in results:

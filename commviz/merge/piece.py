@@ -22,7 +22,7 @@ import os
 import zlib
 from collections import Counter, defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +34,7 @@ from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
 from commviz.match.model import CommEvent
 from commviz.merge.flows import GPU_CATS, Edge, FlowPoint, launch_edges
+from commviz.merge.keep import Keep, Spans, events_inside
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
@@ -92,6 +93,7 @@ class RankJob:
     fingerprint: str | None = None      # of the shard's inputs and clock, written into the piece
     shard: Path | None = None           # the rank's own shard, reused if its fingerprint matches
     json_base_ns: int = 0               # --format json: ts are µs after this wall time
+    keep: Keep | None = None            # --steps / --window: only events starting inside
 
     @property
     def offset_ns(self) -> int:
@@ -179,9 +181,11 @@ def lane_events(events: list[CommEvent]) -> tuple[list[dict], dict[str, list]]:
 
 
 class _Layout:
-    """One pass over the profiler events: per (pid, tid) track the sorted slice items."""
+    """One pass over the profiler events: per (pid, tid) track the sorted slice items (only
+    those starting inside ``spans`` when given: ``--steps`` / ``--window``)."""
 
-    def __init__(self, events: list[dict], segments: list[tuple[int, int, int]]) -> None:
+    def __init__(self, events: list[dict], segments: list[tuple[int, int, int]],
+                 spans: Spans | None = None) -> None:
         self.items: dict[tuple, list] = defaultdict(list)
         self.gpu: set[tuple] = set()
         self.flows: list[FlowPoint] = []
@@ -193,6 +197,7 @@ class _Layout:
         self.negative = 0
         self.out_of_range = 0               # events before 0 or past MAX_NS: left out, counted
         gpu_cats = GPU_CATS
+        inside = spans.inside if spans is not None else None
         for seg, (lo, hi, base) in enumerate(segments):
             for i in range(lo, hi):
                 ev = events[i]
@@ -207,6 +212,8 @@ class _Layout:
                     if start < 0 or start + dur > MAX_NS:
                         self.out_of_range += 1
                         continue
+                    if inside is not None and not inside(start):
+                        continue
                     self.items[key].append((start, -(start + dur), i))
                     if ev.get("cat") in gpu_cats:
                         self.gpu.add(key)
@@ -219,6 +226,8 @@ class _Layout:
                     ts = base + round(ev["ts"] * 1000)
                     if not 0 <= ts <= MAX_NS:
                         self.out_of_range += 1
+                    elif inside is not None and not inside(ts):
+                        continue
                     elif ph == "C":
                         for arg, value in (ev.get("args") or {}).items():
                             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -357,9 +366,15 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
     if art is None:
         art = build_artifact(job, traces, problems)
         problems = []                  # the trace problems are the artifact's now
-    events = art.events
     combined, segments, extra = _concat(traces, art.labels, job.offset_ns)
-    layout = _Layout(combined, segments)
+    spans = job.keep.spans(combined, segments) if job.keep is not None else None
+    if spans is not None:
+        if not spans:
+            problems.append(f"rank {job.rank}: its traces hold no {job.keep.label}; nothing "
+                            "of it kept")
+        art = replace(art, events=events_inside(art.events, spans))
+    events = art.events
+    layout = _Layout(combined, segments, spans)
     if layout.negative:
         problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
                         "duration; they are shown as instants at their start")

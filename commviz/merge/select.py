@@ -18,21 +18,27 @@ from commviz.errors import CommvizError, SourceError
 from commviz.trace.run import Run, load_rank
 
 
-def parse_ranks(text: str) -> list[int]:
-    """``"0-7,512"`` -> [0, ..., 7, 512]; anything else is one error naming the bad part."""
-    ranks: set[int] = set()
+def parse_ranges(text: str, flag: str, what: str) -> list[int]:
+    """``"0-7,512"`` -> [0, ..., 7, 512]; anything else is one error naming ``flag`` and the
+    bad part (``what``: "rank", "step")."""
+    found: set[int] = set()
     for part in (p.strip() for p in text.split(",")):
         lo, sep, hi = part.partition("-")
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise CommvizError(f"--ranks {text!r}: {part!r} is not a rank or a range "
-                               "A-B of ranks") from None
+            raise CommvizError(f"{flag} {text!r}: {part!r} is not a {what} or a range "
+                               f"A-B of {what}s") from None
         if first < 0 or last < first:
-            raise CommvizError(f"--ranks {text!r}: {part!r} is not a range of ranks "
+            raise CommvizError(f"{flag} {text!r}: {part!r} is not a range of {what}s "
                                "(A-B needs 0 <= A <= B)")
-        ranks.update(range(first, last + 1))
-    return sorted(ranks)
+        found.update(range(first, last + 1))
+    return sorted(found)
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``"0-7,512"`` -> [0, ..., 7, 512]."""
+    return parse_ranges(text, "--ranks", "rank")
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -49,9 +55,13 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ",".join(out)
 
 
-def detail_name(ranks: Iterable[int]) -> str:
-    """The default output of a detail merge: ``merged_ranks0-7,512.pftrace``."""
-    return f"merged_ranks{format_ranks(ranks)}.pftrace"
+def detail_name(ranks: Iterable[int] | None, keep: str | None = None) -> str:
+    """The default output of a detail merge: ``merged_ranks0-7,512.pftrace``, with the
+    ``Keep`` label when it keeps some steps or a window (``merged_ranks0-7_steps3-4.pftrace``,
+    ``merged_steps3-4.pftrace`` for every rank)."""
+    parts = ([f"ranks{format_ranks(ranks)}"] if ranks is not None else []) + (
+        [keep] if keep else [])
+    return f"merged_{'_'.join(parts)}.pftrace"
 
 
 def load_selected(run_dir: str | os.PathLike[str], ranks: list[int]) -> Run:
