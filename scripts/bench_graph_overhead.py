@@ -1,19 +1,19 @@
-"""What commviz costs around CUDA graphs, on 2 GPUs: replay time and capture time.
+"""What commviz costs around CUDA graphs: replay time and capture time (one GPU is enough).
 
-Run: ``torchrun --nproc_per_node 2 scripts/bench_graph_overhead.py [--out FILE.json]``
+Run: ``torchrun --nproc_per_node N scripts/bench_graph_overhead.py [--out FILE.json]``
 
 1. Replay: the same step (``--collectives`` all_reduces and a matmul between each) captured once
-   through commviz (patched collectives, ``commviz.graph``, replay hook installed) and once with
-   plain torch (no patch, no hooks). Both graphs must have the same node count: commviz adds no
+   with commviz recording (the boundary kernel, the CUDA graph hooks) and once with plain torch
+   (recording off, no hooks). Both graphs must have the same node count: commviz adds no
    work to a graph. Replays are timed in alternating rounds (CUDA-synchronised wall time per
    replay, no profiler running); the figure is the ratio of the medians (target 1.00 +- 0.02).
 2. Capture: ``--capture-collectives`` (500) all_reduces captured with commviz annotating every
    one vs plain torch, in alternating rounds; the ratio of the median capture times (capture
    begin to instantiated graph) is the figure (target <= 1.5), and beside it the ratio of the
-   best round of each (the GPU hosts here are noisy: a burst lands in either side's median). Printed beside it: the same
-   capture with commviz's wrappers recording but skipping the capture work, the time commviz
-   then spends finishing its records (after the capture, before they are written), and the
-   time in each part of the capture work (timed apart, in one more capture).
+   best round of each (the GPU hosts here are noisy: a burst lands in either side's median).
+   Printed beside it: the same capture with commviz recording but skipping the capture work,
+   the time commviz then spends finishing its records (after the capture, before they are
+   written), and the time in each part of the capture work (timed apart, in one more capture).
 Rank 0 prints the figures and writes them as JSON with ``--out``.
 """
 
@@ -82,7 +82,8 @@ def wrappers_only():
 class Parts:
     """Seconds spent in each part of commviz's capture path (wrapping its functions)."""
 
-    TARGETS = ((region, "enter"), (region, "exit"), (graphs.GraphState, "read"),
+    TARGETS = ((region, "enter"), (region, "exit"), (graphs, "adopt_native"),
+               (graphs.GraphState, "read"),
                (bindings, "nodes"), (bindings, "edges"), (bindings, "kernels"),
                (graphs.GraphState, "_read_ids"))
 

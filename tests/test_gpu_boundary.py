@@ -88,13 +88,19 @@ def job(out: Path) -> None:
         dist.all_reduce(x)
         y = funcol.all_reduce(x * 3, "sum", dist.group.WORLD)
         dist.all_reduce(y, group=sub)
+        dist.all_reduce(x, async_op=True).wait()     # walked by Python, between native ones
+        dist.all_reduce(x)
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
     graphs.resolve_all()
+    # what the journal alone says of each call: the kernel's own entries carry "captured"
+    from commviz.record.journal import recover
+    journaled = [(m["Process Group Name"], m.get("commviz.seq"), bool(m.get("commviz.captured")))
+                 for m in recover(out / "run", 0)[0]["collectives"]]
     snap = snapshot()
     snap.update(plain_breaks=plain_breaks, recorded_breaks=recorded_breaks, after=after,
-                before_capture=before_capture, boundary=commviz.record.boundary.BOUNDARY.impl.value,
+                before_capture=before_capture, journaled=journaled, boundary=commviz.record.boundary.BOUNDARY.impl.value,
                 graphs=len(commviz.RECORDER.graphs))
     (out / "snap.json").write_text(json.dumps(snap, default=str))
     dist.barrier()
@@ -140,16 +146,29 @@ def test_compiled_code_breaks_the_same(snap: dict[str, Any]) -> None:
 def test_captured_collectives_are_recorded_with_their_graph(snap: dict[str, Any]) -> None:
     captured = [r for r in snap["records"][snap["before_capture"]:]
                 if r.get("commviz.captured")]
-    # API all_reduce, functional all_reduce, and the subgroup's: each once, in the graph,
-    # numbered on from the last number NCCL gave each group before the capture
-    assert [r["commviz.op"] for r in captured] == ["all_reduce"] * 3
+    # API all_reduce, functional all_reduce, the subgroup's, an async one and one more: each
+    # once, in the graph, in call order, numbered on from the last number NCCL gave each
+    # group before the capture
+    assert [r["commviz.op"] for r in captured] == ["all_reduce"] * 5
     assert len({r["commviz.graph"] for r in captured}) == 1 and snap["graphs"] == 1
-    last = {}
+    last = {}                         # NCCL's Flight Recorder leaves captured calls out
     for e in snap["fr"]:
         last[e["group"]] = max(last.get(e["group"], 0), e["seq"])
-    assert [(r["Process Group Name"], r["commviz.seq"]) for r in captured] == \
-        [("0", last["0"] + 1), ("0", last["0"] + 2), (captured[2]["Process Group Name"],
-                                                      last[captured[2]["Process Group Name"]] + 1)]
+    sub = captured[2]["Process Group Name"]
+    assert [(r["Process Group Name"], r["commviz.seq"]) for r in captured] == [
+        ("0", last["0"] + 1), ("0", last["0"] + 2), (sub, last[sub] + 1),
+        ("0", last["0"] + 3), ("0", last["0"] + 4)]
+    # ordinals within the graph follow the calls on each lane, across both recording paths
+    assert [r["commviz.ordinal"] for r in captured if r["Process Group Name"] == "0"] == \
+        [1, 2, 3, 4]
+    assert [r["commviz.ordinal"] for r in captured if r["Process Group Name"] == sub] == [1]
+    # the synchronous API calls were recorded by the kernel itself (its calls-file entries say
+    # "captured"); the asynchronous one was built in Python (its journal entry was written at
+    # its start, before anything was known of its graph)
+    journaled = {(g, s): c for g, s, c in snap["journaled"]}
+    sync = [captured[i] for i in (0, 2, 4)]
+    assert all(journaled[(r["Process Group Name"], r["commviz.seq"])] for r in sync)
+    assert not journaled[("0", captured[3]["commviz.seq"])]
     # the call site is the user's line, also for calls from compiled code's generated module
     sites = [r["commviz.callsite"] for r in snap["records"] if r.get("commviz.callsite")]
     assert sites and all(s.startswith(__file__) or "site-packages" not in s for s in sites)

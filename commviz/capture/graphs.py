@@ -105,6 +105,9 @@ class GraphState:
         # stream, its own exit frontier); ``last_exit``: that previous frontier, per stream
         self.pending: list[tuple[list[Any], list[int], list[int]]] = []
         self.last_exit: dict[int, list[int]] = {}
+        # synchronous collectives the boundary kernel recorded, not placed yet: its notes
+        # (``Recorder.take_captured``), all later than every call in ``pending``
+        self.native: list[tuple[Any, ...]] = []
         self.raw: tuple | None = None           # what ``read`` took off the graph
         # who gets which nodes' ids once they are known: a compact record or a mark's dict
         self.claims: list[tuple[Any, list[Node]]] = []
@@ -118,6 +121,31 @@ class GraphState:
             "unresolved": 0, "nodes": [],
         }
         _rec.RECORDER.graphs.append(self.record)
+
+    def place(self, rec: list[Any]) -> None:
+        """Give the collective ``rec`` this graph and its ordinal in it on its lane."""
+        ordinals, lane = self.ordinals, rec[md.R_INFO].lane
+        ordinals[lane] += 1
+        rec[md.R_GRAPH] = self.gid
+        rec[md.R_ORDINAL] = ordinals[lane]
+
+    def returned(self, rec: list[Any], stream: int, frontier: list[int]) -> None:
+        """A synchronous collective returned with its stream waiting on ``frontier``: its
+        kernels are found after the capture, among those created since the previous such
+        return on the stream."""
+        if self.graph is not None:
+            last = self.last_exit
+            self.pending.append((rec, last.get(stream, ()), frontier))
+            last[stream] = frontier
+
+    def place_native(self) -> None:
+        """Place the kernel's notes (``native``) as records, after everything placed before."""
+        notes, self.native = self.native, []
+        record = _rec.RECORDER.captured_record
+        for note in notes:
+            rec = record(note[:6])
+            self.place(rec)
+            self.returned(rec, note[8], note[9])
 
     def claim(self, holder: Any, nodes: list[Node]) -> None:
         """``holder`` (a compact record or a mark's dict) gets these nodes' ids at the end."""
@@ -149,21 +177,27 @@ class GraphState:
         and edges, each kernel's name and dims, and node ids where they cannot be computed.
         The rest is plain Python on these lists and waits for ``resolve`` (records are resolved
         before they are written), so the capture does not pay for it."""
-        if self.graph is None or not cb.available() or self.raw is not None or \
-                self.record["complete"]:
-            return
-        if not self.pending and not any(n["ordinal"] is not None or n["marks"]
-                                        for n in self.nodes.values()):
-            return                  # nothing to match in this graph: spare its capture the scan
-        nodes, edges = cb.nodes(self.graph), cb.edges(self.graph)
-        known, others = self.nodes, self.others
-        unknown = [h for h in nodes if h not in known and h not in others]
-        # what a synchronous collective's stream waited on is nearly always its kernel
-        descs = cb.kernels(unknown, {h for _, _, after in self.pending for h in after})
-        kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
-        self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
-        with _lock:
-            _unresolved.append(self)
+        if self.raw is None and self._worth_reading():
+            nodes, edges = cb.nodes(self.graph), cb.edges(self.graph)
+            known, others = self.nodes, self.others
+            unknown = [h for h in nodes if h not in known and h not in others]
+            # what a synchronous collective's stream waited on is nearly always its kernel
+            likely = {h for _, _, after in self.pending for h in after}
+            likely.update(h for note in self.native for h in note[9])
+            descs = cb.kernels(unknown, likely)
+            kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
+            self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
+        if self.raw is not None or self.native:     # the kernel's calls are placed then too
+            with _lock:
+                if self not in _unresolved:
+                    _unresolved.append(self)
+
+    def _worth_reading(self) -> bool:
+        """A graph to read: readable, and with collectives or marks in it to match."""
+        if self.graph is None or not cb.available() or self.record["complete"]:
+            return False
+        return bool(self.pending or self.native) or any(
+            n["ordinal"] is not None or n["marks"] for n in self.nodes.values())
 
     def _read_ids(self, nodes: list[int], kernels: list[int]) -> tuple[dict | None, dict | None]:
         """(CUPTI ids, toolsIds) of the kernel nodes; CUPTI ids None when they can be computed:
@@ -181,6 +215,7 @@ class GraphState:
     def resolve(self) -> None:
         """Finish the record from what ``read`` took off the graph: the synchronous
         collectives' kernels, the fingerprint, the dependency order, every listed node's ids."""
+        self.place_native()
         raw, self.raw = self.raw, None
         if raw is None:
             return
@@ -440,6 +475,21 @@ def state_for(info: cb.CaptureInfo | None) -> GraphState:
         return state
 
 
+def adopt_native() -> None:
+    """Hand each capture the synchronous collectives the boundary kernel recorded in it since
+    the last call (the kernel read each one's frontier as it returned), in call order. Cheap,
+    as capture time is what users wait for: they are placed later (``place_native``)."""
+    last_id, state = None, None
+    for note in _rec.RECORDER.take_captured():
+        capture_id = note[6]
+        if not capture_id:          # the capture was over: the record says "captured" only
+            continue
+        if capture_id != last_id:
+            last_id = capture_id
+            state = state_for(cb.CaptureInfo(capture_id, note[7], note[9], note[8]))
+        state.native.append(note)
+
+
 def current_capture() -> tuple[GraphState, cb.CaptureInfo | None]:
     info = cb.capture_info(_current_stream()) if cb.available() else None
     return state_for(info), info
@@ -447,6 +497,7 @@ def current_capture() -> tuple[GraphState, cb.CaptureInfo | None]:
 
 def resolve_all() -> None:
     """Finish every capture record still waiting (before records are written or read)."""
+    adopt_native()
     with _lock:
         waiting = list(_unresolved)
         _unresolved.clear()

@@ -1,15 +1,18 @@
 """Capture-time regions of annotated collectives: which graph nodes did this collective add?
 
-``commviz.annotate`` calls ``enter(rec, walk)`` when a collective starts on a CUDA device while
+``calls.open_record`` calls ``enter(rec, walk)`` when a collective starts on a CUDA device while
 a capture may be running, and ``exit(token, rec)`` when it returns. A captured collective gets
 its graph (``commviz.graph``), its ordinal within that graph on its lane (``commviz.ordinal``,
 1-based) and, once the capture ends, its graph nodes (``commviz.graph_nodes``), all in the
 compact record. The nodes are found one of two ways:
 
-- a synchronous wrapper call (the common case, and the one capture time is spent on) costs one
-  cheap "is the stream capturing?" at entry and one read of the stream's capture frontier at
-  exit. Its kernels are worked out from the whole graph after the capture (``GraphState``):
-  the newest NCCL kernel the exit frontier depends on, since the previous exit on the stream;
+- a synchronous call (the common case, and the one capture time is spent on) costs one read of
+  the stream's capture frontier as it returns: most are recorded by the boundary kernel, which
+  reads the frontier itself and hands the call to its capture (``graphs.adopt_native``,
+  placed after the capture or before the next call placed here); the others cost
+  one cheap "is the stream capturing?" at entry and the frontier read at exit here. Their
+  kernels are worked out from the whole graph after the capture (``GraphState``): the newest
+  NCCL kernel the exit frontier depends on, since the previous exit on the stream;
 - work the current stream does not wait for (async ops), user code in ``annotate_collective``
   and collectives under a running profiler (whose range needs the graph and ordinal up front)
   snapshot the frontier on entry and walk the dependent edges added since on exit.
@@ -45,12 +48,12 @@ def probe() -> cb.CaptureInfo | None:
 
 
 def _place(rec: list[Any], info: cb.CaptureInfo) -> graphs.GraphState:
-    """Give ``rec`` its graph and ordinal in the capture ``info`` describes."""
+    """Give ``rec`` its graph and ordinal in the capture ``info`` describes, after the calls
+    the boundary kernel recorded before it."""
+    graphs.adopt_native()
     state = graphs.state_for(info)
-    ordinals, lane = state.ordinals, rec[md.R_INFO].lane
-    ordinals[lane] += 1
-    rec[md.R_GRAPH] = state.gid
-    rec[md.R_ORDINAL] = ordinals[lane]
+    state.place_native()
+    state.place(rec)
     return state
 
 
@@ -85,11 +88,7 @@ def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
             return
         if not hooks._saved:
             hooks.install()
-        state = _place(rec, info)
-        if state.graph is not None:
-            last, stream, frontier = state.last_exit, info.stream, info.frontier
-            state.pending.append((rec, last.get(stream, ()), frontier))
-            last[stream] = frontier
+        _place(rec, info).returned(rec, info.stream, info.frontier)
     except Exception as exc:
         rec[md.R_GRAPH] = rec[md.R_GRAPH] or 0
         graphs.warn_once("could not find the captured nodes of a collective", exc)

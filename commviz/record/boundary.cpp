@@ -6,13 +6,17 @@
 // The kernel reads what the record needs straight off the boxed stack (no Python objects are
 // made for tensors or the process group) and walks to the call site.
 //
-// The common call (no profiler, no capture, no annotate_collective block around it) is
-// recorded here without running Python: what its call site repeats (op, group, sizes, dtype,
-// root, reduction, site) is a *shape*, registered once through commviz's Python `shape`; each
-// call then only adds a fixed 40-byte entry (shape, seq, times, ordinal) to a ring in memory
-// and to this generation's calls file beside the journal (a shared file mapping: the page
-// cache outlives a SIGKILLed process). Other calls go through Python's `begin` / `finish`,
-// which build the full record. With recording off the kernel costs one atomic load.
+// The common call (no profiler, no annotate_collective block around it) is recorded here
+// without running Python: what its call site repeats (op, group, sizes, dtype, root,
+// reduction, site) is a *shape*, registered once through commviz's Python `shape`; each call
+// then only adds a fixed 40-byte entry (shape, seq, times, ordinal) to a ring in memory and to
+// this generation's calls file beside the journal (a shared file mapping: the page cache
+// outlives a SIGKILLed process). A synchronous call under CUDA graph capture is recorded the
+// same way, and as it returns the kernel reads its stream's capture frontier (the driver's
+// cuStreamGetCaptureInfo, from the libcuda torch loaded); Python places those calls in their
+// graph in one go (`take_captured`) when the capture ends. Other calls go through Python's
+// `begin` / `finish`, which build the full record. With recording off the kernel costs one
+// atomic load.
 //
 // Built on first use by commviz.record.boundary (torch.utils.cpp_extension).
 
@@ -29,6 +33,9 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -81,7 +88,7 @@ struct Python {
   py::object profiling;       // torch's "is a profiler running"
   py::object hooks;           // commviz.capture.hooks: its capture_possible(), looked up
                               // per call (a test or benchmark may replace it)
-  py::object stack_attr, last_seq_attr, capturing_attr;
+  py::object stack_attr, last_seq_attr, capturing_attr, installed_attr;
 };
 Python* g_py = nullptr;
 
@@ -209,7 +216,8 @@ int64_t now_ns() {
 // reads zero, so an entry torn by a SIGKILL reads as absent.
 struct Call {
   int32_t shape;
-  int32_t flags;    // FAILED: the call raised (its text went to the journal via `failed`)
+  int32_t flags;    // FAILED: the call raised (its text went to the journal via `failed`);
+                    // CAPTURED: it ran under CUDA graph capture
   int64_t seq;      // -1: none
   int64_t t_begin;
   int64_t t_end;    // RUNNING until the call returns
@@ -218,6 +226,7 @@ struct Call {
 static_assert(sizeof(Call) == 40, "the calls file's entry is 40 bytes");
 constexpr int64_t RUNNING = -1;
 constexpr int32_t FAILED = 1;
+constexpr int32_t CAPTURED = 2;
 constexpr char CALLS_MAGIC[16] = {'c', 'o', 'm', 'm', 'v', 'i', 'z', '.', 'c',
                                   'a', 'l', 'l', 's', '.', '1', '\n'};
 constexpr size_t CHUNK = 64 << 10;      // first reservation; doubles up to MAX_STEP
@@ -257,6 +266,8 @@ struct Segment {
 // Where a call's entry lives, to write its end.
 struct Where {
   int64_t ordinal = 0;
+  int32_t shape = -1;
+  int64_t t_begin = 0;
   uint64_t ring_pos = 0;
   uint64_t segment = 0;  // 0: not in a file
   size_t offset = 0;
@@ -270,6 +281,8 @@ class Native {
     std::lock_guard<std::mutex> lock(mu_);
     Where w;
     w.ordinal = ++ordinal_;
+    w.shape = shape;
+    w.t_begin = t_begin;
     Call call{shape, 0, seq, t_begin, RUNNING, w.ordinal};
     if (!ring_.empty()) {
       w.ring_pos = pushed_++;
@@ -342,6 +355,7 @@ class Native {
     std::fill(ring_.begin(), ring_.end(), Call{});
     pushed_ = 0;
     ordinal_ = 0;
+    captured_.clear();
   }
 
   size_t size() {
@@ -400,6 +414,38 @@ class Native {
     return error_;
   }
 
+  // A captured call, as it returned: its entry and what its stream's capture was then.
+  struct Captured {
+    Call call;
+    uint64_t capture_id;  // 0: the capture had ended (or broke) by the time the call returned
+    uintptr_t graph, stream;
+    std::vector<uintptr_t> frontier;
+  };
+
+  void captured(Captured&& note) {
+    std::lock_guard<std::mutex> lock(mu_);
+    captured_.push_back(std::move(note));
+  }
+
+  // The captured calls since the last take, oldest first, for Python to place in their graph:
+  // (shape, flags, seq, t_begin, t_end, ordinal, capture id, graph, stream, frontier).
+  py::list take_captured() {
+    std::vector<Captured> notes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      notes.swap(captured_);
+    }
+    py::list out;
+    for (const Captured& n : notes) {
+      py::list frontier;
+      for (uintptr_t node : n.frontier) frontier.append(py::int_(node));
+      const Call& c = n.call;
+      out.append(py::make_tuple(c.shape, c.flags, c.seq, c.t_begin, c.t_end, c.ordinal,
+                                n.capture_id, n.graph, n.stream, frontier));
+    }
+    return out;
+  }
+
  private:
   std::vector<Call> ordered() const {  // oldest first; mu_ held
     std::vector<Call> out;
@@ -424,6 +470,7 @@ class Native {
   Segment* current_ = nullptr;
   uint64_t segment_ids_ = 0;
   std::string error_;
+  std::vector<Captured> captured_;
 };
 
 Native* g_native = new Native();
@@ -477,18 +524,94 @@ struct Shape {
 // Touched with the GIL held only.
 auto* g_shapes = new std::unordered_map<ShapeKey, Shape, ShapeKeyHash>();
 
-// Whether the common case holds: no annotate_collective / unrecorded block open on this
-// thread, no profiler running, no capture possible (CUDA calls). Needs the GIL.
-bool plain_call(bool cuda) {
+// How a call is recorded: natively as a plain call, natively under capture (its frontier is
+// read as it returns), or by Python's `begin` / `finish`.
+enum class Mode { PLAIN, CAPTURE_POSSIBLE, CAPTURED, PYTHON };
+
+// No annotate_collective / unrecorded block open on this thread and no profiler running:
+// PLAIN, or CAPTURE_POSSIBLE for a CUDA call while a capture may be running. Needs the GIL.
+Mode call_mode(bool cuda) {
   PyObject* stack = PyObject_GetAttr(g_py->scope.ptr(), g_py->stack_attr.ptr());
   if (stack == nullptr) throw py::error_already_set();
   bool open = PyList_Check(stack) && PyList_GET_SIZE(stack) > 0;
   Py_DECREF(stack);
-  if (open) return false;
-  if (PyObject_IsTrue(g_py->profiling().ptr())) return false;
-  if (!cuda) return true;
+  if (open) return Mode::PYTHON;
+  if (PyObject_IsTrue(g_py->profiling().ptr())) return Mode::PYTHON;
+  if (!cuda) return Mode::PLAIN;
   py::object capturing = g_py->hooks.attr(g_py->capturing_attr);
-  return !PyObject_IsTrue(capturing().ptr());
+  return PyObject_IsTrue(capturing().ptr()) ? Mode::CAPTURE_POSSIBLE : Mode::PLAIN;
+}
+
+// -- CUDA graph capture: the driver's view of the call's stream ------------------------------
+
+// cuStreamGetCaptureInfo (CUDA >= 12.3 drivers: _v3 with edge data; older: _v2), resolved in
+// the libcuda.so.1 torch already loaded, so the kernel needs no CUDA headers or libraries.
+using InfoV3 = int (*)(void*, int*, unsigned long long*, void**, void* const**, const void**,
+                       size_t*);
+using InfoV2 = int (*)(void*, int*, unsigned long long*, void**, void* const**, size_t*);
+std::atomic<void*> g_info_fn{nullptr};
+std::atomic<bool> g_info_v3{true};
+constexpr int CAPTURE_NONE = 0, CAPTURE_ACTIVE = 1;  // CUstreamCaptureStatus
+
+bool find_capture_info() {
+  if (g_info_fn.load() != nullptr) return true;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  void* fn = dlsym(lib, "cuStreamGetCaptureInfo_v3");
+  bool v3 = fn != nullptr;
+  if (!v3) fn = dlsym(lib, "cuStreamGetCaptureInfo_v2");
+  if (fn == nullptr) return false;
+  g_info_v3.store(v3);
+  g_info_fn.store(fn);
+  return true;
+}
+
+struct CaptureInfo {
+  int status = -1;  // -1: could not ask
+  unsigned long long id = 0;
+  void* graph = nullptr;
+  void* const* deps = nullptr;
+  size_t n = 0;
+};
+
+CaptureInfo capture_info(void* stream) {
+  CaptureInfo info;
+  void* fn = g_info_fn.load();
+  if (fn == nullptr) return info;
+  const void* edges = nullptr;
+  int rc = g_info_v3.load()
+               ? reinterpret_cast<InfoV3>(fn)(stream, &info.status, &info.id, &info.graph,
+                                              &info.deps, &edges, &info.n)
+               : reinterpret_cast<InfoV2>(fn)(stream, &info.status, &info.id, &info.graph,
+                                              &info.deps, &info.n);
+  if (rc != 0) info.status = -1;
+  return info;
+}
+
+// The current stream of `tensor`'s device, as the driver's handle (torch's current stream is
+// the one a collective joins back into, so the one whose frontier a capture moves).
+void* current_stream(const at::Tensor& tensor) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(tensor.device())
+      .native_handle();
+}
+
+// While a capture may be running: PLAIN if this call's stream is not capturing, CAPTURED for a
+// synchronous call on a capturing stream once the capture hooks are in (they place the call
+// in its graph at capture end), else PYTHON (asynchronous work the stream does not wait for is
+// walked by Python; no driver entry point; a broken capture). Needs the GIL.
+Mode capture_mode(const at::Tensor& tensor, bool async_op, void** stream) {
+  if (!find_capture_info()) return Mode::PYTHON;
+  try {
+    *stream = current_stream(tensor);
+  } catch (const std::exception&) {
+    return Mode::PYTHON;
+  }
+  const CaptureInfo info = capture_info(*stream);
+  if (info.status == CAPTURE_NONE) return Mode::PLAIN;
+  if (info.status != CAPTURE_ACTIVE || async_op) return Mode::PYTHON;
+  py::object installed = g_py->hooks.attr(g_py->installed_attr)();
+  return PyObject_IsTrue(installed.ptr()) ? Mode::CAPTURED : Mode::PYTHON;
 }
 
 // The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
@@ -547,11 +670,15 @@ class Kernel final : public c10::OperatorKernel {
     int64_t seq = -1;
     Where where;
     py::object rec;
+    void* stream = nullptr;    // a captured call's stream
     {
       py::gil_scoped_acquire gil;
       try {
         Site site = callsite();
-        if (!splits && plain_call(call.cuda)) {
+        Mode mode = splits ? Mode::PYTHON : call_mode(call.cuda);
+        if (mode == Mode::CAPTURE_POSSIBLE) mode = capture_mode(*tensor, call.async_op, &stream);
+        if (mode != Mode::CAPTURED) stream = nullptr;
+        if (mode == Mode::PLAIN || mode == Mode::CAPTURED) {
           const Shape& shape = shape_of(*pg, site, call);
           verdict = shape.verdict;
           if (verdict == Verdict::NATIVE) {
@@ -567,7 +694,7 @@ class Kernel final : public c10::OperatorKernel {
       }
     }
     if (verdict == Verdict::NATIVE) {
-      run_native(op, ks, stack, *pg, call, info, seq, where);
+      run_native(op, ks, stack, *pg, call, info, seq, where, stream);
     } else if (verdict == Verdict::PYTHON && rec) {
       run_python(op, ks, stack, *pg, call, rec);
     } else {
@@ -658,11 +785,12 @@ class Kernel final : public c10::OperatorKernel {
 
   void run_native(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
                   c10d::ProcessGroup& pg, const Args& call, PyObject* info, int64_t seq,
-                  const Where& where) {
+                  const Where& where, void* stream) {
+    const int32_t captured = stream != nullptr ? CAPTURED : 0;
     try {
       call_original(op, ks, stack, call);
     } catch (const std::exception& exc) {
-      g_native->end(where, seq, now_ns(), FAILED);
+      g_native->end(where, seq, now_ns(), FAILED | captured);
       py::gil_scoped_acquire gil;
       try {
         g_py->failed(where.ordinal, py::str(exc.what()));
@@ -678,7 +806,26 @@ class Kernel final : public c10::OperatorKernel {
       set_last_seq(info, reported);
       seq = reported;
     }
-    g_native->end(where, seq, t_end, 0);
+    g_native->end(where, seq, t_end, captured);
+    if (stream != nullptr) note_captured(where, seq, t_end, stream);
+  }
+
+  // The frontier of the capturing stream as the call returns: the collective's last node is
+  // what the stream now waits on (Python resolves it against the whole graph later).
+  static void note_captured(const Where& where, int64_t seq, int64_t t_end, void* stream) {
+    const CaptureInfo info = capture_info(stream);
+    Native::Captured note{};
+    note.call = Call{where.shape, CAPTURED, seq, where.t_begin, t_end, where.ordinal};
+    note.stream = reinterpret_cast<uintptr_t>(stream);
+    if (info.status == CAPTURE_ACTIVE) {
+      note.capture_id = info.id;
+      note.graph = reinterpret_cast<uintptr_t>(info.graph);
+      note.frontier.reserve(info.n);
+      for (size_t i = 0; i < info.n; ++i) {
+        note.frontier.push_back(reinterpret_cast<uintptr_t>(info.deps[i]));
+      }
+    }
+    g_native->captured(std::move(note));
   }
 
   void run_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
@@ -751,6 +898,7 @@ void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
   g_py->hooks = python["hooks"];
   g_py->stack_attr = py::str("stack");
   g_py->capturing_attr = py::str("capture_possible");
+  g_py->installed_attr = py::str("installed");
   g_py->last_seq_attr = py::str("last_seq");
   g_shapes->clear();
   if (!g_libraries.empty()) return;
@@ -805,4 +953,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "stop writing calls to the current file");
   m.def("calls_drop", []() { g_native->drop(); }, "unmap the files no longer written");
   m.def("calls_error", []() { return g_native->error(); }, "why the file stopped, or ''");
+  m.def("take_captured", []() { return g_native->take_captured(); },
+        "the calls recorded under capture since the last take, for Python to place");
 }

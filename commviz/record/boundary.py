@@ -11,11 +11,13 @@ graph breaks stay exactly as they are.
 The kernel is C++ (``boundary.cpp``), built against the installed torch on first use
 (``torch.utils.cpp_extension``, cached in torch's extension dir; about 20 s once). It reads the
 call's sizes, dtype, group and root off the boxed stack without making Python objects of them
-and never holds the GIL while torch's kernel runs. A plain call (no profiler, no capture, no
+and never holds the GIL while torch's kernel runs. A plain call (no profiler, no
 ``annotate_collective`` block) is recorded in C++: its call site's *shape* is registered once
 (``calls.shape``), then each call adds a fixed entry to a native ring and calls file
-(``RECORDER.attach``); other calls build their record in Python (``calls.begin``). With
-recording off it costs one atomic load.
+(``RECORDER.attach``). Under CUDA graph capture a synchronous call is recorded the same way and
+the kernel reads its stream's capture frontier as it returns; the capture code places it in
+its graph after the capture (``graphs.adopt_native``). Other calls build their record in
+Python (``calls.begin``). With recording off it costs one atomic load.
 
 There is no pure-Python kernel on purpose: a ``torch.library`` Python kernel must call torch's
 kernel with the GIL held, and gloo's worker thread (like NCCL's watchdog) takes the GIL to free

@@ -1,8 +1,9 @@
 """One collective call's record: opened before torch runs it, finished when torch returns.
 
 The c10d boundary kernel (``commviz.record.boundary``, every collective whoever issues it)
-records a plain collective itself, once ``shape`` has described its call site; it calls
-``begin``/``finish`` for the others (profiled, captured, annotated, point-to-point), which
+records a plain collective itself (also a synchronous one under CUDA graph capture), once
+``shape`` has described its call site; it calls ``begin``/``finish`` for the others (profiled,
+annotated, asynchronous under capture, point-to-point), which
 build their record here, as ``commviz.annotate_collective`` does for communication the user
 issues outside c10d. ``open_record`` does, each only when it applies:
 - appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
@@ -232,7 +233,7 @@ def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
           root: int, reduce_op: int, async_op: bool, file: str | None, line: int | None
           ) -> tuple[int, md.GroupInfo, int] | bool | None:
     """The boundary kernel asks this once per call shape (what a call site repeats) when no
-    block, profiler or capture needs Python: (the shape's index, its group, the sequence
+    block, profiler or asynchronous captured work needs Python: (the shape's index, its group, the sequence
     numbers a call takes) to record such calls natively, False never to record them (a group
     this rank is not in, commviz's own group), None to ask ``begin`` every time
     (point-to-point calls: numbered per peer pair)."""

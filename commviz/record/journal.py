@@ -56,6 +56,7 @@ RUNNING = -1                                # t_end of a call still running at t
 NATIVE_CALL = struct.Struct("<iiqqqq")
 CALLS_MAGIC = b"commviz.calls.1\n"
 FAILED = 1                                  # NATIVE_CALL flag: the call raised
+CAPTURED = 2                                # NATIVE_CALL flag: it ran under CUDA graph capture
 NATIVE_FAILED = "failed (its error text was not kept)"
 NEVER_RETURNED = ("never returned: still running when its process was last seen alive; the end "
                   "shown is that time (from the journal)")
@@ -501,6 +502,8 @@ def read_journal(path: Path) -> Entries:
         meta = _call(shapes[shape], groups, objects, seq, begin, end_ns, alive)
         if flags & FAILED:
             meta[md.ERROR] = NATIVE_FAILED
+        if flags & CAPTURED:                 # its graph placement was never journaled
+            meta[md.CAPTURED] = True
         calls.append((ordinal, meta))
     for ordinal, meta in calls:
         if ordinal in errors:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.record import schema, store
-from commviz.record.journal import FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal
+from commviz.record.journal import CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal
 
 DEFAULT_CAPACITY = 100_000
 
@@ -51,6 +51,9 @@ class Recorder:
         self.shapes: list[tuple[list[Any], dict[str, Any] | None]] = []
         self._shape_ids: dict[tuple[Any, ...], int] = {}
         self.errors: dict[int, str] = {}      # ordinal -> error of a natively recorded call
+        # natively recorded calls under capture, as records placed in their graph (ordinal ->
+        # record): ``records()`` returns these objects, which the capture code finishes
+        self._captured: dict[int, list[Any]] = {}
         self.graphs: list[dict[str, Any]] = []
         self.replays: list[dict[str, Any]] = []
         self.marks: list[dict[str, Any]] = []
@@ -93,6 +96,7 @@ class Recorder:
             self._ring = collections.deque(kept, maxlen=self.capacity)
             self._recorded = native.last_ordinal()
             native.clear()
+            self._captured.clear()
             self.native = None
 
     def add_shape(self, fields: list[Any], extra: dict[str, Any] | None) -> int:
@@ -114,16 +118,37 @@ class Recorder:
             if self.journal is not None:
                 self.journal.note_error(ordinal, error)
 
+    def _native_record(self, shape: int, flags: int, seq: int, t_begin: int, t_end: int,
+                       ordinal: int) -> list[Any]:
+        """The compact record of one native entry (``journal.NATIVE_CALL``'s fields)."""
+        fields, extra = self.shapes[shape]
+        error = self.errors.get(ordinal) or (NATIVE_FAILED if flags & FAILED else None)
+        rec = fields + [None if seq < 0 else seq, extra, t_begin,
+                        None if t_end == RUNNING else t_end, error]
+        rec += [0 if flags & CAPTURED else None] + [None] * (md.R_REGION - md.R_GRAPH)
+        return rec
+
     def _native_records(self, entries: bytes) -> list[tuple[int, list[Any]]]:
-        """Compact records of the native ring's entries (``journal.NATIVE_CALL``)."""
-        out = []
-        tail = [None] * (md.R_META + 3 - md.R_ERROR - 1)
-        for shape, flags, seq, t_begin, t_end, ordinal in NATIVE_CALL.iter_unpack(entries):
-            fields, extra = self.shapes[shape]
-            error = self.errors.get(ordinal) or (NATIVE_FAILED if flags & FAILED else None)
-            out.append((ordinal, fields + [None if seq < 0 else seq, extra, t_begin,
-                                           None if t_end == RUNNING else t_end, error] + tail))
-        return out
+        """Compact records of the native ring's entries (those placed in a graph as placed)."""
+        captured = self._captured
+        return [(entry[5], captured.get(entry[5]) or self._native_record(*entry))
+                for entry in NATIVE_CALL.iter_unpack(entries)]
+
+    def take_captured(self) -> list[tuple[Any, ...]]:
+        """The calls the kernel recorded under capture since the last take, in call order:
+        (its ``NATIVE_CALL`` fields, capture id, graph, stream, the stream's frontier as the
+        call returned). A capture id of 0: the capture was over when the call returned."""
+        return self.native.take_captured() if self.native is not None else []
+
+    def captured_record(self, entry: tuple[int, int, int, int, int, int]) -> list[Any]:
+        """The record of a call ``take_captured`` gave, for the capture code to place in its
+        graph; ``records()`` returns this very object from now on."""
+        with self._lock:
+            captured = self._captured
+            rec = captured[entry[5]] = self._native_record(*entry)
+            if len(captured) > self.capacity:           # fallen off the native ring too
+                del captured[next(iter(captured))]
+        return rec
 
     # -- hot path (calls the boundary kernel does not record natively) -------------------------
     def append(self, record: Any) -> None:
@@ -161,6 +186,7 @@ class Recorder:
             self._ring.clear()
             self._recorded = 0
             self.errors.clear()
+            self._captured.clear()
             if self.native is not None:
                 self.native.clear()
             if self.journal is not None:
