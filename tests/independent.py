@@ -18,3 +18,12 @@ def flow_ends(path: Path) -> Counter:
             ends.update(packet.track_event.flow_ids)
             ends.update(packet.track_event.terminating_flow_ids)
     return ends
+
+
+def pg_seq(instance: str) -> tuple:
+    """(process group, sequence number) of a lane slice's ``commviz.instance`` arg, read with
+    the stdlib: the instance key as JSON, ``["c", pg, seq]`` for a collective."""
+    import json
+
+    kind, pg, seq = json.loads(instance)[:3]
+    return pg, seq

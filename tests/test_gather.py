@@ -127,7 +127,7 @@ def tables_runs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
 
 def test_tables_gather_sends_bytes_independent_of_trace_size(tables_runs) -> None:
     from commviz.gathered import load_summary
-    from commviz.merge.piece import instance_from_text
+    from independent import pg_seq
     from commviz.review.overview import write_overview
     from commviz.review.table import table_name
     from commviz.write.read import read_pftrace, slices
@@ -166,7 +166,7 @@ def test_tables_gather_sends_bytes_independent_of_trace_size(tables_runs) -> Non
         assert over.ranks == 3 and over.problems == []
         done, problems = slices(read_pftrace(over.out))
         assert problems == []
-        seen = {instance_from_text(s.args["commviz.instance"])[1:] for s in done
+        seen = {pg_seq(s.args["commviz.instance"]) for s in done
                 if md.PG_NAME in s.args}             # the ranks' lane slices, not the summary
         expected = {(e["group"], e["seq"]) for res in results for e in res["fr"]}
         assert seen == expected

@@ -15,12 +15,12 @@ import pytest
 
 from commviz.merge import merge_run
 from commviz.merge.keep import parse_steps, parse_window, run_start_ns
-from commviz.merge.piece import LANE_CAT, PID_BASE, instance_from_text
+from commviz.merge.piece import LANE_CAT, PID_BASE
 from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
 from fr_compare import FR_ENV, snapshot
 from harness import run_ranks
-from independent import flow_ends
+from independent import flow_ends, pg_seq
 
 WORLD, ITERATIONS, GAP_S = 2, 6, 0.04
 
@@ -100,7 +100,7 @@ def _by_rank(out: Path) -> tuple[dict[int, set], dict[int, list], list]:
         if rank is None:
             continue
         if s.categories == (LANE_CAT,):
-            lanes[rank].add(instance_from_text(s.args["commviz.instance"])[1:])
+            lanes[rank].add(pg_seq(s.args["commviz.instance"]))
         else:
             cpu[rank].append((s.name, s.start))
     return lanes, cpu, done
