@@ -9,12 +9,23 @@ one, and adds its own keys under the ``commviz.`` prefix (the Perfetto UI groups
 from __future__ import annotations
 
 import itertools
+import sys
 import zlib
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:
+    class StrEnum(str, Enum):
+        """A str-valued Enum that prints and formats as its value (Python 3.11's StrEnum)."""
+
+        __str__ = str.__str__
+        __format__ = str.__format__
 
 # torch is imported where a function needs it: the after-the-job tools read these keys
 # without torch.
@@ -66,12 +77,6 @@ MARK = "commviz.mark"            # commviz.mark label of a compute kernel ("oute
 MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
-
-COMMVIZ_KEYS = (
-    OP, KIND, SEQ, P2P_SEQ, USER_SEQ, RANK, ROOT, PEER, SRC, DST, PEERS, REDUCE_OP, ASYNC, BYTES_IN,
-    BYTES_OUT, CALLSITE, LANE, T_BEGIN, T_END, CAPTURED, GRAPH, GRAPH_NODES, ORDINAL, DEVICE,
-    ERROR, REPLAY, MATCHED_BY, GRAPH_NODE, MARK, MARK_LANE,
-)
 
 # Eager "Collective name" per wrapped function, as ProcessGroupNCCL records it.
 COLLECTIVE_NAMES = {
@@ -196,11 +201,6 @@ def dtype_info(dtype: torch.dtype) -> tuple[str, int]:
         name = str(dtype).removeprefix("torch.")
     info = _DTYPES[dtype] = (name, dtype.itemsize)
     return info
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """c10's ScalarType name of ``dtype`` ("Float", "BFloat16", "Long")."""
-    return dtype_info(dtype)[0]
 
 
 _REDUCE_OP_NAMES: dict[Any, str] = {}

@@ -242,15 +242,9 @@ def _trace(tmp_path: Path, builder: GpuTrace) -> Any:
     return load_trace(builder.write(tmp_path / f"trace_rank{rank}.json.gz"))
 
 
-@pytest.fixture
-def no_graph_matcher(monkeypatch) -> None:
-    """Pretend the CUDA graph matcher is not installed (a module that does not exist)."""
-    monkeypatch.setattr("commviz.match.GRAPH_MATCHER", "commviz.match._no_such_graph_matcher")
-
-
 @pytest.mark.parametrize("shapes", [True, False], ids=["record_shapes", "no_shapes"])
 def test_eager_kernels_keep_profiler_values_and_gain_commviz_keys(
-        records, tmp_path, shapes, no_graph_matcher) -> None:
+        records, tmp_path, shapes) -> None:
     keys: dict[tuple, set[int]] = {}
     for record in records:
         rank = record["rank"]
@@ -335,7 +329,7 @@ def test_a_kernel_whose_name_contradicts_its_call_is_not_labelled(records, tmp_p
     assert ev.source == "cpu"       # still one event per call: its CPU range
 
 
-def test_unrecorded_bare_and_graphed_kernels(records, tmp_path, no_graph_matcher) -> None:
+def test_unrecorded_bare_and_graphed_kernels(records, tmp_path) -> None:
     keys: dict[tuple, set[int]] = {}
     for record in records:
         rank = record["rank"]
@@ -350,7 +344,6 @@ def test_unrecorded_bare_and_graphed_kernels(records, tmp_path, no_graph_matcher
             record["collectives"]) + 2
         reasons = {u.index: u.reason for u in m.unmatched}
         assert set(reasons) == {bare, *graphed}
-        assert all(reasons[i] == "graph matcher unavailable" for i in graphed)
         assert "no collective metadata" in reasons[bare]
         assert not {bare, *graphed} & set(m.kernel_args)
         (derived,) = [e for e in m.events if e.extra["trace_index"] == ddp]
@@ -360,7 +353,7 @@ def test_unrecorded_bare_and_graphed_kernels(records, tmp_path, no_graph_matcher
         assert md.SEQ not in derived.args          # its place in the group, not commviz's seq
         keys.setdefault(derived.key, set()).add(rank)
         assert len(m.events) == len(record["collectives"]) + 1
-    assert keys == {("nccl", "0", 1): {0, 1}}
+    assert {key.wire(): held for key, held in keys.items()} == {("nccl", "0", 1): {0, 1}}
 
 
 def test_a_call_missing_from_the_record_falls_back_to_the_profiler(records, tmp_path) -> None:
@@ -373,7 +366,7 @@ def test_a_call_missing_from_the_record_falls_back_to_the_profiler(records, tmp_
     assert builder.events[miss.index]["name"] == "commviz::broadcast"
     assert "no record entry" in miss.reason
     (derived,) = [e for e in m.events if e.extra["trace_index"] == builder.kernel_of[pos]]
-    assert derived.key == ("nccl", "0", 1) and derived.op == "broadcast"
+    assert derived.key.wire() == ("nccl", "0", 1) and derived.op == "broadcast"
     assert len(m.events) == len(record["collectives"]) + 1
 
 
@@ -438,6 +431,6 @@ def test_plain_profiler_traces_without_records(records, tmp_path) -> None:
             if meta[md.KIND] == "p2p":      # the profiler names no peer: no instance to join
                 assert ev.key is None
                 continue
-            assert ev.key[:2] == ("nccl", meta[md.PG_NAME])
+            assert (ev.key.kind, ev.key.pg) == ("nccl", meta[md.PG_NAME])
             keys.setdefault(ev.key, {})[rank] = ev.args[md.COLLECTIVE_NAME]
     assert keys and all(len(v) == WORLD and len(set(v.values())) == 1 for v in keys.values())

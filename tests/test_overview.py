@@ -15,7 +15,7 @@ import pytest
 
 from commviz import cli
 from commviz.merge import merge_run, write_shard
-from commviz.merge.piece import PID_BASE, instance_from_text
+from commviz.merge.piece import PID_BASE
 from commviz.merge.select import parse_ranks
 from commviz.review.overview import STRAGGLERS_TRACK, write_overview
 from commviz.review.table import table_path, write_table
@@ -23,7 +23,7 @@ from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
 from fr_compare import FR_ENV, snapshot
 from harness import run_ranks
-from independent import flow_ends
+from independent import flow_ends, pg_seq
 
 WORLD = 4
 LATE_RANK, LATE_S = 3, 0.5       # far above a loaded machine's own skews (5x their median)
@@ -87,7 +87,7 @@ def test_overview_holds_every_instance_of_every_rank(run, tmp_path: Path) -> Non
     seen: dict[int, set] = defaultdict(set)
     for s in done:
         if owner[s.track] is not None:
-            seen[owner[s.track]].add(instance_from_text(s.args["commviz.instance"])[1:])
+            seen[owner[s.track]].add(pg_seq(s.args["commviz.instance"]))
     for rank in range(WORLD):
         expected = {(e["group"], e["seq"]) for e in fr[rank] if not e["p2p"]}
         assert len(expected) == 12                    # 3 steps × 4 collectives
@@ -97,14 +97,14 @@ def test_overview_holds_every_instance_of_every_rank(run, tmp_path: Path) -> Non
     # found in torch's own list: the second world all_reduce)
     world = [e for e in fr[LATE_RANK] if e["desc"] == "default_pg"]
     slept = (world[1]["group"], world[1]["seq"])
-    late = {instance_from_text(s.args["commviz.instance"])[1:]: s for s in done
+    late = {pg_seq(s.args["commviz.instance"]): s for s in done
             if tracks[s.track].name == STRAGGLERS_TRACK}
     assert len(late) == sum(result.stragglers.values())
     assert late[slept].args["commviz.straggler"] == LATE_RANK
     assert late[slept].args["commviz.op"] == "all_reduce"
     assert late[slept].args["commviz.skew_ns"] >= LATE_S * 1e9 * 0.9
     on_ranks = [s for s in done if owner[s.track] is not None
-                and instance_from_text(s.args["commviz.instance"])[1:] == slept]
+                and pg_seq(s.args["commviz.instance"]) == slept]
     assert sorted(owner[s.track] for s in on_ranks) == list(range(WORLD))
     assert [owner[s.track] for s in on_ranks if s.args.get("commviz.straggler") == LATE_RANK
             and s.args.get("commviz.late")] == [LATE_RANK]

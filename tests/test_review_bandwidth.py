@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from commviz import metadata as md
-from commviz.match.model import events_from_record
+from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source, events_from_record
 from commviz.record.store import load_record
-from commviz.review import bandwidth as bw
-from commviz.review.instances import build_instances
+from commviz.merge import bandwidth as bw
+from commviz.merge.instances import build_instances
 from harness import run_ranks
 
 WORLD = 3
@@ -169,3 +169,19 @@ def test_barrier_gets_no_bandwidth(instances):
     inst = instances["barrier"]
     assert inst.size_bytes == 0 and inst.bandwidth is None
     assert math.isfinite(inst.skew_ns)
+
+
+@pytest.mark.parametrize("kind", [KeyKind.PROFILER, KeyKind.USER, KeyKind.COLLECTIVE])
+def test_bus_factor_counts_the_group_whatever_numbers_the_instance(kind):
+    """An all_reduce of 1 GiB over 4 ranks in 10 ms, numbered by commviz, by an annotation or
+    (no record) by the profiler: busbw = 1 GiB / 10 ms x 2(4-1)/4, worked out by hand."""
+    args = {md.COLLECTIVE_NAME: "allreduce", md.IN_NELEMS: 1 << 28, md.OUT_NELEMS: 1 << 28,
+            md.DTYPE: "Float", md.PG_NAME: "0", md.PG_RANKS: "[0, 1, 2, 3]"}
+    key = InstanceKey(kind, "0", 7)
+    events = [CommEvent(rank=r, pg="0", op="all_reduce", start_ns=1_000_000,
+                        end_ns=11_000_000, args=args, key=key, source=Source.KERNEL)
+              for r in range(4)]
+    (inst,) = build_instances(events)
+    assert inst.size_bytes == 1 << 30 and inst.comm_ns == 10_000_000
+    assert inst.bandwidth.algbw_gbps == pytest.approx(107.3741824)
+    assert inst.bandwidth.busbw_gbps == pytest.approx(107.3741824 * 1.5)

@@ -21,7 +21,7 @@ import torch
 from commviz.cli import main as cli_main
 from commviz.review import plots
 from commviz.review.report import load_inputs, review_run, write_report
-from commviz.review.summary import summary_tracks
+from commviz.merge.summary import summary_tracks
 from harness import run_ranks
 
 WORLD = 3

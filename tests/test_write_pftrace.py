@@ -17,7 +17,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from commviz.write import proto
 from commviz.write.pftrace import (Piece, Sequence, counter_event, emit_slices, flow_field,
                                    split, track_descriptor)
-from commviz.write.read import iter_packets, read_pftrace, slices
+from commviz.write.read import iter_packet_batches, read_pftrace, slices
 
 
 def _packets(data: bytes) -> list[pb.TracePacket]:
@@ -215,7 +215,8 @@ def test_pieces_concatenate_into_one_trace(tmp_path) -> None:
     assert problems == [] and sorted(s.name for s in done) == ["a", "b"]
     assert contents.sequences == {1 << 12 | 1, 1 << 12 | 2, 2 << 12 | 1, 2 << 12 | 2}
     assert len(contents.tracks) == 4 and all(t.uuid >> 32 in (1, 2) for t in contents.tracks.values())
-    assert len(pb.Trace.FromString(both.read_bytes()).packet) == sum(1 for _ in iter_packets(both))
+    assert len(pb.Trace.FromString(both.read_bytes()).packet) == sum(
+        len(packets) for _, packets in iter_packet_batches(both))
 
 
 def test_timestamps_must_not_go_back() -> None:

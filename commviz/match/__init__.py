@@ -8,31 +8,19 @@ own metadata is all there is (``derive``). Whatever is not certain is reported, 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Iterable
 
 from commviz.errors import RecordError, TraceError
 from commviz.match import cpu, derive, eager
+from commviz.match.graphed import match_graphed
 from commviz.match.index import TraceIndex
-from commviz.match.model import CommEvent, InstanceKey, events_from_record, instance_key
+from commviz.match.model import (CommEvent, InstanceKey, KeyKind, Source, events_from_record,
+                                 instance_key)
 from commviz.match.ranges import pair_ranges
 from commviz.match.result import Conflict, RankMatch, Unmatched
 
-__all__ = ["CommEvent", "Conflict", "InstanceKey", "RankMatch", "Unmatched",
+__all__ = ["CommEvent", "Conflict", "InstanceKey", "KeyKind", "RankMatch", "Source", "Unmatched",
            "events_from_record", "instance_key", "match_rank", "match_run", "match_traces"]
-
-GRAPH_MATCHER = "commviz.match.graphed"
-
-
-def _graph_matcher() -> Any:
-    """``match_graphed`` when the CUDA graph matcher is installed, else None."""
-    try:
-        return importlib.import_module(GRAPH_MATCHER).match_graphed
-    except ModuleNotFoundError as exc:
-        if exc.name != GRAPH_MATCHER:
-            raise
-        return None
-
 
 def _check_rank(trace: Any, record: dict | None, rank: int) -> None:
     if trace is not None and trace.rank != rank:
@@ -72,23 +60,8 @@ def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
                                                  result, rank=rank)
         derive.derive(index, strays, result, rank=rank, recorded=True)
         cpu.match_cpu(index, record, pairing, with_kernels, result, rank=rank)
-    _match_graphed(trace, record, index, graphed, result)
+    result.absorb(match_graphed(trace, record))
     return result.finish()
-
-
-def _match_graphed(trace: Any, record: dict | None, index: TraceIndex, graphed: list,
-                   result: RankMatch) -> None:
-    """Graph replays (and ``commviz.mark`` ranges) go to the graph matcher; without it,
-    graphed kernels stay bare."""
-    matcher = _graph_matcher()
-    if matcher is not None:
-        result.absorb(matcher(trace, record))
-        return
-    reason = ("graph matcher unavailable" if record is not None else
-              "no commviz record: a graphed kernel carries no collective metadata")
-    for k in graphed:
-        result.unmatched.append(Unmatched(f"graphed kernel {index.name(k.span.index)}",
-                                          k.span.index, reason))
 
 
 def match_traces(traces: Iterable[Any], record: dict | None, *, rank: int) -> RankMatch:
@@ -125,15 +98,15 @@ def _combine(rank: int, parts: list[RankMatch]) -> RankMatch:
             combined.bump(key, n)
         for ev in part.events:
             pos = ev.extra.get("record_index")
-            if ev.source != "record":
+            if ev.source is not Source.RECORD:
                 ev.extra["trace_path"] = str(part.trace_path)
             if pos is None:
                 combined.events.append(ev)
-            elif pos not in by_record or by_record[pos].source == "record":
+            elif pos not in by_record or by_record[pos].source is Source.RECORD:
                 by_record[pos] = ev
     combined.events.extend(by_record.values())
     if "records" in combined.stats:
         combined.stats["records"] = parts[0].stats["records"]
-    combined.stats["records_outside_trace"] = sum(ev.source == "record"
+    combined.stats["records_outside_trace"] = sum(ev.source is Source.RECORD
                                                   for ev in by_record.values())
     return combined.finish()

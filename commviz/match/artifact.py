@@ -39,7 +39,7 @@ import orjson
 from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
 from commviz.match import match_traces
-from commviz.match.model import CommEvent, events_from_record
+from commviz.match.model import CommEvent, InstanceKey, Source, events_from_record
 from commviz.match.result import RankMatch
 from commviz.trace.gpu import GpuOp, gpu_ops
 from commviz.trace.load import Trace
@@ -116,7 +116,7 @@ class RankArtifact:
                for op in self.gpu_ops]
         return replace(self, clock=clock, events=events, gpu_ops=ops)
 
-    def own_ends(self) -> dict[tuple, int]:
+    def own_ends(self) -> dict[InstanceKey, int]:
         """Each instance's end on the rank's own clock (what the clock derivation compares)."""
         return {ev.key: ev.end_ns - self.clock.offset_ns for ev in self.events
                 if ev.key is not None}
@@ -227,8 +227,9 @@ def to_json(art: RankArtifact) -> bytes:
         "inputs": art.inputs, "record_inputs": art.record_inputs, "shard": art.shard,
         "clock": {"offset_ns": art.clock.offset_ns, "source": art.clock.source},
         "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in art.pgs.items()},
-        "events": [[e.pg, e.op, e.start_ns, e.end_ns, e.args, e.key, e.source, e.stream,
-                    e.graphed] for e in art.events],
+        "events": [[e.pg, e.op, e.start_ns, e.end_ns, e.args,
+                    None if e.key is None else e.key.wire(), e.source.value, e.stream, e.graphed]
+                   for e in art.events],
         "gpu": {"names": list(names), "cats": list(cats), "ops": ops},
         "labels": [{"trace": lab.trace, "kernel_args": sorted(lab.kernel_args.items()),
                     "marks": sorted(lab.marks.items())} for lab in art.labels],
@@ -272,9 +273,20 @@ def _str_or_none(v: Any, what: str) -> str | None:
     return v
 
 
-def _key(v: Any) -> Any:
-    """An instance key as the matcher made it: JSON lists back to tuples."""
-    return tuple(_key(x) for x in v) if isinstance(v, list) else v
+def _key(v: Any) -> InstanceKey | None:
+    if v is None:
+        return None
+    try:
+        return InstanceKey.from_wire(v)
+    except (ValueError, TypeError):
+        raise _Bad(f"an event's instance key {v!r} is malformed") from None
+
+
+def _source(v: Any) -> Source:
+    try:
+        return Source(v)
+    except ValueError:
+        raise _Bad(f"an event's source {v!r} is none of {[s.value for s in Source]}") from None
 
 
 def _index_map(items: Any, what: str) -> dict[int, dict[str, Any]]:
@@ -307,7 +319,7 @@ def from_json(doc: Any) -> RankArtifact:
               and (stream is None or isinstance(stream, int)), "an event has a wrong field")
         events.append(CommEvent(rank=rank, pg=pg, op=op, start_ns=_int(start, "event start"),
                                 end_ns=_int(end, "event end"), args=args, key=_key(key),
-                                source=source, stream=stream, graphed=graphed))
+                                source=_source(source), stream=stream, graphed=graphed))
     gpu = doc.get("gpu")
     _need(isinstance(gpu, dict) and all(isinstance(gpu.get(k), list)
                                         for k in ("names", "cats", "ops")), "gpu is malformed")

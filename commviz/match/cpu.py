@@ -12,7 +12,7 @@ from typing import Any
 
 from commviz import metadata as md
 from commviz.match.index import TraceIndex
-from commviz.match.model import CommEvent, events_from_record, instance_key
+from commviz.match.model import CommEvent, Source, events_from_record, instance_key
 from commviz.match.ranges import Pairing
 from commviz.match.result import RankMatch, Unmatched
 
@@ -39,7 +39,7 @@ def match_cpu(index: TraceIndex, record: dict[str, Any], pairing: Pairing, with_
         result.events.append(CommEvent(
             rank=rank, pg=str(meta.get(md.PG_NAME)), op=str(meta.get(md.OP)),
             start_ns=span.start, end_ns=span.end, args=meta,
-            key=instance_key(meta), source="cpu",
+            key=instance_key(meta), source=Source.CPU,
             extra={"trace_index": span.index, "record_index": pos}))
         result.bump("cpu_matched")
         if index.kernels:

@@ -14,7 +14,7 @@ from typing import Any
 
 from commviz import metadata as md
 from commviz.match.index import NcclSpan, Span, TraceIndex
-from commviz.match.model import CommEvent
+from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source
 from commviz.match.result import RankMatch, Unmatched
 
 PROFILER_SEQ = "Seq"
@@ -98,25 +98,24 @@ def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, ran
         for span in index.param_comms.values():
             if has_metadata(index.args(span.index)):
                 items.append((span.start, span, None))
-    counters: dict[tuple, int] = {}
+    counters: dict[InstanceKey, int] = {}
     for _, span, reduction in sorted(items, key=lambda item: item[0]):
         raw = index.args(span.index)
         args = commviz_args(raw, rank=rank, groups=groups, reduction=reduction)
         pg = str(args[md.PG_NAME])
-        if args[md.KIND] == "p2p":
-            src, dst = args.get(md.SRC), args.get(md.DST)
-            lane = ("nccl-p2p", pg, src, dst)
-        else:
-            lane = ("nccl", pg)
+        p2p = args[md.KIND] == "p2p"
+        lane = InstanceKey(KeyKind.PROFILER_P2P if p2p else KeyKind.PROFILER, pg,
+                           src=args.get(md.SRC) if p2p else None,
+                           dst=args.get(md.DST) if p2p else None)
         n = counters[lane] = counters.get(lane, 0) + 1
         seq = raw.get(PROFILER_SEQ)
-        known_peers = args[md.KIND] != "p2p" or None not in lane
-        key = (*lane, int(seq) if seq is not None else n) if known_peers else None
+        known_peers = not p2p or None not in (lane.src, lane.dst)
+        key = lane._replace(seq=int(seq) if seq is not None else n) if known_peers else None
         is_kernel = index.events[span.index].get("cat") == "kernel"
         result.events.append(CommEvent(
             rank=rank, pg=pg, op=str(args[md.OP]), start_ns=span.start,
             end_ns=span.end, args=args, key=key,
-            source="kernel" if is_kernel else "cpu",
+            source=Source.KERNEL if is_kernel else Source.CPU,
             stream=index.args(span.index).get("stream") if is_kernel else None,
             extra={"trace_index": span.index,
                    "key_source": "profiler seq" if seq is not None else "order in trace"}))

@@ -16,7 +16,7 @@ from typing import Any
 from commviz import metadata as md
 from commviz.match.derive import has_metadata
 from commviz.match.index import Intervals, NcclSpan, Span, TraceIndex
-from commviz.match.model import CommEvent, instance_key
+from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.ranges import TOLERANCE_NS, Pairing
 from commviz.match.result import Conflict, RankMatch, Unmatched
 from commviz.trace.kernels import incompatibility
@@ -138,6 +138,6 @@ def _emit(index: TraceIndex, pos: int, meta: dict[str, Any], kernels: list[NcclS
         rank=rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
         start_ns=first.span.start,
         end_ns=max(k.span.end for k in kernels),
-        args=args, key=instance_key(args), source="kernel", stream=own.get("stream"),
+        args=args, key=instance_key(args), source=Source.KERNEL, stream=own.get("stream"),
         extra={"trace_index": first.span.index, "record_index": pos,
                "kernel_indices": [k.span.index for k in kernels]}))

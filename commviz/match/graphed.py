@@ -31,7 +31,7 @@ from typing import Any
 from commviz import metadata as md
 from commviz.capture.names import kernel_key
 from commviz.match.index import Intervals
-from commviz.match.model import CommEvent, instance_key
+from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
 from commviz.trace.kernels import (LAUNCH_CATS, graph_node_id, incompatibility, is_graph_launch,
                                    is_graphed, parse_nccl)
@@ -352,7 +352,8 @@ class _Matcher:
         self.out.events.append(CommEvent(
             rank=self.rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
             start_ns=start, end_ns=start + round(k.dur * 1000), args=args,
-            key=(*base, "replay", number.key) if base is not None else None, source="kernel",
+            key=base._replace(replay=number.key) if base is not None else None,
+            source=Source.KERNEL,
             stream=k.stream if isinstance(k.stream, int) else None, graphed=True,
             extra={"trace_index": k.index, "graph": g.gid, "replay": number.number}))
         self.out.bump("graph_matched")

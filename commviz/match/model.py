@@ -8,11 +8,81 @@ or when no kernel is known) and carries the metadata (eager keys + commviz keys)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from commviz import metadata as md
+from commviz.metadata import StrEnum
 
-InstanceKey = tuple
+class KeyKind(StrEnum):
+    """What numbers an instance: the first element of its key as written (``InstanceKey.wire``)."""
+
+    COLLECTIVE = "c"            # commviz.seq: the backend's number per process group
+    USER = "u"                  # an annotate_collective block's own number per group
+    P2P = "p"                   # commviz.p2p_seq per (group, src, dst)
+    BATCH = "b"                 # batch_isend_irecv: its member transfers
+    PROFILER = "nccl"           # no record: the profiler's Seq, else the order in the trace
+    PROFILER_P2P = "nccl-p2p"   # the same for a p2p kernel whose peers the profiler names
+
+    @property
+    def p2p(self) -> bool:
+        """Whether the instance is a transfer between two ranks (not a group collective)."""
+        return self in (KeyKind.P2P, KeyKind.PROFILER_P2P, KeyKind.BATCH)
+
+
+class Pair(NamedTuple):
+    """One transfer of a p2p batch."""
+
+    src: int
+    dst: int
+    seq: str
+
+
+class InstanceKey(NamedTuple):
+    """The name of one collective instance, the same on every rank that took part.
+
+    In files and trace args it is written in its compact tagged form (``wire``): ``[kind, pg,
+    seq]``; p2p ``[kind, pg, src, dst, seq]``; a batch ``[kind, pg, pairs]``; a graph replay's
+    copy adds ``"replay", number``."""
+
+    kind: KeyKind
+    pg: str
+    seq: int | None = None
+    src: int | None = None
+    dst: int | None = None
+    pairs: tuple[Pair, ...] = ()
+    replay: Any = None          # a CUDA graph replay: its number, or ("in trace", n)
+
+    def wire(self) -> tuple:
+        """The compact form written to matched runs, comm tables, reports and trace args."""
+        if self.kind is KeyKind.BATCH:
+            out: tuple = (self.kind.value, self.pg, tuple(tuple(p) for p in self.pairs))
+        elif self.kind in (KeyKind.P2P, KeyKind.PROFILER_P2P):
+            out = (self.kind.value, self.pg, self.src, self.dst, self.seq)
+        else:
+            out = (self.kind.value, self.pg, self.seq)
+        return out if self.replay is None else (*out, "replay", self.replay)
+
+    @classmethod
+    def from_wire(cls, value: Any) -> InstanceKey:
+        """A key from its compact form (JSON lists or tuples); ValueError when it is none."""
+        item = _tuples(value)
+        if not isinstance(item, tuple) or len(item) < 3:
+            raise ValueError(f"not an instance key: {value!r}")
+        replay = None
+        if len(item) >= 5 and item[-2] == "replay":
+            item, replay = item[:-2], item[-1]
+        kind = KeyKind(item[0])
+        if kind is KeyKind.BATCH and len(item) == 3:
+            return cls(kind, item[1], pairs=tuple(Pair(*p) for p in item[2]), replay=replay)
+        if kind in (KeyKind.P2P, KeyKind.PROFILER_P2P) and len(item) == 5:
+            return cls(kind, item[1], item[4], item[2], item[3], replay=replay)
+        if len(item) == 3 and kind not in (KeyKind.BATCH, KeyKind.P2P, KeyKind.PROFILER_P2P):
+            return cls(kind, item[1], item[2], replay=replay)
+        raise ValueError(f"not an instance key: {value!r}")
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(x) for x in value) if isinstance(value, (list, tuple)) else value
 
 
 def instance_key(args: dict[str, Any]) -> InstanceKey | None:
@@ -20,25 +90,34 @@ def instance_key(args: dict[str, Any]) -> InstanceKey | None:
 
     Collectives: (process group, sequence number); annotations of communication outside c10d:
     (group, their own number). p2p: (group, src, dst, p2p sequence).
-    Batches of p2p ops: (group, "batch", sorted member pairs), identical on both peers.
+    Batches of p2p ops: (group, sorted member pairs), identical on both peers.
     """
     pg = args.get(md.PG_NAME)
     kind = args.get(md.KIND, "collective")
     if kind == "collective" and args.get(md.SEQ) is not None:
-        return ("c", pg, int(args[md.SEQ]))
+        return InstanceKey(KeyKind.COLLECTIVE, pg, int(args[md.SEQ]))
     if kind == "collective" and args.get(md.USER_SEQ) is not None:
-        return ("u", pg, int(args[md.USER_SEQ]))
+        return InstanceKey(KeyKind.USER, pg, int(args[md.USER_SEQ]))
     if kind == "p2p" and args.get(md.P2P_SEQ) is not None:
-        return ("p", pg, args.get(md.SRC), args.get(md.DST), int(args[md.P2P_SEQ]))
+        return InstanceKey(KeyKind.P2P, pg, int(args[md.P2P_SEQ]), args.get(md.SRC),
+                           args.get(md.DST))
     if kind == "batch" and args.get(md.PEERS):
         me = args.get(md.RANK)
         pairs = []
         for item, seq in zip(str(args[md.PEERS]).split(","), str(args.get(md.P2P_SEQ, "")).split(",")):
             direction, peer = item.split(":")
             src, dst = (me, int(peer)) if direction == "send" else (int(peer), me)
-            pairs.append((src, dst, seq))
-        return ("b", pg, tuple(sorted(pairs)))
+            pairs.append(Pair(src, dst, seq))
+        return InstanceKey(KeyKind.BATCH, pg, pairs=tuple(sorted(pairs)))
     return None
+
+
+class Source(StrEnum):
+    """Where a CommEvent's times come from."""
+
+    KERNEL = "kernel"           # its GPU kernel(s)
+    CPU = "cpu"                 # its CPU span in the profiler trace
+    RECORD = "record"           # commviz's record alone (outside the profiled window)
 
 
 @dataclass(slots=True)
@@ -53,7 +132,7 @@ class CommEvent:
     end_ns: int
     args: dict[str, Any]
     key: InstanceKey | None = None
-    source: str = "record"        # "kernel" (GPU kernel), "cpu" (trace CPU span), "record"
+    source: Source = Source.RECORD
     stream: int | None = None     # GPU stream of the kernel, when there is one
     graphed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -80,5 +159,5 @@ def events_from_record(record: dict[str, Any]) -> list[CommEvent]:
         out.append(CommEvent(rank=int(record["rank"]), pg=str(args.get(md.PG_NAME)),
                              op=str(args.get(md.OP)), start_ns=int(t0),
                              end_ns=int(t1), args=args, key=instance_key(args),
-                             source="record", graphed=bool(args.get(md.CAPTURED))))
+                             source=Source.RECORD, graphed=bool(args.get(md.CAPTURED))))
     return out

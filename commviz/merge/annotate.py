@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from commviz.match import RankMatch, match_rank
+from commviz.match import RankMatch, Source, match_rank
 from commviz.record import schema
 from commviz.record.store import dump_record, load_record, write_atomic
 from commviz.trace.load import Trace, load_trace
@@ -103,7 +103,7 @@ def summarize(result: RankMatch, out: Path, stream: TextIO) -> None:
     print(f"rank {result.rank}: {s.get('eager_kernels', 0)} eager and "
           f"{s.get('graphed_kernels', 0)} graphed NCCL kernels, {len(result.events)} "
           f"collectives -> {out}", file=stream)
-    labelled = sum(1 for ev in result.events if ev.source == "kernel")
+    labelled = sum(1 for ev in result.events if ev.source is Source.KERNEL)
     kernels = s.get("eager_kernels", 0) + s.get("graphed_kernels", 0)
     missed = sum(1 for u in result.unmatched if u.what.startswith(("kernel ", "graphed kernel ")))
     print(f"  kernels: {kernels - missed} matched, {missed} unmatched "

@@ -19,14 +19,13 @@ import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from commviz.errors import WRITE_ERRNOS, CommvizError, SourceError, cannot_write
 from commviz.match import artifact
 from commviz.match import clock as clk
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import fingerprints
-from commviz.match.model import CommEvent
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
 from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank, load_traces,
                                  no_gc, result_of)
@@ -255,7 +254,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                 if fmt == "pftrace":
                     events = [ev for res in results for ev in res.events]
                     cross = tmp / "cross.pftrace"
-                    stats.update(write_cross(cross, events, _pg_table(results), problems))
+                    stats.update(write_cross(cross, events, _pg_table(results)))
                     lone = lone_flows(events)   # instances on one rank: no cross-rank flow
                     stats["lone_flow_ends_dropped"] = sum(
                         copy_piece(p, f, lone)

@@ -3,7 +3,7 @@
 The root track (uuid 0) asks for explicit process order (ranks in order). Above the ranks, a
 "collectives · all ranks" group holds, per process group, one slice per collective instance
 (first start to last end over its ranks, with skew and bandwidth as args, from
-``commviz.review.summary``) and its bus bandwidth counter. The rank pieces carry everything
+``commviz.merge.summary``) and its bus bandwidth counter. The rank pieces carry everything
 else, so this piece is small and written last, from the ranks' CommEvents only.
 
 Each rank's piece links its lane slices to the collective's instance by a flow id that every
@@ -14,7 +14,6 @@ the job died mid-step) would leave a one-ended flow. ``lone_flows`` finds those 
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Iterator
 
 from commviz.match.model import CommEvent
 from commviz.merge.piece import cross_flow_id, lane_name, lane_order
+from commviz.merge.summary import SummaryTracks, summary_tracks
 from commviz.write.pftrace import Piece, counter_event, emit_slices, split, track_descriptor
 from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
 from commviz.write.read import varint as read_varint
@@ -31,28 +31,10 @@ _FLOW_KEY = F.FLOW_IDS << 3 | FIXED64
 _PACKET_KEY = 1 << 3 | LEN
 _TRACK_EVENT_KEY = F.TRACK_EVENT << 3 | LEN
 
-SUMMARY_MODULE = "commviz.review.summary"
 
-
-def _summary(events: list[CommEvent], problems: list[str]) -> Any:
-    try:
-        module = importlib.import_module(SUMMARY_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != SUMMARY_MODULE:
-            raise
-        return None
-    try:
-        return module.summary_tracks(events)
-    except Exception as exc:  # another module's failure must not cost the merged trace
-        problems.append(f"summary tracks left out: {SUMMARY_MODULE}.summary_tracks failed "
-                        f"({type(exc).__name__}: {exc})")
-        return None
-
-
-def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict],
-                problems: list[str]) -> dict[str, int]:
+def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict]) -> dict[str, int]:
     """Write the cross-rank piece to ``path``; return its counts."""
-    summary = _summary(events, problems) if events else None
+    summary = summary_tracks(events) if events else None
     stats = {"summary_slices": 0, "bandwidth_samples": 0}
     with open(path, "wb") as f:
         piece = Piece(f, 0)
@@ -66,7 +48,7 @@ def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict],
     return stats
 
 
-def write_summary(piece: Piece, group: int, summary: Any, pgs: dict[str, dict],
+def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[str, dict],
                   stats: dict[str, int]) -> None:
     rows: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     events: list[dict] = []

@@ -15,9 +15,8 @@ import bisect
 from collections import defaultdict
 from typing import Any, NamedTuple
 
-LAUNCH_CAT = "ac2g"
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})    # the calls that launch GPU work
+from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
+
 MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
 
 

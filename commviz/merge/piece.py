@@ -32,9 +32,10 @@ from commviz import metadata as md
 from commviz.errors import TraceError
 from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
-from commviz.match.model import CommEvent
-from commviz.merge.flows import GPU_CATS, Edge, FlowPoint, launch_edges
+from commviz.match.model import CommEvent, InstanceKey
+from commviz.merge.flows import Edge, FlowPoint, launch_edges
 from commviz.merge.keep import Keep, Spans, events_inside
+from commviz.trace.kernels import GPU_CATS
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
@@ -49,20 +50,15 @@ LANE_CAT = "commviz"
 INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
 
 
-def cross_flow_id(key: tuple) -> int:
+def cross_flow_id(key: InstanceKey) -> int:
     """The flow id of a collective instance, the same on every rank (top bit set)."""
-    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(repr(key.wire()).encode(), digest_size=8).digest()
     return CROSS_FLOW_BIT | int.from_bytes(digest, "little") >> 1
 
 
-def instance_text(key: tuple) -> str:
-    return orjson.dumps(key).decode()
-
-
-def instance_from_text(text: str) -> tuple:
-    def tup(v: Any) -> Any:
-        return tuple(tup(x) for x in v) if isinstance(v, list) else v
-    return tup(orjson.loads(text))
+def instance_text(key: InstanceKey) -> str:
+    """A lane slice's ``commviz.instance`` arg: the key's compact form as JSON."""
+    return orjson.dumps(key.wire()).decode()
 
 
 def local_flow_base(rank: int) -> int:
@@ -165,7 +161,7 @@ def lane_events(events: list[CommEvent]) -> tuple[list[dict], dict[str, list]]:
     items: dict[str, list] = defaultdict(list)
     for ev in events:
         args = dict(ev.args)
-        args["commviz.source"] = ev.source
+        args["commviz.source"] = ev.source.value
         if ev.stream is not None:
             args["commviz.stream"] = ev.stream
         if ev.graphed:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from commviz.review import instances
+from commviz.merge import instances
 from commviz.review.report import FORMATS, TOP, write_report
 
 

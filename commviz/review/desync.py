@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from commviz import metadata as md
+from commviz.metadata import StrEnum
 from commviz.match.model import CommEvent
-from commviz.review.instances import parse_ranks
+from commviz.merge.instances import parse_ranks
 
 # How many steps ahead a skip or a reorder is looked for, and confirmed over.
 LOOKAHEAD = 8
@@ -65,12 +66,23 @@ class Side:
     signature: Signature | None      # None: nothing at this sequence number
 
 
+class DesyncKind(StrEnum):
+    """How the ranks first differ (the module docstring says what each means)."""
+
+    MISSING = "missing"
+    ORDER = "order"
+    TYPE = "type"
+    SIZE = "size"
+    DTYPE = "dtype"
+    ARGS = "args"
+
+
 @dataclass(frozen=True, slots=True)
 class Desync:
     pg: str
     pg_desc: str
     seq: int
-    kind: str                        # missing | order | type | size | dtype | args
+    kind: DesyncKind
     sides: tuple[Side, ...]          # largest side first
     detail: str
 
@@ -81,14 +93,14 @@ class Desync:
                 f"[{self.kind}]: {sides}. {self.detail}")
 
 
-def _first_diff(a: Signature, b: Signature) -> str:
+def _first_diff(a: Signature, b: Signature) -> DesyncKind:
     if a.op != b.op:
-        return "type"
+        return DesyncKind.TYPE
     if (a.in_nelems, a.out_nelems) != (b.in_nelems, b.out_nelems):
-        return "size"
+        return DesyncKind.SIZE
     if a.dtype != b.dtype:
-        return "dtype"
-    return "args"
+        return DesyncKind.DTYPE
+    return DesyncKind.ARGS
 
 
 def _agrees(xs: dict[int, Signature], x0: int, ys: dict[int, Signature], y0: int) -> bool:
@@ -106,7 +118,7 @@ def _agrees(xs: dict[int, Signature], x0: int, ys: dict[int, Signature], y0: int
 
 
 def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signature]]
-              ) -> tuple[str, str]:
+              ) -> tuple[DesyncKind, str]:
     """Name the mismatch between the two largest sides: the first hypothesis that explains the
     next LOOKAHEAD steps wins (one collective differs, a reorder, one side skipped d)."""
     a, b = sides[0], sides[1]
@@ -114,8 +126,8 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
     la, lb = list(a.ranks), list(b.ranks)
     if a.signature is None or b.signature is None:
         gone = la if a.signature is None else lb
-        return "missing", (f"ranks {gone} have no collective numbered {seq} in this group: "
-                           "they stopped, hung or skipped before it")
+        return DesyncKind.MISSING, (f"ranks {gone} have no collective numbered {seq} in this "
+                                    "group: they stopped, hung or skipped before it")
     if _agrees(ra, seq + 1, rb, seq + 1):
         kind = _first_diff(a.signature, b.signature)
         return kind, f"the {kind} differs; the collectives after it line up again"
@@ -125,16 +137,18 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
         if None in window_a or None in window_b:
             break
         if Counter(window_a) == Counter(window_b) and _agrees(ra, seq + k + 1, rb, seq + k + 1):
-            return "order", (f"the same {k + 1} collectives from seq {seq} on, in a different "
-                             f"order: ranks {la} run {a.signature} first, ranks {lb} run "
-                             f"{b.signature} first")
+            return DesyncKind.ORDER, (f"the same {k + 1} collectives from seq {seq} on, in a "
+                                      f"different order: ranks {la} run {a.signature} first, "
+                                      f"ranks {lb} run {b.signature} first")
     for d in range(1, LOOKAHEAD + 1):
         if _agrees(rb, seq, ra, seq + d) and (seq + d) in ra:
-            return "missing", (f"ranks {lb} skipped {d} collective(s) from seq {seq} on "
-                               f"({a.signature} on ranks {la}); their later ones line up")
+            return DesyncKind.MISSING, (f"ranks {lb} skipped {d} collective(s) from seq {seq} "
+                                        f"on ({a.signature} on ranks {la}); their later ones "
+                                        "line up")
         if _agrees(ra, seq, rb, seq + d) and (seq + d) in rb:
-            return "missing", (f"ranks {la} skipped {d} collective(s) from seq {seq} on "
-                               f"({b.signature} on ranks {lb}); their later ones line up")
+            return DesyncKind.MISSING, (f"ranks {la} skipped {d} collective(s) from seq {seq} "
+                                        f"on ({b.signature} on ranks {lb}); their later ones "
+                                        "line up")
     kind = _first_diff(a.signature, b.signature)
     return kind, f"the {kind} differs, and the collectives after it do not line up either"
 

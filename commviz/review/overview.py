@@ -28,14 +28,15 @@ from typing import Any, BinaryIO, Iterator
 from commviz import metadata as md
 from commviz.errors import SourceError
 from commviz.match.artifact import PgInfo
+from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge.core import progress_bar
 from commviz.merge.cross import write_summary
 from commviz.merge.piece import (LANE_CAT, ORDER_LANE, PID_BASE, cross_flow_id, instance_text,
                                  lane_name, lane_order)
-from commviz.review import bandwidth as bw
-from commviz.review.instances import (Span, expected_ranks, instance_label,
-                                      straggler_threshold)
-from commviz.review.summary import SummaryTracks, tracks_for
+from commviz.merge import bandwidth as bw
+from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
+                                     straggler_threshold)
+from commviz.merge.summary import SummaryTracks, tracks_for
 from commviz.review.table import CommTable, Flag, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
@@ -47,7 +48,7 @@ STRAGGLERS_TRACK = "stragglers · late rank per instance"
 class Seen(Span):
     """One collective instance, folded one rank at a time (what a summary slice needs)."""
 
-    key: tuple
+    key: InstanceKey
     pg: str
     op: str
     ctype: str
@@ -65,14 +66,14 @@ class Seen(Span):
 
     @property
     def label(self) -> str:
-        return instance_label(self.key, self.op, self.key[2] if self.key[0] == "c" else None)
+        return instance_label(self.key, self.op, None)
 
 
 @dataclass
 class Fold:
     """Pass 1: every instance of the run, and what is known of each rank."""
 
-    instances: dict[tuple, Seen] = field(default_factory=dict)
+    instances: dict[InstanceKey, Seen] = field(default_factory=dict)
     pgs: dict[str, PgInfo] = field(default_factory=dict)
     hosts: dict[int, str | None] = field(default_factory=dict)
     rows: int = 0
@@ -100,14 +101,14 @@ class Fold:
                 seen.size_bytes = max(seen.size_bytes or 0, row.size_bytes)
 
     def finish(self) -> list[Seen]:
-        """Bandwidth and stragglers, by the review's rules (``review.instances``)."""
+        """Bandwidth and stragglers, by the review's rules (``merge.instances``)."""
         by_pg: dict[str, list[Seen]] = defaultdict(list)
         for seen in self.instances.values():
             info = self.pgs.get(seen.pg)
             ranks = expected_ranks(seen.key, {md.PG_RANKS: info.ranks if info else None})
             seen.expected = len(ranks) or seen.count
-            n = seen.expected if seen.key[0] == "c" else 2
-            seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns, n)
+            seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns,
+                                          bandwidth_ranks(seen.key, seen.expected))
             if seen.count > 1 and not seen.launch_only:
                 by_pg[seen.pg].append(seen)
         for insts in by_pg.values():
@@ -158,8 +159,13 @@ def _write_cross(f: BinaryIO, instances: list[Seen], pgs: dict[str, PgInfo]) -> 
     group = piece.new_uuid()
     piece.descriptor(track_descriptor(group, name="collectives · all ranks",
                                       explicit_children=True, order_rank=-1))
-    write_summary(piece, group, summary_of(instances), pgs, {"summary_slices": 0,
-                                                              "bandwidth_samples": 0})
+    by_pg: dict[str, list[Seen]] = defaultdict(list)
+    for seen in instances:
+        by_pg[seen.pg].append(seen)
+    stats = {"summary_slices": 0, "bandwidth_samples": 0}
+    for pg in sorted(by_pg):   # one group's slices at a time: memory of a group, not the run
+        write_summary(piece, group, summary_of(by_pg.pop(pg)), pgs, stats)
+        piece.maybe_flush()
     late = [s for s in instances if s.straggler is not None]
     if late:
         events = [{"name": f"rank {s.straggler} late · {lane_name(s.pg, pgs.get(s.pg))}",
@@ -175,6 +181,7 @@ def _write_cross(f: BinaryIO, instances: list[Seen], pgs: dict[str, PgInfo]) -> 
             seq = piece.sequence(uuid)
             piece.buf += seq.start(back[0][0])
             emit_slices(seq, piece.buf, back, events)
+            piece.maybe_flush()
     piece.flush()
 
 
@@ -191,7 +198,7 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
     items: dict[str, list] = defaultdict(list)
     for row in table.rows:
         seen = fold.instances[row.key]
-        args: dict[str, Any] = {md.SEQ: row.key[2]} if row.key[0] == "c" else {}
+        args: dict[str, Any] = {md.SEQ: row.key.seq} if row.key.kind is KeyKind.COLLECTIVE else {}
         args[md.PG_NAME] = row.pg
         args["commviz.instance"] = instance_text(row.key)
         if row.size_bytes is not None:

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from commviz.review.instances import Instance
+from commviz.merge.instances import Instance
 
 SKEW_PNG = "skew_over_time.png"
 BANDWIDTH_PNG = "bandwidth_vs_size.png"

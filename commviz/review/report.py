@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from commviz.errors import SourceError
-from commviz.merge.select import suggestion
 from commviz.match.model import CommEvent
-from commviz.review import instances as inst_mod
+from commviz.merge import instances as inst_mod
+from commviz.merge.instances import Instance, build_instances
+from commviz.merge.select import suggestion
 from commviz.review.desync import Desync, find_desyncs
-from commviz.review.instances import (CollectiveSummary, GroupSummary, Instance, RankSummary,
-                                      build_instances, collective_summaries, group_summaries,
-                                      rank_summaries)
+from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
+                                    collective_summaries, group_summaries, rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
@@ -267,7 +267,8 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
 
 def _instance_json(i: Instance) -> dict[str, Any]:
     return {
-        "pg": i.pg, "seq": i.seq, "key": list(i.key), "op": i.op, "type": i.ctype, "kind": i.kind,
+        "pg": i.pg, "seq": i.seq, "key": list(i.key.wire()), "op": i.op, "type": i.ctype,
+        "kind": i.kind,
         "ranks": sorted(i.events), "missing": list(i.missing),
         "start_ns": {str(r): e.start_ns for r, e in sorted(i.events.items())},
         "end_ns": {str(r): e.end_ns for r, e in sorted(i.events.items())},

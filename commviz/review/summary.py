@@ -1,133 +1,124 @@
-"""The merged trace's per-process-group summary: one slice per collective instance, and a
-bus bandwidth counter per group.
-
-A summary slice spans the instance from its first start to its last end across ranks, so a
-skewed collective is visibly wider than the kernels under it; its args carry the skew, the late
-rank, the straggler (when the skew stands out), each rank's wait and the bandwidth.
-
-Instances of one group can overlap in time (a broadcast root leaves early and starts the next
-collective while the others are still in this one); a track of properly nested slices cannot
-hold those, so each slice gets a ``row``: slices with the same (pg, row) never overlap, and
-row 0 holds as many as it can. The counter is the bus bandwidth in use on the group: the sum
-of busbw over the instances running at that moment (their comm time, last start to last end),
-0 between them.
+"""The report's roll-ups of the cross-rank instances (``commviz.merge.instances``): per
+process group, per rank, and per (group, op, size), each listing what cost the most time first.
 """
 
 from __future__ import annotations
 
-import heapq
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
 
-from commviz.match.model import CommEvent
-from commviz.review.instances import Instance, build_instances
+from commviz.merge.instances import Instance
 
 
-# Up to this many ranks, a slice lists each rank's wait; beyond, only the largest (args stay small).
-WAIT_ARGS_MAX_RANKS = 16
-
-
-@dataclass
-class SummarySlice:
+@dataclass(slots=True)
+class GroupSummary:
     pg: str
-    start_ns: int
-    end_ns: int
-    name: str
-    args: dict
-    row: int = 0
+    desc: str
+    ranks: tuple[int, ...]
+    count: int
+    span_ns: int                  # sum of instance spans
+    comm_ns: int                  # sum of comm times (bandwidth time)
+    wait_ns: int                  # sum over instances and ranks of the time spent waiting
+    max_skew_ns: int
+    median_skew_ns: int
+    stragglers: dict[int, tuple[int, int]]   # rank -> (times straggler, skew it caused in ns)
 
 
-@dataclass
-class CounterSample:
-    pg: str
-    ts_ns: int
-    value: float          # bus bandwidth, GB/s
+@dataclass(slots=True)
+class RankSummary:
+    rank: int
+    count: int
+    busy_ns: int                  # sum of this rank's call durations
+    wait_ns: int                  # of which spent waiting for a later rank
+    late: int                     # times this rank was the straggler
+    caused_ns: int                # skew of the instances it straggled
+    missing: int                  # instances of its groups it did not take part in
 
 
-@dataclass
-class SummaryTracks:
-    slices: list[SummarySlice]
-    counters: list[CounterSample]
-
-
-def slice_args(inst: Instance) -> dict:
-    """What a summary slice says about its instance (flat, scalar values only)."""
-    args: dict = {
-        "commviz.seq": inst.seq,
-        "commviz.op": inst.op,
-        "commviz.skew_ns": inst.skew_ns,
-        "commviz.late_rank": inst.late_rank,
-        "commviz.ranks": ",".join(str(r) for r in sorted(inst.events)),
-        "commviz.total_wait_ns": inst.total_wait_ns,
-    }
-    if inst.straggler is not None:
-        args["commviz.straggler"] = inst.straggler
-    if inst.missing:
-        args["commviz.missing_ranks"] = ",".join(str(r) for r in inst.missing)
-    if len(inst.wait_ns) <= WAIT_ARGS_MAX_RANKS:
-        for rank, wait in sorted(inst.wait_ns.items()):
-            args[f"commviz.wait_ns.rank{rank}"] = wait
-    elif inst.wait_ns:
-        args["commviz.max_wait_ns"] = max(inst.wait_ns.values())
-    if inst.comm_ns is not None:
-        args["commviz.comm_ns"] = inst.comm_ns
-    if inst.size_bytes is not None:
-        args["commviz.size_bytes"] = inst.size_bytes
-    if inst.bandwidth is not None:
-        args["commviz.algbw_GBps"] = round(inst.bandwidth.algbw_gbps, 3)
-        args["commviz.busbw_GBps"] = round(inst.bandwidth.busbw_gbps, 3)
-    return {k: v for k, v in args.items() if v is not None}
-
-
-def rows_of(instances: list[Instance]) -> list[int]:
-    """Greedy interval colouring: the lowest row whose last slice ended before this one."""
-    free: list[tuple[int, int]] = []        # (end_ns, row) of each row's last slice
-    rows, used = [], 0
+def group_summaries(instances: list[Instance]) -> list[GroupSummary]:
+    """Per process group, the most waiting first."""
+    by_pg: dict[str, list[Instance]] = defaultdict(list)
     for inst in instances:
-        if free and free[0][0] <= inst.first_start_ns:
-            _, row = heapq.heappop(free)
-        else:
-            row, used = used, used + 1
-        heapq.heappush(free, (inst.last_end_ns, row))
-        rows.append(row)
-    return rows
-
-
-def bandwidth_counter(pg: str, instances: list[Instance]) -> list[CounterSample]:
-    deltas: dict[int, float] = defaultdict(float)
-    for inst in instances:
-        if inst.bandwidth is None or inst.comm_ns is None or inst.comm_ns <= 0:
-            continue
-        deltas[inst.last_start_ns] += inst.bandwidth.busbw_gbps
-        deltas[inst.last_end_ns] -= inst.bandwidth.busbw_gbps
-    out, level = [], 0.0
-    for ts in sorted(deltas):
-        level += deltas[ts]
-        out.append(CounterSample(pg, ts, round(max(level, 0.0), 6)))
+        by_pg[inst.pg].append(inst)
+    out = []
+    for pg, insts in by_pg.items():
+        strag: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for i in insts:
+            if i.straggler is not None:
+                strag[i.straggler][0] += 1
+                strag[i.straggler][1] += i.skew_ns
+        skews = [i.skew_ns for i in insts]
+        ranks = max((i.ranks for i in insts), key=len)
+        out.append(GroupSummary(
+            pg=pg, desc=insts[0].pg_desc, ranks=ranks, count=len(insts),
+            span_ns=sum(i.span_ns for i in insts), comm_ns=sum(i.comm_ns or 0 for i in insts),
+            wait_ns=sum(i.total_wait_ns for i in insts), max_skew_ns=max(skews),
+            median_skew_ns=int(statistics.median(skews)),
+            stragglers={r: (c, s) for r, (c, s) in sorted(strag.items(),
+                                                          key=lambda kv: -kv[1][1])}))
+    out.sort(key=lambda g: (-g.wait_ns, g.pg))
     return out
 
 
-def tracks_for(instances: Sequence[Any],
-               args_of: Callable[[Any], dict] | None = None) -> SummaryTracks:
-    """Summary slices and counters of already built instances (the report's ``Instance``, or
-    the overview's folded ones with their own ``args_of``)."""
-    args_of = args_of or slice_args
-    by_pg: dict[str, list[Any]] = defaultdict(list)
+def rank_summaries(instances: list[Instance]) -> list[RankSummary]:
+    """Per rank, the rank that made others wait longest first."""
+    rows: dict[int, RankSummary] = {}
+
+    def row(rank: int) -> RankSummary:
+        if rank not in rows:
+            rows[rank] = RankSummary(rank, 0, 0, 0, 0, 0, 0)
+        return rows[rank]
+
     for inst in instances:
-        by_pg[inst.pg].append(inst)
-    slices: list[SummarySlice] = []
-    counters: list[CounterSample] = []
-    for pg in sorted(by_pg):
-        insts = sorted(by_pg[pg], key=lambda i: (i.first_start_ns, i.last_end_ns))
-        for inst, row in zip(insts, rows_of(insts)):
-            slices.append(SummarySlice(pg=pg, start_ns=inst.first_start_ns,
-                                       end_ns=inst.last_end_ns, name=inst.label,
-                                       args=args_of(inst), row=row))
-        counters.extend(bandwidth_counter(pg, insts))
-    return SummaryTracks(slices=slices, counters=counters)
+        for rank, ev in inst.events.items():
+            r = row(rank)
+            r.count += 1
+            r.busy_ns += ev.duration_ns
+            r.wait_ns += inst.wait_ns[rank]
+        if inst.straggler is not None:
+            r = row(inst.straggler)
+            r.late += 1
+            r.caused_ns += inst.skew_ns
+        for rank in inst.missing:
+            row(rank).missing += 1
+    return sorted(rows.values(), key=lambda r: (-r.caused_ns, -r.wait_ns, r.rank))
 
 
-def summary_tracks(events: list[CommEvent]) -> SummaryTracks:
-    """The per-group summary slices and bandwidth counters of a run's events (CONTRACTS 5)."""
-    return tracks_for(build_instances(events))
+@dataclass(slots=True)
+class CollectiveSummary:
+    """Instances of one type and size in one group: how often, how long, how fast."""
+
+    pg: str
+    ctype: str
+    op: str
+    size_bytes: int | None
+    count: int
+    comm_ns: int
+    wait_ns: int
+    median_comm_ns: int | None
+    median_algbw: float | None
+    median_busbw: float | None
+    launch_only: int = 0          # instances whose spans cover only the launch (no comm time)
+    failed: int = 0               # instances that raised on some rank
+
+
+def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
+    """Per (group, op, size), the most time (comm + wait) first."""
+    groups: dict[tuple, list[Instance]] = defaultdict(list)
+    for inst in instances:
+        groups[(inst.pg, inst.op, inst.size_bytes)].append(inst)
+    out = []
+    for (pg, op, size), insts in groups.items():
+        comms = [i.comm_ns for i in insts if i.comm_ns is not None]
+        bws = [i.bandwidth for i in insts if i.bandwidth is not None]
+        out.append(CollectiveSummary(
+            pg=pg, ctype=insts[0].ctype, op=op, size_bytes=size, count=len(insts),
+            comm_ns=sum(comms), wait_ns=sum(i.total_wait_ns for i in insts),
+            median_comm_ns=int(statistics.median(comms)) if comms else None,
+            median_algbw=statistics.median(b.algbw_gbps for b in bws) if bws else None,
+            median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None,
+            launch_only=sum(i.launch_only and not i.failed for i in insts),
+            failed=sum(i.failed for i in insts)))
+    out.sort(key=lambda c: (-(c.comm_ns + c.wait_ns), c.pg, c.op))
+    return out

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 import orjson
 
@@ -33,8 +33,9 @@ from commviz import metadata as md
 from commviz.errors import SourceError
 from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact
-from commviz.review import bandwidth as bw
-from commviz.review.instances import is_launch_only, kernel_groups
+from commviz.match.model import InstanceKey
+from commviz.merge import bandwidth as bw
+from commviz.merge.instances import is_launch_only, kernel_groups
 from commviz.record.store import write_atomic
 
 SCHEMA = "commviz.comm"
@@ -52,7 +53,7 @@ class Row(NamedTuple):
 
     pg: str
     op: str
-    key: tuple
+    key: InstanceKey
     start_ns: int
     end_ns: int
     size_bytes: int | None
@@ -105,18 +106,14 @@ def to_json(table: CommTable) -> bytes:
         "clock": {"offset_ns": table.clock.offset_ns, "source": table.clock.source},
         "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in table.pgs.items()},
         "problems": table.problems,
-        "rows": [[r.pg, r.op, r.key, r.start_ns, r.end_ns, r.size_bytes, r.ctype, int(r.flags)]
-                 for r in table.rows]})
+        "rows": [[r.pg, r.op, r.key.wire(), r.start_ns, r.end_ns, r.size_bytes, r.ctype,
+                  int(r.flags)] for r in table.rows]})
 
 
 def save(table: CommTable, path: Path) -> Path:
     """Write atomically (a gather or overview never reads half a file)."""
     write_atomic(path, to_json(table))
     return path
-
-
-def _key(v: Any) -> Any:
-    return tuple(_key(x) for x in v) if isinstance(v, list) else v
 
 
 def _bad(path: Path, what: str) -> SourceError:
@@ -141,7 +138,7 @@ def load(path: Path) -> CommTable:
         for pg, op, key, start, end, size, ctype, flags in doc["rows"]:
             if not (isinstance(start, int) and isinstance(end, int) and isinstance(key, list)):
                 raise TypeError("a row's times or key")
-            rows.append(Row(str(pg), str(op), _key(key), start, end,
+            rows.append(Row(str(pg), str(op), InstanceKey.from_wire(key), start, end,
                             size if isinstance(size, int) else None, str(ctype), Flag(flags)))
         return CommTable(
             rank=int(doc["rank"]), host=doc.get("host"), inputs=str(doc["inputs"]),

@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from commviz.trace.kernels import is_graph_launch, is_graphed
-
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+from commviz.trace.kernels import GPU_WORK_CATS, is_graph_launch, is_graphed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +44,7 @@ def gpu_ops(trace: Any) -> list[GpuOp]:
     launches = _graph_launches(trace.events)
     out = []
     for ev in trace.events:
-        if ev.get("ph") != "X" or ev.get("cat") not in GPU_CATS:
+        if ev.get("ph") != "X" or ev.get("cat") not in GPU_WORK_CATS:
             continue
         args = ev.get("args") or {}
         try:

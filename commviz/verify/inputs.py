@@ -18,8 +18,8 @@ import numpy as np
 import orjson
 
 from commviz.errors import TraceError
+from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 from commviz.trace.load import load_trace     # the merge's loader: the contract's reading
-from commviz.merge.flows import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 from commviz.verify.structure import TraceCheck
 from commviz.write.read import Track, open_trace
 

@@ -228,12 +228,6 @@ def iter_packet_batches(path: Path) -> Iterator[tuple[list[int], Any]]:
         raise
 
 
-def iter_packets(path: str | os.PathLike[str]) -> Iterator[pb.TracePacket]:
-    """Each TracePacket of a trace file, parsed, streamed in file order."""
-    for _, packets in iter_packet_batches(Path(path)):
-        yield from packets
-
-
 def packet_at(f: BinaryIO, offset: int) -> Any:
     """The packet framed at ``offset`` of an open trace (args read back on demand)."""
     f.seek(offset)

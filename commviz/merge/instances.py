@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from commviz import metadata as md
-from commviz.match.model import CommEvent
-from commviz.review import bandwidth as bw
+from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source
+from commviz.merge import bandwidth as bw
 
 # Set by the wrappers on a call that raised (a timeout, an unsupported op): it moved no data.
 # A skew counts as a straggler when it is at least this long ...
@@ -79,13 +79,13 @@ class Span:
 class Instance(Span):
     """One collective (or p2p transfer) across the ranks that took part."""
 
-    key: tuple
+    key: InstanceKey
     pg: str
     pg_desc: str
     seq: int | None
     op: str
     ctype: str                           # nccl-tests type (bandwidth.COLLECTIVE_TYPES)
-    kind: str                            # collective | p2p | batch
+    kind: str                            # md.KIND: collective | p2p | batch
     events: dict[int, CommEvent]         # rank -> its event
     ranks: tuple[int, ...]               # ranks that should take part
     missing: tuple[int, ...]             # of those, ranks present in the run without this one
@@ -113,32 +113,38 @@ class Instance(Span):
         return instance_label(self.key, self.op, self.seq)
 
 
-def instance_label(key: tuple, op: str, seq: int | None) -> str:
+def instance_label(key: InstanceKey, op: str, seq: int | None) -> str:
     """How an instance is named in tables and on summary slices ("all_reduce #3")."""
-    if key[0] == "p":
-        text = f"{op} {key[2]}->{key[3]} #{key[4]}"
-    elif key[0] == "b":
-        text = f"{op} " + " ".join(f"{s}->{d}#{q}" for s, d, q in key[2])
+    if key.kind is KeyKind.P2P:
+        text = f"{op} {key.src}->{key.dst} #{key.seq}"
+    elif key.kind is KeyKind.BATCH:
+        text = f"{op} " + " ".join(f"{p.src}->{p.dst}#{p.seq}" for p in key.pairs)
     else:
-        seq = seq if seq is not None else (key[2] if key[0] == "c" and len(key) > 2 else None)
+        seq = seq if seq is not None else (key.seq if key.kind is KeyKind.COLLECTIVE else None)
         text = op if seq is None else f"{op} #{seq}"
-    if "replay" in key:                      # one CUDA graph replay's copy of the call
-        replay = key[key.index("replay") + 1]
+    if key.replay is not None:               # one CUDA graph replay's copy of the call
+        replay = key.replay
         replay = " ".join(map(str, replay)) if isinstance(replay, tuple) else replay
         text += f" replay {replay}"
     return text
 
 
-def expected_ranks(key: tuple, args: dict) -> tuple[int, ...]:
+def expected_ranks(key: InstanceKey, args: dict) -> tuple[int, ...]:
     """The ranks that should take part in an instance: its two p2p ends, else its group's."""
-    if key[0] == "p":
-        return tuple(sorted({int(key[2]), int(key[3])}))
-    if key[0] == "b":
-        return tuple(sorted({int(r) for pair in key[2] for r in pair[:2]}))
+    if key.kind is KeyKind.P2P:
+        return tuple(sorted({int(key.src), int(key.dst)}))
+    if key.kind is KeyKind.BATCH:
+        return tuple(sorted({int(r) for p in key.pairs for r in (p.src, p.dst)}))
     return parse_ranks(args.get(md.PG_RANKS))
 
 
-def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
+def bandwidth_ranks(key: InstanceKey, expected: int) -> int:
+    """The rank count in the bus bandwidth factor: a transfer's two ends, else the group's
+    ``expected`` ranks (whatever numbers the instance: commviz, an annotation, the profiler)."""
+    return 2 if key.kind.p2p else expected
+
+
+def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
           gpu: set[tuple[int, str]]) -> Instance:
     first = next(iter(evs.values()))
     args = first.args
@@ -160,19 +166,18 @@ def _make(key: tuple, evs: dict[int, CommEvent], present: set[int],
         first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
         late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
         failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
-    n = len(expected) if key[0] == "c" else 2
-    inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, n)
+    inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
 
 
 def kernel_groups(events: Iterable[CommEvent]) -> set[tuple[int, str]]:
     """(rank, pg) pairs whose collectives ran as GPU kernels on that rank."""
-    return {(ev.rank, ev.pg) for ev in events if ev.source == "kernel"}
+    return {(ev.rank, ev.pg) for ev in events if ev.source is Source.KERNEL}
 
 
 def is_launch_only(ev: CommEvent, gpu: set[tuple[int, str]]) -> bool:
     """Whether the event's span covers only the call's launch (see the module docstring)."""
-    return ev.source != "kernel" and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
+    return ev.source is not Source.KERNEL and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
 
 
 def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,
@@ -185,7 +190,7 @@ def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = N
     reported once, not a "missing" on every collective.
     """
     events = list(events)
-    groups: dict[tuple, dict[int, CommEvent]] = defaultdict(dict)
+    groups: dict[InstanceKey, dict[int, CommEvent]] = defaultdict(dict)
     ranks_seen: set[int] = set()
     gpu = kernel_groups(events)
     for ev in events:
@@ -224,115 +229,3 @@ def straggler_threshold(skews: list[int], min_ns: int = STRAGGLER_MIN_NS,
     """The skew from which a group's late rank is a straggler (``mark_stragglers``)."""
     return max(min_ns, factor * statistics.median(skews))
 
-
-@dataclass(slots=True)
-class GroupSummary:
-    pg: str
-    desc: str
-    ranks: tuple[int, ...]
-    count: int
-    span_ns: int                  # sum of instance spans
-    comm_ns: int                  # sum of comm times (bandwidth time)
-    wait_ns: int                  # sum over instances and ranks of the time spent waiting
-    max_skew_ns: int
-    median_skew_ns: int
-    stragglers: dict[int, tuple[int, int]]   # rank -> (times straggler, skew it caused in ns)
-
-
-@dataclass(slots=True)
-class RankSummary:
-    rank: int
-    count: int
-    busy_ns: int                  # sum of this rank's call durations
-    wait_ns: int                  # of which spent waiting for a later rank
-    late: int                     # times this rank was the straggler
-    caused_ns: int                # skew of the instances it straggled
-    missing: int                  # instances of its groups it did not take part in
-
-
-def group_summaries(instances: list[Instance]) -> list[GroupSummary]:
-    """Per process group, the most waiting first."""
-    by_pg: dict[str, list[Instance]] = defaultdict(list)
-    for inst in instances:
-        by_pg[inst.pg].append(inst)
-    out = []
-    for pg, insts in by_pg.items():
-        strag: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-        for i in insts:
-            if i.straggler is not None:
-                strag[i.straggler][0] += 1
-                strag[i.straggler][1] += i.skew_ns
-        skews = [i.skew_ns for i in insts]
-        ranks = max((i.ranks for i in insts), key=len)
-        out.append(GroupSummary(
-            pg=pg, desc=insts[0].pg_desc, ranks=ranks, count=len(insts),
-            span_ns=sum(i.span_ns for i in insts), comm_ns=sum(i.comm_ns or 0 for i in insts),
-            wait_ns=sum(i.total_wait_ns for i in insts), max_skew_ns=max(skews),
-            median_skew_ns=int(statistics.median(skews)),
-            stragglers={r: (c, s) for r, (c, s) in sorted(strag.items(),
-                                                          key=lambda kv: -kv[1][1])}))
-    out.sort(key=lambda g: (-g.wait_ns, g.pg))
-    return out
-
-
-def rank_summaries(instances: list[Instance]) -> list[RankSummary]:
-    """Per rank, the rank that made others wait longest first."""
-    rows: dict[int, RankSummary] = {}
-
-    def row(rank: int) -> RankSummary:
-        if rank not in rows:
-            rows[rank] = RankSummary(rank, 0, 0, 0, 0, 0, 0)
-        return rows[rank]
-
-    for inst in instances:
-        for rank, ev in inst.events.items():
-            r = row(rank)
-            r.count += 1
-            r.busy_ns += ev.duration_ns
-            r.wait_ns += inst.wait_ns[rank]
-        if inst.straggler is not None:
-            r = row(inst.straggler)
-            r.late += 1
-            r.caused_ns += inst.skew_ns
-        for rank in inst.missing:
-            row(rank).missing += 1
-    return sorted(rows.values(), key=lambda r: (-r.caused_ns, -r.wait_ns, r.rank))
-
-
-@dataclass(slots=True)
-class CollectiveSummary:
-    """Instances of one type and size in one group: how often, how long, how fast."""
-
-    pg: str
-    ctype: str
-    op: str
-    size_bytes: int | None
-    count: int
-    comm_ns: int
-    wait_ns: int
-    median_comm_ns: int | None
-    median_algbw: float | None
-    median_busbw: float | None
-    launch_only: int = 0          # instances whose spans cover only the launch (no comm time)
-    failed: int = 0               # instances that raised on some rank
-
-
-def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
-    """Per (group, op, size), the most time (comm + wait) first."""
-    groups: dict[tuple, list[Instance]] = defaultdict(list)
-    for inst in instances:
-        groups[(inst.pg, inst.op, inst.size_bytes)].append(inst)
-    out = []
-    for (pg, op, size), insts in groups.items():
-        comms = [i.comm_ns for i in insts if i.comm_ns is not None]
-        bws = [i.bandwidth for i in insts if i.bandwidth is not None]
-        out.append(CollectiveSummary(
-            pg=pg, ctype=insts[0].ctype, op=op, size_bytes=size, count=len(insts),
-            comm_ns=sum(comms), wait_ns=sum(i.total_wait_ns for i in insts),
-            median_comm_ns=int(statistics.median(comms)) if comms else None,
-            median_algbw=statistics.median(b.algbw_gbps for b in bws) if bws else None,
-            median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None,
-            launch_only=sum(i.launch_only and not i.failed for i in insts),
-            failed=sum(i.failed for i in insts)))
-    out.sort(key=lambda c: (-(c.comm_ns + c.wait_ns), c.pg, c.op))
-    return out

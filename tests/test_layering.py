@@ -1,0 +1,155 @@
+"""The code's layout follows the data's flow: no module imports a later stage, and no module
+hides an import behind ``importlib`` (where a misspelled name would fail only when reached).
+
+Every module under ``commviz/`` and ``launch/`` (installed as ``commviz.launch``) is parsed with
+``ast``; every ``import`` in it, at module level or inside a function, is checked against the
+stage order below. Imports within one stage are free.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Stage order, earliest first: (module prefixes, why they stand there). A module belongs to the
+# longest prefix that names it.
+STAGES: list[tuple[tuple[str, ...], str]] = [
+    (("commviz", "commviz.errors", "commviz.metadata", "commviz.lazy", "commviz.trace.kernels"),
+     "shared facts: errors, metadata keys, lazy API, kernel names and event categories"),
+    (("commviz.record", "commviz.capture", "commviz.annotate", "commviz.patching",
+      "commviz.distributed"), "record: in the job, every call as it is made"),
+    (("commviz.trace",), "trace: loading profiler traces and run dirs"),
+    (("commviz.match",), "match: records onto kernels, one rank at a time"),
+    (("commviz.write",), "write: the Perfetto encoder and reader, Chrome JSON"),
+    (("commviz.merge",), "merge: shards, cross-rank instances, the merged trace"),
+    (("commviz.review",), "review: report, desyncs, comm tables, overview"),
+    (("commviz.verify",), "verify: checks the merged trace against the inputs"),
+    (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
+      "commviz.gathered", "commviz.convert"),
+     "drivers: the command line, the launcher, and gather (which converts on the node)"),
+]
+
+# The only modules that may import by name at run time, and why.
+IMPORTLIB_ALLOWED = {
+    "commviz.cli": "the command registry (a missing module is an error, not a dropped command)",
+    "commviz.lazy": "the packages' lazy public API",
+    "commviz.launch.config": "imports the user's workload from its 'module:function' spec",
+}
+
+
+def _module_files() -> dict[str, Path]:
+    files = {}
+    for path in sorted((ROOT / "commviz").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for path in sorted((ROOT / "launch").rglob("*.py")):
+        parts = ("commviz", "launch", *path.relative_to(ROOT / "launch").with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+MODULES = _module_files()
+
+
+def stage_of(module: str) -> int:
+    best, stage = -1, None
+    for i, (prefixes, _) in enumerate(STAGES):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, stage = len(prefix), i
+    if stage is None:
+        raise AssertionError(f"{module} is in no stage: add it to STAGES")
+    return stage
+
+
+def imported(module: str, path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every commviz module ``module`` imports; ``from pkg import name``
+    counts as ``pkg.name`` when that is a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((node.lineno, sub if sub in MODULES else base))
+    return sorted({(line, name) for line, name in out if name == "commviz" or
+                   name.startswith("commviz.")})
+
+
+def uses_importlib(path: Path) -> list[int]:
+    """Lines that import by name at run time: ``importlib`` (but its ``resources``),
+    ``__import__``, ``pkgutil``/``runpy``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            names = ["__import__"] if node.func.id == "__import__" else []
+        else:
+            continue
+        if any(n.split(".")[0] in ("importlib", "__import__", "pkgutil", "runpy")
+               and n != "importlib.resources" for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_module_has_a_stage() -> None:
+    assert "commviz.merge.cross" in MODULES and "commviz.launch.config" in MODULES
+    for module in MODULES:
+        stage_of(module)
+
+
+def test_no_import_runs_backwards() -> None:
+    backwards = []
+    for module, path in MODULES.items():
+        mine = stage_of(module)
+        for line, name in imported(module, path):
+            if stage_of(name) > mine:
+                backwards.append(f"{path.relative_to(ROOT)}:{line}: {module} "
+                                 f"({STAGES[mine][1].split(':')[0]}) imports {name} "
+                                 f"({STAGES[stage_of(name)][1].split(':')[0]})")
+    assert backwards == []
+
+
+def test_no_import_is_hidden_behind_importlib() -> None:
+    hidden = [f"{path.relative_to(ROOT)}:{line}" for module, path in MODULES.items()
+              if module not in IMPORTLIB_ALLOWED for line in uses_importlib(path)]
+    assert hidden == []
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from commviz.review.summary import summary_tracks\n", "commviz.review.summary"),
+    ("def f():\n    from commviz.review import report\n", "commviz.review.report"),
+    ("from ..review import report\n", "commviz.review.report"),
+    ("import commviz.verify\n", "commviz.verify"),
+])
+def test_the_checker_sees_a_backward_import(tmp_path: Path, source: str, found: str) -> None:
+    """The checks above would catch what they are there for: a merge module importing the
+    review, at module level, inside a function or relatively; and a hidden import."""
+    path = tmp_path / "cross.py"
+    path.write_text(source)
+    names = [name for _, name in imported("commviz.merge.cross", path)]
+    assert names == [found]
+    assert stage_of(found) > stage_of("commviz.merge.cross")
+
+
+@pytest.mark.parametrize("source", ["import importlib\n", "from importlib import import_module\n",
+                                    "x = __import__('commviz.review')\n",
+                                    "def f():\n    import importlib.util\n"])
+def test_the_checker_sees_importlib(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert uses_importlib(path) == [source.count("\n")]
