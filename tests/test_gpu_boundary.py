@@ -42,6 +42,34 @@ def _breaks(torch: Any, fn: Any, x: Any) -> tuple[int, int]:
     return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
 
+def _reduce_overhead(torch: Any, commviz: Any, graphs: Any, funcol: Any, dist: Any
+                     ) -> dict[str, Any]:
+    """A compiled step with a functional all_reduce under ``mode="reduce-overhead"`` (cudagraph
+    trees capture it themselves): its records, and what torch says it did with CUDA graphs."""
+    from torch._dynamo.utils import counters
+
+    def step(t: Any) -> Any:
+        return funcol.all_reduce(t * 2, "sum", dist.group.WORLD) + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, mode="reduce-overhead")
+    inp = torch.ones(1024, device="cuda")
+    first, graphs_before = len(commviz.RECORDER.records()), len(commviz.RECORDER.graphs)
+    for _ in range(5):
+        compiled(inp)
+    torch.cuda.synchronize()
+    graphs.resolve_all()
+    new_graphs = [g["graph"] for g in commviz.RECORDER.graphs[graphs_before:]]
+    return {"first": first, "graphs_before": graphs_before, "skips": sum(counters["inductor"].get(k, 0) for k in counters["inductor"]
+                         if "cudagraph_skip" in k),
+            "new_graphs": new_graphs,
+            "records": [(r["Process Group Name"], r.get("commviz.seq"),
+                         bool(r.get("commviz.captured")), r.get("commviz.graph"),
+                         r.get("commviz.ordinal"))
+                        for r in commviz.RECORDER.records()[first:]]}
+
+
 def job(out: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -83,6 +111,9 @@ def job(out: Path) -> None:
         for _ in range(2):
             dist.all_reduce(x)                       # warm-up outside the graph
     torch.cuda.current_stream().wait_stream(s)
+    fr_last: dict[str, int] = {}          # NCCL's own last number per group before the capture
+    for e in snapshot()["fr"]:
+        fr_last[e["group"]] = max(fr_last.get(e["group"], 0), e["seq"])
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         dist.all_reduce(x)
@@ -94,14 +125,16 @@ def job(out: Path) -> None:
         g.replay()
     torch.cuda.synchronize()
     graphs.resolve_all()
+    reduce_overhead = _reduce_overhead(torch, commviz, graphs, funcol, dist)
     # what the journal alone says of each call: the kernel's own entries carry "captured"
     from commviz.record.journal import recover
     journaled = [(m["Process Group Name"], m.get("commviz.seq"), bool(m.get("commviz.captured")))
                  for m in recover(out / "run", 0)[0]["collectives"]]
     snap = snapshot()
     snap.update(plain_breaks=plain_breaks, recorded_breaks=recorded_breaks, after=after,
-                before_capture=before_capture, journaled=journaled, boundary=commviz.record.boundary.BOUNDARY.impl.value,
-                graphs=len(commviz.RECORDER.graphs))
+                before_capture=before_capture, fr_last=fr_last, journaled=journaled,
+                reduce_overhead=reduce_overhead,
+                boundary=commviz.record.boundary.BOUNDARY.impl.value)
     (out / "snap.json").write_text(json.dumps(snap, default=str))
     dist.barrier()
     os._exit(0)
@@ -144,16 +177,16 @@ def test_compiled_code_breaks_the_same(snap: dict[str, Any]) -> None:
 
 @pytest.mark.gpu(count=1)
 def test_captured_collectives_are_recorded_with_their_graph(snap: dict[str, Any]) -> None:
-    captured = [r for r in snap["records"][snap["before_capture"]:]
+    captured = [r for r in snap["records"][snap["before_capture"]:
+                                           snap["reduce_overhead"]["first"]]
                 if r.get("commviz.captured")]
     # API all_reduce, functional all_reduce, the subgroup's, an async one and one more: each
     # once, in the graph, in call order, numbered on from the last number NCCL gave each
     # group before the capture
     assert [r["commviz.op"] for r in captured] == ["all_reduce"] * 5
-    assert len({r["commviz.graph"] for r in captured}) == 1 and snap["graphs"] == 1
-    last = {}                         # NCCL's Flight Recorder leaves captured calls out
-    for e in snap["fr"]:
-        last[e["group"]] = max(last.get(e["group"], 0), e["seq"])
+    assert len({r["commviz.graph"] for r in captured}) == 1
+    assert snap["reduce_overhead"]["graphs_before"] == 1
+    last = snap["fr_last"]
     sub = captured[2]["Process Group Name"]
     assert [(r["Process Group Name"], r["commviz.seq"]) for r in captured] == [
         ("0", last["0"] + 1), ("0", last["0"] + 2), (sub, last[sub] + 1),
@@ -173,6 +206,22 @@ def test_captured_collectives_are_recorded_with_their_graph(snap: dict[str, Any]
     sites = [r["commviz.callsite"] for r in snap["records"] if r.get("commviz.callsite")]
     assert sites and all(s.startswith(__file__) or "site-packages" not in s for s in sites)
     assert not any("torchinductor" in s for s in sites), sites
+
+
+@pytest.mark.gpu(count=1)
+def test_reduce_overhead_graphs_get_their_collectives(snap: dict[str, Any]) -> None:
+    ro = snap["reduce_overhead"]
+    (Path(os.environ.get("OUT", "/tmp")) / "gpu_reduce_overhead.json").write_text(json.dumps(ro))
+    captured = [r for r in ro["records"] if r[2]]
+    assert ro["records"], "the compiled step's all_reduce was not recorded"
+    if ro["skips"]:              # torch chose not to graph it: nothing may claim it was
+        assert not captured and not ro["new_graphs"]
+        return
+    # cudagraph trees captured the step: its all_reduce is in one of the graphs they made,
+    # first on its lane, and the group's numbering goes on without a gap
+    assert captured and all(r[3] in ro["new_graphs"] and r[4] == 1 for r in captured)
+    seqs = [r[1] for r in ro["records"]]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
 
 if __name__ == "__main__":
