@@ -108,7 +108,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
     yield graph
     if not was_installed:
         hooks.uninstall()
-    for state in list(graphs._by_capture.values()):
+    for state in list(graphs.CAPTURES.open.values()):
         RECORDER.graphs.remove(state.record)
         graphs.forget(state)
 
@@ -207,7 +207,7 @@ def test_foreign_kernel_on_the_same_communicator_is_never_taken(
     for which NCCL launches no kernel (zero elements, a one-rank group) takes nothing, and no
     call takes a kernel of another collective type, even one its stream waited on."""
     caplog.set_level(logging.WARNING, logger="commviz.capture")
-    graphs._warned.clear()
+    graphs.CAPTURES.warned.clear()
 
     def foreign_kernel() -> int:
         fake.add(S, GEMM)

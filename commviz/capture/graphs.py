@@ -61,18 +61,28 @@ from commviz.trace.kernels import incompatibility, parse_nccl
 
 log = logging.getLogger("commviz.capture")
 
-_lock = threading.Lock()
-_gids = itertools.count(1)
-_by_capture: dict[int, "GraphState"] = {}
-_local = threading.local()          # .current: the capture this thread began (no cuda-bindings)
-_warned: set[str] = set()
-_unresolved: list["GraphState"] = []    # read at capture end, records not finished yet
+
+class Captures:
+    """The process's capture state in one place: the captures open (by capture id, or the one
+    this thread began where no backend can read capture ids), the ones read at capture end
+    whose records are not finished yet, and the capture problems already reported."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.gids = itertools.count(1)
+        self.open: dict[int, "GraphState"] = {}
+        self.local = threading.local()      # .current: the capture this thread began
+        self.unresolved: list["GraphState"] = []
+        self.warned: set[str] = set()
+
+
+CAPTURES = Captures()
 
 
 def warn_once(what: str, exc: BaseException | None = None) -> None:
     """Capture problems must never break the user's capture: say it once, carry on."""
-    if what not in _warned:
-        _warned.add(what)
+    if what not in CAPTURES.warned:
+        CAPTURES.warned.add(what)
         log.warning("commviz capture: %s%s", what, f" ({exc!r})" if exc else "")
 
 
@@ -95,7 +105,7 @@ class GraphState:
     whose nodes are resolved when the capture ends."""
 
     def __init__(self, capture_id: int | None, graph: int | None) -> None:
-        self.gid = next(_gids)
+        self.gid = next(CAPTURES.gids)
         self.capture_id = capture_id
         self.graph = graph
         self.nodes: dict[int, Node] = {}
@@ -188,9 +198,9 @@ class GraphState:
             kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
             self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
         if self.raw is not None or self.native:     # the kernel's calls are placed then too
-            with _lock:
-                if self not in _unresolved:
-                    _unresolved.append(self)
+            with CAPTURES.lock:
+                if self not in CAPTURES.unresolved:
+                    CAPTURES.unresolved.append(self)
 
     def _worth_reading(self) -> bool:
         """A graph to read: readable, and with collectives or marks in it to match."""
@@ -461,17 +471,17 @@ def dependency_order(all_nodes: list[int], edges: list[tuple[int, int]], listed:
 def state_for(info: cb.CaptureInfo | None) -> GraphState:
     """The state of the capture ``info`` describes (created on first sight)."""
     if info is None or info.capture_id is None:   # no backend: the capture this thread began
-        state = getattr(_local, "current", None)
+        state = getattr(CAPTURES.local, "current", None)
         if state is None:
-            state = _local.current = GraphState(None, None)
+            state = CAPTURES.local.current = GraphState(None, None)
         return state
-    state = _by_capture.get(info.capture_id)
+    state = CAPTURES.open.get(info.capture_id)
     if state is not None:
         return state
-    with _lock:
-        state = _by_capture.get(info.capture_id)
+    with CAPTURES.lock:
+        state = CAPTURES.open.get(info.capture_id)
         if state is None:
-            state = _by_capture[info.capture_id] = GraphState(info.capture_id, info.graph)
+            state = CAPTURES.open[info.capture_id] = GraphState(info.capture_id, info.graph)
         return state
 
 
@@ -498,9 +508,9 @@ def current_capture() -> tuple[GraphState, cb.CaptureInfo | None]:
 def resolve_all() -> None:
     """Finish every capture record still waiting (before records are written or read)."""
     adopt_native()
-    with _lock:
-        waiting = list(_unresolved)
-        _unresolved.clear()
+    with CAPTURES.lock:
+        waiting = list(CAPTURES.unresolved)
+        CAPTURES.unresolved.clear()
     for state in waiting:
         try:
             state.resolve()
@@ -512,11 +522,11 @@ _rec.RECORDER.before_payload.append(resolve_all)
 
 
 def forget(state: GraphState) -> None:
-    with _lock:
+    with CAPTURES.lock:
         if state.capture_id is not None:
-            _by_capture.pop(state.capture_id, None)
-    if getattr(_local, "current", None) is state:
-        _local.current = None
+            CAPTURES.open.pop(state.capture_id, None)
+    if getattr(CAPTURES.local, "current", None) is state:
+        CAPTURES.local.current = None
 
 
 # -- regions: the frontier walk ---------------------------------------------------------------
