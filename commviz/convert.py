@@ -15,7 +15,7 @@ def convert_here(run_dir: str | os.PathLike[str], rank: int) -> str | None:
     """Write rank R's shard, matched run and comm table; None, or why it could not (the merge
     then converts the rank itself from whatever reaches it)."""
     from commviz.merge import write_shard
-    from commviz.review.table import write_table
+    from commviz.merge.table import write_table
 
     try:
         write_shard(run_dir, rank)

@@ -18,7 +18,7 @@ from typing import Any
 
 from commviz.errors import cannot_write
 from commviz.record import journal, schema, store
-from commviz.review.table import table_path
+from commviz.merge.table import table_path
 
 SUMMARY_NAME = "gather.json"
 SUMMARY_SCHEMA = "commviz.gather"

@@ -109,7 +109,7 @@ def _outgoing(target: Path, rank: int, mode: Mode, recorded: bool,
     written and its table made), else its record or journal, traces and extra files."""
     if mode is Mode.TABLES:
         from commviz.convert import convert_here
-        from commviz.review.table import table_path
+        from commviz.merge.table import table_path
 
         table = table_path(target, rank)
         if recorded and not table.is_file():

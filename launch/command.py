@@ -107,7 +107,7 @@ def _overview(run_dir: Path, world: int, out: TextIO) -> tuple[Path | None, bool
     here, then every rank's table becomes ``RUN_DIR/overview.pftrace``; (its path, ok)."""
     from commviz.convert import convert_here
     from commviz.review.overview import write_overview
-    from commviz.review.table import table_path
+    from commviz.merge.table import table_path
 
     for rank in range(world):
         if (not table_path(run_dir, rank).is_file()

@@ -4,13 +4,15 @@ Each simulated run dir holds one matched run per rank, made by commviz's own cod
 (``commviz.match.artifact.RankArtifact``, saved with ``artifact.save``) from synthetic matched
 collectives shaped like a TP × DP job (TP groups of 8, DP groups across them, one world
 all_reduce per step, eager keys and commviz keys on every event, a GPU op per kernel), and the
-comm table each rank's node makes from it (``commviz.review.table.write_table``). Rank 5 is
+comm table each rank's node makes from it (``commviz.merge.table.write_table``). Rank 5 is
 late by 4 ms at every third DP collective (its DP peers wait). The 8 ranks of the detail merge also get real-shaped
 profiler traces (``scripts/gen_traces.py``) and records; the others have none, as on a job
 whose ranks kept their traces on their nodes.
 
 Printed per size: time and peak RSS of the overview and of the detail merge (each in a child
-process of its own, Linux VmHWM), the bytes a rank sends to rank 0 (its comm table) beside its
+process of its own, Linux VmHWM), the bytes rank 0 received per rank through the real tables-only
+gather (``commviz.gather(mode="tables")`` on 4 gloo processes, each in a run dir of its own
+holding one sampled rank's comm table: ranks 0, 5, world/2 and world-1), beside one rank's
 matched run, and the output sizes. Then one rank's matched run and comm table as its trace
 grows (more GPU ops, the same collectives): the bytes gathered do not grow with the trace.
 
@@ -39,7 +41,7 @@ from commviz import metadata as md  # noqa: E402
 from commviz.match import artifact  # noqa: E402
 from commviz.match.artifact import Clock, PgInfo, RankArtifact  # noqa: E402
 from commviz.match.model import CommEvent, instance_key  # noqa: E402
-from commviz.review.table import table_path, write_table  # noqa: E402
+from commviz.merge.table import table_path, write_table  # noqa: E402
 from commviz.trace.gpu import GpuOp  # noqa: E402
 
 TP = 8
@@ -114,6 +116,42 @@ def make_run(run_dir: Path, world: int, detail_traces: Path) -> None:
         shutil.copy(path, run_dir / path.name)
 
 
+SAMPLE = 4
+
+
+def _gather_rank(rank: int, base: str, port: int, tables: list[str]) -> None:
+    """One gloo process of the gather measurement: its own run dir, one sampled comm table."""
+    import torch.distributed as dist
+
+    import commviz
+
+    node = Path(base) / f"node{rank}"
+    node.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tables[rank], table_path(node, rank))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=SAMPLE)
+    commviz.gather(node, mode="tables")
+    dist.destroy_process_group()
+
+
+def gather_bytes(run_dir: Path, world: int, base: Path) -> dict[int, int]:
+    """Bytes rank 0 received from each sampled rank through the real tables-only gather."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from commviz.gathered import load_summary
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    sample = [0, LATE_RANK, world // 2, world - 1]
+    tables = [str(table_path(run_dir, r)) for r in sample]
+    mp.spawn(_gather_rank, args=(str(base), port, tables), nprocs=SAMPLE, join=True)
+    received = load_summary(base / "node0")["received"]
+    return {sample[int(r)]: n for r, n in received.items() if int(r) != 0}
+
+
 def _hwm_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -162,18 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {os.cpu_count()} CPUs; per rank {len(_schedule())} collectives; "
               f"detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace events each")
         print(f"{'ranks':>6} {'overview s':>10} {'RSS MiB':>8} {'MB out':>7} "
-              f"{'detail8 s':>9} {'RSS MiB':>8} {'MB out':>7} {'table B/rank':>12} "
+              f"{'detail8 s':>9} {'RSS MiB':>8} {'MB out':>7} {'gathered B/rank':>22} "
               f"{'matched B/rank':>14} {'stragglers':>12}")
         for world in (int(s) for s in args.sizes.split(",")):
             run_dir = base / f"run{world}"
             make_run(run_dir, world, traces)
             ov = measure("overview", run_dir, base / f"overview{world}.pftrace")
             de = measure("detail", run_dir, base / f"detail{world}.pftrace")
-            table = table_path(run_dir, world - 1).stat().st_size
+            got = gather_bytes(run_dir, world, base / f"gather-run{world}")
+            sent = "/".join(str(got[r]) for r in sorted(got))
             matched = artifact.matched_path(run_dir, world - 1).stat().st_size
             print(f"{world:>6} {ov['seconds']:>10.2f} {ov['rss_mib']:>8.0f} "
                   f"{ov['bytes'] / 1e6:>7.2f} {de['seconds']:>9.2f} {de['rss_mib']:>8.0f} "
-                  f"{de['bytes'] / 1e6:>7.2f} {table:>12} {matched:>14} "
+                  f"{de['bytes'] / 1e6:>7.2f} {sent:>22} {matched:>14} "
                   f"{json.dumps(ov['stragglers']):>12}")
             if not args.keep:
                 shutil.rmtree(run_dir)

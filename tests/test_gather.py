@@ -129,7 +129,7 @@ def test_tables_gather_sends_bytes_independent_of_trace_size(tables_runs) -> Non
     from commviz.gathered import load_summary
     from independent import pg_seq
     from commviz.review.overview import write_overview
-    from commviz.review.table import table_name
+    from commviz.merge.table import table_name
     from commviz.write.read import read_pftrace, slices
 
     light, heavy = tables_runs["light"], tables_runs["heavy"]

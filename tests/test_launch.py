@@ -207,3 +207,26 @@ def test_two_nodes_on_one_host(tmp_path):
     recs = records(run_dir, 2)
     assert [len(by_group(r)[("default_pg", "all_reduce")]) for r in recs] == [4, 4]
     check_merged(run_dir, outs[rank0_node])
+
+
+def test_tables_gather_writes_the_overview_instead_of_the_merge(tmp_path):
+    """``output.gather: tables``: every rank's comm table, the overview made from them (it
+    verifies and holds both ranks' lanes), and what travelled said; no merged trace."""
+    result = launch("--set", f"output.dir={tmp_path}", "--set", "output.run_name=run",
+                    "--set", "output.gather=tables", "--set", "workload.steps=3",
+                    cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    run_dir = tmp_path / "run"
+    overview = run_dir / "overview.pftrace"
+    assert f"overview: {overview}" in out and not (run_dir / "merged.pftrace").exists()
+    assert "gather:  tables, nothing travelled (all 2 ranks share the run dir)" in out
+    from commviz.gathered import load_summary
+    from commviz.verify import verify_pftrace
+    from commviz.write.read import read_pftrace
+
+    summary = load_summary(run_dir)
+    assert summary["mode"] == "tables" and summary["received"] == {"0": 0, "1": 0}
+    assert verify_pftrace(overview).ok
+    procs = {t.process_name for t in read_pftrace(overview).tracks.values() if t.pid is not None}
+    assert len(procs) == 2 and all(p.startswith(("rank 0 ", "rank 1 ")) for p in procs)

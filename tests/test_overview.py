@@ -18,7 +18,7 @@ from commviz.merge import merge_run, write_shard
 from commviz.merge.piece import PID_BASE
 from commviz.merge.select import parse_ranks
 from commviz.review.overview import STRAGGLERS_TRACK, write_overview
-from commviz.review.table import table_path, write_table
+from commviz.merge.table import table_path, write_table
 from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
 from fr_compare import FR_ENV, snapshot

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from commviz.errors import CommvizError, SourceError
+from commviz.merge.select import format_ranks, parse_ranges
+from commviz.merge.table import iter_tables, table_ranks
 
 STEP_PREFIX = "ProfilerStep#"
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
@@ -61,8 +63,6 @@ class Keep:
     @property
     def label(self) -> str:
         """For file names and messages: ``steps3-4`` or ``window120-180ms``."""
-        from commviz.merge.select import format_ranks
-
         if self.steps is not None:
             return f"steps{format_ranks(self.steps)}"
         lo, hi = self.window_ms or (0, 0)
@@ -91,8 +91,6 @@ class Keep:
 
 def parse_steps(text: str) -> Keep:
     """``"3-4"``, ``"2,5"``: profiler step numbers (``ProfilerStep#N``)."""
-    from commviz.merge.select import parse_ranges
-
     return Keep(steps=frozenset(parse_ranges(text, "--steps", "step")))
 
 
@@ -124,10 +122,7 @@ def events_inside(events: list[Any], spans: Spans) -> list[Any]:
 
 def run_start_ns(run_dir: Path) -> int:
     """The run's start: its earliest collective on the merged clock, from the ranks' comm
-    tables (the overview's time 0). Tables sit above the merge (``review.table``), hence the
-    import here: only ``--window`` needs them."""
-    from commviz.review.table import iter_tables, table_ranks
-
+    tables (the overview's time 0)."""
     problems: list[str] = []
     starts = [t.rows[0].start_ns for t in iter_tables(run_dir, table_ranks(run_dir), problems)
               if t.rows]

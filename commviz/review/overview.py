@@ -4,7 +4,7 @@ The merged trace of a 1,024-rank job is far too large for one Perfetto tab; its 
 not. The overview holds, per rank, one process with only its comm lanes (the same lane names,
 order and cross-rank flow ids as the merged trace, so the two read alike), and above them the
 per-group summary and bus-bandwidth tracks and a "stragglers" track naming the late rank of
-every instance whose skew stands out. It reads the ranks' comm tables (``review.table``), never
+every instance whose skew stands out. It reads the ranks' comm tables (``merge.table``), never
 a trace, shard or matched run's GPU ops, and streams them twice, one rank at a time:
 
 1. fold each row into its instance (first/last start, last end, late rank, ranks seen, bytes):
@@ -37,7 +37,7 @@ from commviz.merge import bandwidth as bw
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
                                      straggler_threshold)
 from commviz.merge.summary import SummaryTracks, tracks_for
-from commviz.review.table import CommTable, Flag, iter_tables, table_ranks
+from commviz.merge.table import CommTable, Flag, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 OVERVIEW_NAME = "overview.pftrace"
