@@ -256,9 +256,10 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                     cross = tmp / "cross.pftrace"
                     stats.update(write_cross(cross, events, _pg_table(results)))
                     lone = lone_flows(events)   # instances on one rank: no cross-rank flow
+                    copy_piece(cross, f, set())
                     stats["lone_flow_ends_dropped"] = sum(
-                        copy_piece(p, f, lone)
-                        for p in [cross] + [res.out for res in results if res.out is not None])
+                        copy_piece(res.out, f, lone.get(res.rank, set()))
+                        for res in results if res.out is not None)
                 else:
                     join_json(f, [res.out for res in results if res.out is not None],
                               base_ns=base, meta={"commviz": {"ranks": sorted(run.ranks),

@@ -8,19 +8,21 @@ else, so this piece is small and written last, from the ranks' CommEvents only.
 
 Each rank's piece links its lane slices to the collective's instance by a flow id that every
 rank derives alone; an instance seen on one rank only (its peers' records or traces are missing,
-the job died mid-step) would leave a one-ended flow. ``lone_flows`` finds those ids, and
-``copy_piece`` copies a piece into the merged trace with them dropped from its track events.
+the job died mid-step) would leave a one-ended flow. ``lone_flows`` finds those ids per rank, and
+``copy_piece`` copies a rank's piece into the merged trace with its own taken out of its track
+events.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from commviz.match.model import CommEvent
-from commviz.merge.piece import cross_flow_id, lane_name, lane_order
+from commviz.match.model import CommEvent, InstanceKey
+from commviz.merge.piece import carries_cross_flow, cross_flow_id, lane_name, lane_order
 from commviz.merge.summary import SummaryTracks, summary_tracks
 from commviz.write.pftrace import Piece, counter_event, emit_slices, split, track_descriptor
 from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
@@ -30,6 +32,9 @@ _FLOW_TAG = tag(F.FLOW_IDS, FIXED64)
 _FLOW_KEY = F.FLOW_IDS << 3 | FIXED64
 _PACKET_KEY = 1 << 3 | LEN
 _TRACK_EVENT_KEY = F.TRACK_EVENT << 3 | LEN
+# A flow id field whose id has the top bit (CROSS_FLOW_BIT) set; a lookahead, so matches may
+# overlap (a random byte pair inside one id never hides the next field).
+_CROSS_FLOW_RE = re.compile(b"(?=" + re.escape(_FLOW_TAG) + rb"(.{7}[\x80-\xff]))", re.DOTALL)
 
 
 def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict]) -> dict[str, int]:
@@ -85,29 +90,39 @@ def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[st
             stats["bandwidth_samples"] += len(items)
 
 
-def lone_flows(events: list[CommEvent]) -> set[int]:
-    """Cross-rank flow ids of the instances that fewer than two ranks hold."""
-    ranks: dict[tuple, set[int]] = defaultdict(set)
+def lone_flows(events: list[CommEvent]) -> dict[int, set[int]]:
+    """Per rank, the cross-rank flow ids of its instances that no other rank holds."""
+    ranks: dict[InstanceKey, set[int]] = defaultdict(set)
     for ev in events:
-        if ev.key is not None:
+        if carries_cross_flow(ev.key, ev.args):
             ranks[ev.key].add(ev.rank)
-    return {cross_flow_id(key) for key, held in ranks.items() if len(held) < 2}
+    lone: dict[int, set[int]] = defaultdict(set)
+    for key, held in ranks.items():
+        if len(held) == 1:
+            lone[next(iter(held))].add(cross_flow_id(key))
+    return lone
 
 
 def copy_piece(path: Path, out: Any, drop: set[int]) -> int:
-    """Append the piece at ``path`` to ``out`` without the flow ids in ``drop``; how many
-    flow ends were dropped."""
-    if not drop:
+    """Append the piece at ``path`` to ``out`` without the flow ids in ``drop`` (the piece's
+    own lone flows); how many flow ends were dropped.
+
+    The ids are found by a byte search for cross-rank flow fields (top bit set; a rank's own
+    flows have it clear); packets are framed only up to the last one found, and only those
+    holding a flow field are decoded. The rank piece writes its comm lanes, the only slices
+    with cross-rank flows, first: the rest of the file is copied as it is.
+    """
+    data = path.read_bytes() if drop else b""
+    found = [m.start() for m in _CROSS_FLOW_RE.finditer(data)
+             if int.from_bytes(m.group(1), "little") in drop]
+    if not found:
         with open(path, "rb") as f:
             shutil.copyfileobj(f, out, 1 << 20)
         return 0
-    data = path.read_bytes()
-    if _FLOW_TAG not in data:
-        out.write(data)
-        return 0
+    last = max(found)
     dropped = 0
     pos = 0
-    while pos < len(data):
+    while pos <= last:
         start = pos
         key, pos = _read(data, pos)
         size, pos = _read(data, pos)
@@ -122,6 +137,7 @@ def copy_piece(path: Path, out: Any, drop: set[int]) -> int:
         else:
             out.write(data[start:end])
         pos = end
+    out.write(data[pos:])
     return dropped
 
 

@@ -56,6 +56,11 @@ def cross_flow_id(key: InstanceKey) -> int:
     return CROSS_FLOW_BIT | int.from_bytes(digest, "little") >> 1
 
 
+def carries_cross_flow(key: InstanceKey | None, args: dict[str, Any]) -> bool:
+    """Whether a lane slice links to its instance on other ranks (a one-rank group has none)."""
+    return key is not None and args.get(md.GROUP_SIZE) != 1
+
+
 def instance_text(key: InstanceKey) -> str:
     """A lane slice's ``commviz.instance`` arg: the key's compact form as JSON."""
     return orjson.dumps(key.wire()).decode()
@@ -408,7 +413,7 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
     flow_stats = {"flows": len(bound) + len(derived), "flows_from_correlation": len(derived),
                   "flow_points_unbound": unbound}
     lane_flows = {i: flow_field(cross_flow_id(ev["key"])) for i, ev in enumerate(r.lanes)
-                  if ev["key"] is not None and ev["args"].get(md.GROUP_SIZE) != 1}
+                  if carries_cross_flow(ev["key"], ev["args"])}
     result.stats.update(flow_stats, cross_flows=len(lane_flows))
     os_pids = sorted({k[0] for k in r.layout.items
                       if k not in r.layout.gpu and isinstance(k[0], int)})
