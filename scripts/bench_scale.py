@@ -40,7 +40,7 @@ import gen_traces  # noqa: E402
 from commviz import metadata as md  # noqa: E402
 from commviz.match import artifact  # noqa: E402
 from commviz.match.artifact import Clock, PgInfo, RankArtifact  # noqa: E402
-from commviz.match.model import CommEvent, instance_key  # noqa: E402
+from commviz.match.model import CommEvent, Source, instance_key  # noqa: E402
 from commviz.merge.table import table_path, write_table  # noqa: E402
 from commviz.trace.gpu import GpuOp  # noqa: E402
 
@@ -97,7 +97,7 @@ def _artifact(rank: int, world: int, groups: dict[str, list[int]]) -> RankArtifa
                 md.CALLSITE: "train.py:120", md.LANE: md.lane_id(pg), md.DEVICE: "cuda",
                 md.T_BEGIN: t - 30_000, md.T_END: t - 20_000}
         events.append(CommEvent(rank=rank, pg=pg, op=op, start_ns=t, end_ns=t + dur, args=args,
-                                key=instance_key(args), source="kernel", stream=7))
+                                key=instance_key(args), source=Source.KERNEL, stream=7))
         ops.append(GpuOp(rank, 7, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kernel", t,
                          t + dur, False))
     pgs = {pg: PgInfo(pg.rstrip("0123456789"), groups[pg]) for pg in set(mine.values())}
