@@ -13,7 +13,7 @@ anything else), written atomically as ``RUN_DIR/commviz_rank{R}.pkl``::
                 "offset_ns": int,          # add to this rank's times to land on rank 0's clock
                 "offset_source": str},     # "same-host" | "measured" | "none"
       "process_groups": [{"name", "desc", "ranks": [int], "backend", "lane"}],
-      "collectives": [meta dict, ...],     # keys: commviz.metadata EAGER_KEYS + COMMVIZ_KEYS
+      "collectives": [meta dict, ...],     # keys: commviz.metadata EAGER_KEYS and its commviz.* keys
       "capacity": int, "recorded": int, "dropped": int,   # ring buffer bookkeeping
       "graphs": [graph dict, ...],         # CUDA graph captures (commviz.capture)
       "replays": [replay dict, ...],       # tagged graph replays
