@@ -17,7 +17,8 @@ from commviz import cli
 from commviz.merge import merge_run, write_shard
 from commviz.merge.piece import PID_BASE
 from commviz.merge.select import parse_ranks
-from commviz.review.overview import STRAGGLERS_TRACK, write_overview
+from commviz.match.model import InstanceKey, KeyKind, Pair
+from commviz.review.overview import STRAGGLERS_TRACK, KeyIndex, Names, write_overview
 from commviz.merge.table import table_path, write_table
 from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
@@ -111,6 +112,29 @@ def test_overview_holds_every_instance_of_every_rank(run, tmp_path: Path) -> Non
     # every cross-rank flow of the overview has both ends (perfetto's protos)
     ends = flow_ends(result.out)
     assert ends and min(ends.values()) >= 2
+
+
+def test_key_index_gives_each_key_its_own_index() -> None:
+    """The overview's compact key -> index map (arrays per group, a dict for the rest) keeps
+    every kind of key apart and gives each back: sequence numbers out of order, with holes,
+    far from the others, p2p, batches, annotations, graph replays."""
+    c = KeyKind.COLLECTIVE
+    keys = [InstanceKey(c, "0", 5), InstanceKey(c, "0", 3), InstanceKey(c, "1", 5),
+            InstanceKey(c, "0", 1), InstanceKey(c, "0", 10**9), InstanceKey(c, "0", -2),
+            InstanceKey(c, "0", 3, replay=1), InstanceKey(c, "0", 3, replay=("in trace", 2)),
+            InstanceKey(KeyKind.USER, "0", 3), InstanceKey(KeyKind.PROFILER, "0", 3),
+            InstanceKey(KeyKind.P2P, "0", 3, 0, 1), InstanceKey(KeyKind.P2P, "0", 3, 1, 0),
+            InstanceKey(KeyKind.BATCH, "0", pairs=(Pair(0, 1, "3"), Pair(1, 0, "3"))),
+            InstanceKey(c, "0", 2)]
+    index = KeyIndex(Names())
+    for n, key in enumerate(keys):
+        assert index.find(key) is None
+        assert index.add(key) == n
+    assert len(index) == len(keys)
+    for n, key in enumerate(keys):
+        assert index.find(key) == n and index.key(n) == key
+    assert index.find(InstanceKey(c, "0", 4)) is None          # a hole between known ones
+    assert index.find(InstanceKey(c, "2", 5)) is None          # an unknown group
 
 
 def test_only_the_small_tables_are_read(run, tmp_path: Path) -> None:

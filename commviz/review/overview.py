@@ -7,9 +7,11 @@ per-group summary and bus-bandwidth tracks and a "stragglers" track naming the l
 every instance whose skew stands out. It reads the ranks' comm tables (``merge.table``), never
 a trace, shard or matched run's GPU ops, and streams them twice, one rank at a time:
 
-1. fold each row into its instance (first/last start, last end, late rank, ranks seen, bytes):
-   memory grows with the number of instances, not with ranks × collectives;
-2. write each rank's process, its slices carrying their wait and whether this rank was late.
+1. fold each row into its instance (first/last start, last end, late rank, ranks seen, bytes),
+   kept as columns of machine ints (``Fold``, ~90 bytes an instance, no object per instance):
+   memory grows with the number of instances only, about 1.1 MB for 12.5k (1,024 ranks);
+2. write the summary one group at a time, then each rank's process, its slices carrying
+   their wait and whether this rank was late.
 
 A person then picks the ranks that matter (``commviz merge RUN_DIR --ranks ...``).
 """
@@ -21,7 +23,8 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -37,7 +40,7 @@ from commviz.merge import bandwidth as bw
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
                                      straggler_threshold)
 from commviz.merge.summary import SummaryTracks, tracks_for
-from commviz.merge.table import CommTable, Flag, iter_tables, table_ranks
+from commviz.merge.table import CommTable, Flag, Row, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 OVERVIEW_NAME = "overview.pftrace"
@@ -46,7 +49,8 @@ STRAGGLERS_TRACK = "stragglers · late rank per instance"
 
 @dataclass(slots=True)
 class Seen(Span):
-    """One collective instance, folded one rank at a time (what a summary slice needs)."""
+    """One collective instance across the ranks, as a summary slice needs it (made from the
+    fold's columns one group at a time, never for the whole run at once)."""
 
     key: InstanceKey
     pg: str
@@ -56,66 +60,214 @@ class Seen(Span):
     last_start_ns: int
     last_end_ns: int
     late_rank: int
-    count: int = 0                  # ranks that hold it
-    launch_only: bool = False
-    failed: bool = False
-    size_bytes: int | None = None
-    expected: int = 0               # ranks that should hold it
-    bandwidth: bw.Bandwidth | None = None
-    straggler: int | None = None
+    count: int                      # ranks that hold it
+    launch_only: bool
+    failed: bool
+    size_bytes: int | None
+    expected: int                   # ranks that should hold it
+    bandwidth: bw.Bandwidth | None
+    straggler: int | None
 
     @property
     def label(self) -> str:
         return instance_label(self.key, self.op, None)
 
 
-@dataclass
-class Fold:
-    """Pass 1: every instance of the run, and what is known of each rank."""
+class Names:
+    """Strings as small ints: a run has few distinct groups, ops and collective types."""
 
-    instances: dict[InstanceKey, Seen] = field(default_factory=dict)
-    pgs: dict[str, PgInfo] = field(default_factory=dict)
-    hosts: dict[int, str | None] = field(default_factory=dict)
-    rows: int = 0
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def id(self, name: str) -> int:
+        got = self._ids.get(name)
+        if got is None:
+            got = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+
+_PLAIN = (None, None, (), None)      # an InstanceKey's src, dst, pairs, replay when unused
+
+
+@dataclass(slots=True)
+class _Seqs:
+    """One group's collectives by sequence number from ``base``: each one's index, or -1."""
+
+    base: int
+    slots: array
+
+
+class KeyIndex:
+    """Instance key -> index 0, 1, ...: about 16 bytes a collective instance where a dict of
+    key objects costs about 200. A group numbers its collectives densely, so it keeps an array
+    from sequence number to index; other keys (p2p, batches, annotations, graph replays, a
+    sequence number far from its group's others) are few and keep a dict."""
+
+    MAX_GAP = 1 << 16       # a sequence number this far outside its group's array: the dict
+
+    def __init__(self, names: Names) -> None:
+        self._names = names
+        self._groups: dict[str, _Seqs] = {}
+        self._pg = array("i")           # per index: the key's group (dense keys)
+        self._seq = array("q")          # per index: the key's sequence number (dense keys)
+        self._other: dict[InstanceKey, int] = {}
+        self._other_keys: dict[int, InstanceKey] = {}
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    @staticmethod
+    def _dense(key: InstanceKey) -> bool:
+        """A group's collective (its sequence number and group are the whole key)."""
+        return (key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int
+                and abs(key.seq) < 1 << 62)
+
+    def find(self, key: InstanceKey) -> int | None:
+        # ``_dense`` inlined (one call per row, twice per run); its range check is ``_place``'s
+        if key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int:
+            group = self._groups.get(key.pg)
+            if group is not None:
+                off = key.seq - group.base
+                if 0 <= off < len(group.slots) and group.slots[off] >= 0:
+                    return group.slots[off]
+        return self._other.get(key)
+
+    def add(self, key: InstanceKey) -> int:
+        """The index of a key ``find`` does not know."""
+        i = len(self)
+        if self._dense(key) and self._place(key.pg, key.seq, i):
+            self._pg.append(self._names.id(key.pg))
+            self._seq.append(key.seq)
+        else:
+            self._other[key] = i
+            self._other_keys[i] = key
+            self._pg.append(-1)
+            self._seq.append(0)
+        return i
+
+    def _place(self, pg: str, seq: int, i: int) -> bool:
+        group = self._groups.get(pg)
+        if group is None:
+            self._groups[pg] = _Seqs(seq, array("i", [i]))
+            return True
+        off = seq - group.base
+        if off < 0:
+            if -off > self.MAX_GAP:
+                return False
+            group.slots[0:0] = array("i", [-1]) * -off
+            group.base, off = seq, 0
+        elif off >= len(group.slots):
+            if off - len(group.slots) > self.MAX_GAP:
+                return False
+            group.slots.extend(array("i", [-1]) * (off + 1 - len(group.slots)))
+        group.slots[off] = i
+        return True
+
+    def key(self, i: int) -> InstanceKey:
+        other = self._other_keys.get(i)
+        if other is not None:
+            return other
+        return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
+
+
+_BOTH = Flag.LAUNCH_ONLY | Flag.FAILED
+
+
+class Fold:
+    """Pass 1: every instance of the run as columns indexed by its key's index (``KeyIndex``),
+    about 90 bytes an instance with the arrays' slack: 1.1 MB at 1,024 ranks of a TP × DP job
+    (12.5k instances), where an object per instance held about 850 bytes (its key, its strings
+    and ints from the JSON, its bandwidth)."""
+
+    def __init__(self) -> None:
+        self.names = Names()
+        self.keys = KeyIndex(self.names)
+        self.pg, self.op, self.ctype = array("i"), array("i"), array("i")   # ``names`` ids
+        self.first_start, self.last_start, self.last_end = array("q"), array("q"), array("q")
+        self.late_rank, self.count = array("i"), array("i")
+        self.flags = array("B")             # ``Flag`` bits of any rank
+        self.size = array("q")              # the largest bytes of any rank; -1: none known
+        self.straggler = array("i")         # by ``finish``; -1: none
+        self.by_pg: dict[str, array] = {}   # by ``finish``: each group's indices by first start
+        self.pgs: dict[str, PgInfo] = {}
+        self.ranks: set[int] = set()
+        self.rows = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
     def add(self, table: CommTable) -> None:
-        self.hosts[table.rank] = table.host
+        self.ranks.add(table.rank)
         for pg, info in table.pgs.items():
             self.pgs.setdefault(pg, info)
         rank = table.rank
         for row in table.rows:
             self.rows += 1
-            seen = self.instances.get(row.key)
-            if seen is None:
-                seen = self.instances[row.key] = Seen(
-                    row.key, row.pg, row.op, row.ctype, row.start_ns, row.start_ns,
-                    row.end_ns, rank)
-            seen.count += 1
-            seen.first_start_ns = min(seen.first_start_ns, row.start_ns)
-            if (row.start_ns, rank) > (seen.last_start_ns, seen.late_rank):
-                seen.last_start_ns, seen.late_rank = row.start_ns, rank
-            seen.last_end_ns = max(seen.last_end_ns, row.end_ns)
-            seen.launch_only |= bool(row.flags & Flag.LAUNCH_ONLY)
-            seen.failed |= bool(row.flags & Flag.FAILED)
+            start, end = row.start_ns, row.end_ns
+            i = self.keys.find(row.key)
+            if i is None:
+                i = self._new(row, rank)
+            self.count[i] += 1
+            if start < self.first_start[i]:
+                self.first_start[i] = start
+            if (start, rank) > (self.last_start[i], self.late_rank[i]):
+                self.last_start[i], self.late_rank[i] = start, rank
+            if end > self.last_end[i]:
+                self.last_end[i] = end
+            self.flags[i] |= int(row.flags & _BOTH)
             if row.size_bytes is not None:
-                seen.size_bytes = max(seen.size_bytes or 0, row.size_bytes)
+                self.size[i] = max(self.size[i], row.size_bytes, 0)
 
-    def finish(self) -> list[Seen]:
-        """Bandwidth and stragglers, by the review's rules (``merge.instances``)."""
-        by_pg: dict[str, list[Seen]] = defaultdict(list)
-        for seen in self.instances.values():
-            info = self.pgs.get(seen.pg)
-            ranks = expected_ranks(seen.key, {md.PG_RANKS: info.ranks if info else None})
-            seen.expected = len(ranks) or seen.count
-            seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns,
-                                          bandwidth_ranks(seen.key, seen.expected))
-            if seen.count > 1 and not seen.launch_only:
-                by_pg[seen.pg].append(seen)
-        for insts in by_pg.values():
-            threshold = straggler_threshold([i.skew_ns for i in insts])
-            for inst in insts:
-                inst.straggler = inst.late_rank if inst.skew_ns >= threshold else None
-        return sorted(self.instances.values(), key=lambda i: (i.first_start_ns, i.pg))
+    def _new(self, row: Row, rank: int) -> int:
+        """A new instance's columns, as its first rank saw it (``add`` then counts that rank)."""
+        i = self.keys.add(row.key)
+        name = self.names.id
+        for column, value in ((self.pg, name(row.pg)), (self.op, name(row.op)),
+                              (self.ctype, name(row.ctype)), (self.first_start, row.start_ns),
+                              (self.last_start, row.start_ns), (self.last_end, row.end_ns),
+                              (self.late_rank, rank), (self.count, 0), (self.flags, 0),
+                              (self.size, -1), (self.straggler, -1)):
+            column.append(value)
+        return i
+
+    def skew(self, i: int) -> int:
+        return self.last_start[i] - self.first_start[i]
+
+    def finish(self) -> None:
+        """Each group's instances by first start, and the stragglers by the review's rule
+        (``merge.instances``): a late rank whose skew stands out in its group."""
+        members: dict[int, array] = defaultdict(lambda: array("i"))
+        for i, pg in enumerate(self.pg):
+            members[pg].append(i)
+        start = self.first_start.__getitem__
+        for pg_id, idx in members.items():
+            order = array("i", sorted(idx, key=start))    # stable: ties in fold order
+            self.by_pg[self.names.names[pg_id]] = order
+            timed = [i for i in order
+                     if self.count[i] > 1 and not self.flags[i] & Flag.LAUNCH_ONLY]
+            if timed:
+                threshold = straggler_threshold([self.skew(i) for i in timed])
+                for i in timed:
+                    if self.skew(i) >= threshold:
+                        self.straggler[i] = self.late_rank[i]
+
+    def seen(self, i: int) -> Seen:
+        """Instance ``i`` with its expected ranks and bandwidth, for its summary slice."""
+        key, pg = self.keys.key(i), self.names.names[self.pg[i]]
+        info = self.pgs.get(pg)
+        count = self.count[i]
+        seen = Seen(key, pg, self.names.names[self.op[i]], self.names.names[self.ctype[i]],
+                    self.first_start[i], self.last_start[i], self.last_end[i],
+                    self.late_rank[i], count, bool(self.flags[i] & Flag.LAUNCH_ONLY),
+                    bool(self.flags[i] & Flag.FAILED),
+                    self.size[i] if self.size[i] >= 0 else None,
+                    len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None}))
+                    or count, None, self.straggler[i] if self.straggler[i] >= 0 else None)
+        seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns,
+                                      bandwidth_ranks(key, seen.expected))
+        return seen
 
 
 def slice_args(seen: Seen) -> dict[str, Any]:
@@ -152,21 +304,21 @@ class OverviewResult:
     seconds: float
 
 
-def _write_cross(f: BinaryIO, instances: list[Seen], pgs: dict[str, PgInfo]) -> None:
+def _write_cross(f: BinaryIO, fold: Fold) -> None:
     """Root, the summary tracks and the stragglers track (piece 0, as in the merged trace)."""
+    pgs = fold.pgs
     piece = Piece(f, 0)
     piece.descriptor(track_descriptor(0, explicit_children=True, explicit_processes=True))
     group = piece.new_uuid()
     piece.descriptor(track_descriptor(group, name="collectives · all ranks",
                                       explicit_children=True, order_rank=-1))
-    by_pg: dict[str, list[Seen]] = defaultdict(list)
-    for seen in instances:
-        by_pg[seen.pg].append(seen)
     stats = {"summary_slices": 0, "bandwidth_samples": 0}
-    for pg in sorted(by_pg):   # one group's slices at a time: memory of a group, not the run
-        write_summary(piece, group, summary_of(by_pg.pop(pg)), pgs, stats)
-        piece.maybe_flush()
-    late = [s for s in instances if s.straggler is not None]
+    for pg in sorted(fold.by_pg):   # one group's slices at a time: memory of a group, not the run
+        write_summary(piece, group, summary_of([fold.seen(i) for i in fold.by_pg[pg]]), pgs,
+                      stats)
+        piece.flush()       # not at 4 MiB (FLUSH_BYTES): the run's summary would fill that
+    late = [fold.seen(i) for i in range(len(fold)) if fold.straggler[i] >= 0]
+    late.sort(key=lambda s: (s.first_start_ns, s.pg))
     if late:
         events = [{"name": f"rank {s.straggler} late · {lane_name(s.pg, pgs.get(s.pg))}",
                    "cat": "commviz.straggler",
@@ -197,19 +349,22 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
     flows: dict[int, bytes] = {}
     items: dict[str, list] = defaultdict(list)
     for row in table.rows:
-        seen = fold.instances[row.key]
+        i = fold.keys.find(row.key)
+        if i is None:
+            raise SourceError(f"rank {rank}", "its comm table changed while the overview read it")
+        count = fold.count[i]
         args: dict[str, Any] = {md.SEQ: row.key.seq} if row.key.kind is KeyKind.COLLECTIVE else {}
         args[md.PG_NAME] = row.pg
         args["commviz.instance"] = instance_text(row.key)
         if row.size_bytes is not None:
             args["commviz.size_bytes"] = row.size_bytes
-        if not seen.launch_only:
-            args["commviz.wait_ns"] = max(0, min(seen.last_start_ns, row.end_ns) - row.start_ns)
-        if seen.late_rank == rank and seen.count > 1:
+        if not fold.flags[i] & Flag.LAUNCH_ONLY:
+            args["commviz.wait_ns"] = max(0, min(fold.last_start[i], row.end_ns) - row.start_ns)
+        if fold.late_rank[i] == rank and count > 1:
             args["commviz.late"] = True
-        if seen.straggler == rank:
+        if fold.straggler[i] == rank:
             args["commviz.straggler"] = rank
-        if seen.count > 1:                      # an instance on one rank has no other end
+        if count > 1:                      # an instance on one rank has no other end
             flows[len(events)] = flow_field(cross_flow_id(row.key))
         items[row.pg].append((row.start_ns, -row.end_ns, len(events)))
         events.append({"name": row.op, "cat": LANE_CAT, "args": args})
@@ -243,21 +398,21 @@ def write_overview(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
         fold.add(table)
         problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
-    instances = fold.finish()
+    fold.finish()
     partial = target.with_name(f".{target.name}.partial")
     try:
         with open(partial, "wb") as f:
-            _write_cross(f, instances, fold.pgs)
-            for table in _tables(run, sorted(fold.hosts), [], progress, "overview: writing"):
+            _write_cross(f, fold)
+            for table in _tables(run, sorted(fold.ranks), [], progress, "overview: writing"):
                 _write_rank(f, table, fold)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     stragglers: dict[int, int] = defaultdict(int)
-    for seen in instances:
-        if seen.straggler is not None:
-            stragglers[seen.straggler] += 1
-    return OverviewResult(out=target, ranks=len(fold.hosts), instances=len(instances),
+    for rank in fold.straggler:
+        if rank >= 0:
+            stragglers[rank] += 1
+    return OverviewResult(out=target, ranks=len(fold.ranks), instances=len(fold),
                           rows=fold.rows, stragglers=dict(stragglers), problems=problems,
                           bytes=target.stat().st_size,
                           seconds=round(time.perf_counter() - started, 3))
