@@ -70,14 +70,22 @@ def slice_args(inst: Instance) -> dict:
             args[f"commviz.wait_ns.rank{rank}"] = wait
     elif inst.wait_ns:
         args["commviz.max_wait_ns"] = max(inst.wait_ns.values())
+    comm_args(args, inst)
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def comm_args(args: dict, inst: Any, *, algbw: bool = True) -> None:
+    """Add an instance's comm time, bytes and bandwidth to its slice's ``args``: the same keys
+    on the merged trace's summary and the overview's (``inst``: an ``Instance`` or the
+    overview's ``Seen``). The overview leaves algbw out: its tracks plot busbw only."""
     if inst.comm_ns is not None:
         args["commviz.comm_ns"] = inst.comm_ns
     if inst.size_bytes is not None:
         args["commviz.size_bytes"] = inst.size_bytes
     if inst.bandwidth is not None:
-        args["commviz.algbw_GBps"] = round(inst.bandwidth.algbw_gbps, 3)
+        if algbw:
+            args["commviz.algbw_GBps"] = round(inst.bandwidth.algbw_gbps, 3)
         args["commviz.busbw_GBps"] = round(inst.bandwidth.busbw_gbps, 3)
-    return {k: v for k, v in args.items() if v is not None}
 
 
 def rows_of(instances: list[Instance]) -> list[int]:

@@ -39,7 +39,7 @@ from commviz.merge.piece import (LANE_CAT, ORDER_LANE, PID_BASE, cross_flow_id, 
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
                                      straggler_threshold)
-from commviz.merge.summary import SummaryTracks, tracks_for
+from commviz.merge.summary import SummaryTracks, comm_args, tracks_for
 from commviz.merge.table import CommTable, Flag, Row, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
@@ -279,12 +279,7 @@ def slice_args(seen: Seen) -> dict[str, Any]:
     }
     if seen.straggler is not None:
         args["commviz.straggler"] = seen.straggler
-    if seen.comm_ns is not None:
-        args["commviz.comm_ns"] = seen.comm_ns
-    if seen.size_bytes is not None:
-        args["commviz.size_bytes"] = seen.size_bytes
-    if seen.bandwidth is not None:
-        args["commviz.busbw_GBps"] = round(seen.bandwidth.busbw_gbps, 3)
+    comm_args(args, seen, algbw=False)
     return args
 
 
