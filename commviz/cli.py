@@ -1,7 +1,9 @@
-"""The ``commviz`` command line: launch, merge, annotate, verify, report.
+"""The ``commviz`` command line: launch, merge, annotate, verify, report, overview.
 
-Each subcommand lives beside the code it drives, in a module with ``register(subparsers)``
-that adds its parser and sets ``func``; this file only puts them together.
+Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
+adds its arguments and description and sets ``func``; this file only puts them together. Only
+the module of the command being run is imported (``commviz --help`` imports none of them), so
+every command starts without loading the others' dependencies.
 """
 
 from __future__ import annotations
@@ -9,32 +11,52 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NamedTuple
 
 from commviz.errors import WRITE_ERRNOS, CommvizError, cannot_write
 
-# (module, what it adds) in the order ``commviz --help`` lists them.
+
+class Command(NamedTuple):
+    name: str
+    module: str         # the module whose register(parser) fills the command's parser
+    help: str           # the line ``commviz --help`` shows
+
+
 COMMANDS = (
-    "commviz.launch.command",     # commviz launch CONFIG.yaml
-    "commviz.merge.command",      # commviz merge RUN_DIR
-    "commviz.merge.annotate",     # commviz annotate TRACE RECORD -o OUT
-    "commviz.verify.command",     # commviz verify OUT.pftrace
-    "commviz.review.command",     # commviz report RUN_DIR
-    "commviz.review.overview",    # commviz overview RUN_DIR
+    Command("launch", "commviz.launch.command",
+            "run a YAML-configured experiment through torchrun and merge its trace"),
+    Command("merge", "commviz.merge.command",
+            "merge every rank's profiler trace and record into one trace"),
+    Command("annotate", "commviz.merge.annotate",
+            "attach a rank's recorded collective metadata to its profiler trace"),
+    Command("verify", "commviz.verify.command",
+            "check a .pftrace as Perfetto will read it (and against its inputs)"),
+    Command("report", "commviz.review.command",
+            "skew, stragglers, bandwidth, desyncs and streams of a run"),
+    Command("overview", "commviz.review.overview",
+            "one small trace of every rank's collectives, from the comm tables"),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: the command it names gets its full parser (its module is
+    imported; a missing one is an error, never a dropped command), the others their name and
+    help line only."""
     parser = argparse.ArgumentParser(
         prog="commviz",
         description="Make collective communication visible in multi-GPU PyTorch jobs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:           # a missing module is an error, never a dropped command
-        importlib.import_module(name).register(sub)
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv)
+                   if not a.startswith("-")), None)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        if command.name == chosen:
+            importlib.import_module(command.module).register(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -41,12 +41,10 @@ def log_name(cfg: Config, node_rank: int) -> str:
     return "launch.log" if cfg.job.nnodes == 1 else f"launch_node{node_rank}.log"
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "launch", help="run a YAML-configured experiment through torchrun and merge its trace",
-        description="Run an experiment described by a YAML config through torchrun, record it "
-                    "with commviz, gather, merge and report. Without CONFIG: the embedded "
-                    "default (CPU, gloo, 2 ranks).")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run an experiment described by a YAML config through torchrun, record it "
+                     "with commviz, gather, merge and report. Without CONFIG: the embedded "
+                     "default (CPU, gloo, 2 ranks).")
     p.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the experiment config")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY.PATH=VALUE",

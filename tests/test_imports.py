@@ -83,3 +83,17 @@ api += [getattr(commviz.record, n) for n in commviz.record.__all__ if n != "RECO
 print(all(callable(f) and not isinstance(f, type(commviz)) for f in api))
 """
     assert _python(code) == "True"
+
+
+def test_every_command_module_fills_its_parser() -> None:
+    """``commviz --help`` imports no command module, so each is checked here: it exists and
+    its ``register`` gives the command a handler (a misspelled module would fail here)."""
+    import argparse
+
+    from commviz import cli
+
+    for command in cli.COMMANDS:
+        parser = cli.build_parser([command.name])
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert callable(sub.choices[command.name].get_default("func")), command.name
+        assert sub.choices[command.name].description not in (None, command.help), command.name

@@ -26,12 +26,10 @@ from commviz.write.chrome import trace_bytes
 FORMATS = ("json", "pftrace")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "annotate", help="attach a rank's recorded collective metadata to its profiler trace",
-        description="Match one rank's profiler trace with its commviz record and write the "
-                    "trace back with the metadata attached to each collective kernel (eager "
-                    "and graphed) or gloo range. Prints matched and unmatched counts and why.")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Match one rank's profiler trace with its commviz record and write the "
+                     "trace back with the metadata attached to each collective kernel (eager "
+                     "and graphed) or gloo range. Prints matched and unmatched counts and why.")
     p.add_argument("trace", metavar="TRACE", help="the rank's profiler trace (.json or .json.gz)")
     p.add_argument("record", metavar="RECORD", nargs="?", default=None,
                    help="the rank's commviz record (commviz_rank{R}.pkl); without it only the "

@@ -12,12 +12,10 @@ from commviz.merge.keep import keep_of
 from commviz.merge.select import parse_ranks
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "merge", help="merge every rank's profiler trace and record into one trace",
-        description="Merge a run dir (or a directory of profiler traces) into one multi-rank "
-                    "trace: one process per rank with its CPU threads, GPU streams and one "
-                    "comm lane per process group, linked across ranks.")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Merge a run dir (or a directory of profiler traces) into one multi-rank "
+                     "trace: one process per rank with its CPU threads, GPU streams and one "
+                     "comm lane per process group, linked across ranks.")
     p.add_argument("run_dir", help="run dir with commviz_rank*.pkl and trace_rank*.json[.gz], "
                                    "or a plain directory of profiler traces")
     p.add_argument("-o", "--out", help="output file (default RUN_DIR/merged.pftrace or "

@@ -30,12 +30,10 @@ def handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "report", help="skew, stragglers, bandwidth, desyncs and streams of a run",
-        description="Review a run dir: per collective instance the arrival skew, late rank, "
-                    "waits and bandwidth (nccl-tests formulas); per group and rank the "
-                    "totals and stragglers; desyncs; GPU streams and comm/compute overlap.")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Review a run dir: per collective instance the arrival skew, late rank, "
+                     "waits and bandwidth (nccl-tests formulas); per group and rank the "
+                     "totals and stragglers; desyncs; GPU streams and comm/compute overlap.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run dir with commviz records and/or traces")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table (terminal), markdown or json (default: table)")

@@ -428,13 +428,11 @@ def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, la
 
 # -- the command -------------------------------------------------------------------------------
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "overview", help="one small trace of every rank's collectives, from the comm tables",
-        description="Every rank's comm lanes, the per-group summary and bandwidth tracks and "
-                    "the stragglers, from the ranks' comm tables only (no trace is read): a "
-                    "1,024-rank job in one Perfetto tab. Then merge the ranks that matter: "
-                    "commviz merge RUN_DIR --ranks ...")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Every rank's comm lanes, the per-group summary and bandwidth tracks and "
+                     "the stragglers, from the ranks' comm tables only (no trace is read): a "
+                     "1,024-rank job in one Perfetto tab. Then merge the ranks that matter: "
+                     "commviz merge RUN_DIR --ranks ...")
     p.add_argument("run_dir", help="run dir with comm_rank*.json (or matched_rank*.json)")
     p.add_argument("-o", "--out", help=f"output file (default RUN_DIR/{OVERVIEW_NAME})")
     p.set_defaults(func=handler)

@@ -81,13 +81,11 @@ def _handler(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "verify", help="check a .pftrace as Perfetto will read it (and against its inputs)",
-        description="Parse a Perfetto trace back and check it: every slice ends on its own "
-                    "track, nesting is valid, tracks are declared, interning resolves, flows "
-                    "link two or more slices; with --run, every input slice is there exactly "
-                    "once with its args and launch flow. Exits 1 when it finds problems.")
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("Parse a Perfetto trace back and check it: every slice ends on its own "
+                     "track, nesting is valid, tracks are declared, interning resolves, flows "
+                     "link two or more slices; with --run, every input slice is there exactly "
+                     "once with its args and launch flow. Exits 1 when it finds problems.")
     p.add_argument("trace", type=Path, help="the .pftrace to check")
     p.add_argument("--run", type=Path, metavar="RUN_DIR",
                    help="the run dir it was merged from: also compare with its traces")
