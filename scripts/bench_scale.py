@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             got = gather_bytes(run_dir, world, base / f"gather-run{world}")
             sent = "/".join(str(got[r]) for r in sorted(got))
             matched = artifact.matched_path(run_dir, world - 1).stat().st_size
-            print(f"{world:>6} {ov['seconds']:>10.2f} {ov['rss_mib']:>8.0f} "
+            print(f"{world:>6} {ov['seconds']:>10.2f} {ov['rss_mib']:>8.1f} "
                   f"{ov['bytes'] / 1e6:>7.2f} {de['seconds']:>9.2f} {de['rss_mib']:>8.0f} "
                   f"{de['bytes'] / 1e6:>7.2f} {sent:>22} {matched:>14} "
                   f"{json.dumps(ov['stragglers']):>12}")
