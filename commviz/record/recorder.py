@@ -35,8 +35,8 @@ class Recorder:
 
     Records come two ways, numbered by one ordinal counter: calls the boundary kernel records
     natively (``native``: its ring of fixed entries, each naming a shape of ``shapes``) and
-    records built in Python (``append``: profiled, captured and annotated calls,
-    point-to-point calls). ``records()`` puts them back in one order."""
+    records built in Python (``append``: profiled and annotated calls, asynchronous calls under
+    capture, point-to-point calls). ``records()`` puts them back in one order."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
