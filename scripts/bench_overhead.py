@@ -7,20 +7,36 @@ over the batches, by wall clock and by this thread's CPU time:
   recording on     commviz's boundary kernel installed, recording
   recording off    installed, ``commviz.enable(False)``
   record_function  plain call inside ``torch.profiler.record_function`` (a familiar yardstick)
+``--arrival unboxed`` makes the same calls in ``torch.inference_mode`` on an inference tensor:
+c10d's op then skips torch's Autograd fallback and reaches commviz's kernel unboxed, the way
+functional collectives and compiled code reach it (the default, ``boxed``, is how
+torch.distributed's functions, DDP and FSDP reach it).
 Targets (thread CPU, median): recording on adds < 5 us, recording off < 0.5 us. What a variant
 adds (median) is the median over rounds of its time minus plain's in the same round (the order
-of the variants rotates each round), so a host's slow drift cancels out; (min) compares each
-variant's best round.
+of the variants rotates each round), so a host's slow drift cancels out, with a bootstrap 95%
+interval of that median; (min) compares each variant's best round.
+
+A host's noise (a few tenths of a microsecond on these medians) hides what recording off
+costs, so ``--instructions`` (CPU only, needs valgrind) also counts the instructions each
+variant executes per call, all threads, under callgrind: a child process per variant sets up
+untimed, then callgrind counts exactly ``--count-calls`` calls. The count does not drift with
+the host's load; it moves by a few dozen instructions per call from run to run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import re
+import shutil
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -64,24 +80,37 @@ def _select(impl: Impl | None, recording: bool) -> None:
     commviz.enable(recording)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--calls", type=int, default=2000, help="calls per batch")
-    parser.add_argument("--batches", type=int, default=15)
-    args = parser.parse_args()
+# Held entered for the whole process with --arrival unboxed.
+_INFERENCE = torch.inference_mode()
 
+
+def _setup(device: str, arrival: str) -> torch.Tensor:
+    """One-rank process group and commviz's recorder; the tensor every variant reduces."""
+    if arrival == "unboxed":
+        _INFERENCE.__enter__()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.device == "cuda":
+    if device == "cuda":
         torch.cuda.set_device(0)
-    td.init_process_group(backend, rank=0, world_size=1)
-    tensor = torch.ones(1, device=args.device)
+    td.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     commviz.start(tempfile.mkdtemp(prefix="commviz-bench-"), capacity=10_000, flush_interval=None)
+    return torch.ones(1, device=device)
+
+
+def _median_interval(diffs: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``diffs`` (fixed seed: reruns print the same)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(diffs, k=len(diffs)))
+                     for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def timed(args: argparse.Namespace) -> None:
+    """The interleaved rounds, by wall clock and thread CPU time."""
+    tensor = _setup(args.device, args.arrival)
     clocks = {"wall": time.perf_counter_ns, "thread cpu": time.thread_time_ns}
     results: dict[tuple[str, str], list[float]] = {(v, c): [] for v in VARIANTS for c in clocks}
     for name, (impl, recording, fn) in VARIANTS.items():      # warm-up
@@ -98,17 +127,21 @@ def main() -> None:
                 results[(name, cname)].append(_per_call_ns(tensor, args.calls, clock, fn))
     _select(Impl.CPP, True)
 
-    print(f"commviz boundary overhead: all_reduce of 1 element, {backend}, 1 rank, "
-          f"{args.batches} batches x {args.calls} calls, torch {torch.__version__}")
+    print(f"commviz boundary overhead: all_reduce of 1 element, {td.get_backend()}, 1 rank, "
+          f"arriving {args.arrival}, {args.batches} batches x {args.calls} calls, "
+          f"torch {torch.__version__}")
     stats = {"median": statistics.median, "min": min}
+
+    def diffs(name: str, clock: str) -> list[float]:
+        """Per round, what ``name`` took over plain, in us."""
+        return [(v - p) / 1000 for v, p in zip(results[(name, clock)], results[("plain", clock)])]
 
     def added(name: str, clock: str, stat: str) -> float:
         """What ``name`` adds over plain, in us: the median of the per-round differences, or
         the difference of the best rounds."""
-        mine, plain = results[(name, clock)], results[("plain", clock)]
         if stat == "min":
-            return (min(mine) - min(plain)) / 1000
-        return statistics.median(v - p for v, p in zip(mine, plain)) / 1000
+            return (min(results[(name, clock)]) - min(results[("plain", clock)])) / 1000
+        return statistics.median(diffs(name, clock))
 
     print(f"{'variant':<17}" + "".join(f"{c.split()[-1] + ' ' + s:>16}"
                                        for c in clocks for s in stats))
@@ -127,7 +160,94 @@ def main() -> None:
         print(f"targets ({s}, thread cpu): recording on adds {on:.2f} us "
               f"(< 5: {'met' if on < 5 else 'MISSED'}), off adds {off:.2f} us "
               f"(< 0.5: {'met' if off < 0.5 else 'MISSED'})")
+    for name in ("recording on", "recording off"):
+        low, high = _median_interval(diffs(name, "thread cpu"))
+        print(f"  {name}: 95% interval of the median added thread cpu {low:+.2f} .. {high:+.2f} us")
     td.destroy_process_group()
+
+
+def count_child(args: argparse.Namespace) -> None:
+    """Under callgrind (instrumentation off): set up, then call while the parent counts."""
+    tensor = _setup("cpu", args.arrival)
+    impl, recording, fn = VARIANTS[args.count_child]
+    _select(impl, recording)
+    for _ in range(300):
+        fn(tensor)
+    for step in ("ready", "done"):   # the parent switches callgrind's counting on, then off
+        print(step, flush=True)
+        sys.stdin.readline()
+        if step == "ready":
+            for _ in range(args.count_calls):
+                fn(tensor)
+    td.destroy_process_group()
+
+
+def _counted(variant: str, args: argparse.Namespace, out: Path) -> float:
+    """Instructions per call of ``variant``, all threads, counted by callgrind."""
+    calls = args.count_calls
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+         sys.executable, __file__, "--count-child", variant, "--count-calls", str(calls),
+         "--arrival", args.arrival],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={k: v for k, v in os.environ.items() if k != "MASTER_PORT"})  # a port of its own
+    assert proc.stdin is not None and proc.stdout is not None
+    for step, switch in (("ready", "on"), ("done", "off")):
+        while (line := proc.stdout.readline()) and line.strip() != step:
+            pass
+        if not line:
+            raise SystemExit(f"bench_overhead: the {variant!r} child under valgrind exited early")
+        subprocess.run(["callgrind_control", "-i", switch, str(proc.pid)], check=True,
+                       capture_output=True)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+    if proc.wait() != 0:
+        raise SystemExit(f"bench_overhead: the {variant!r} child failed ({proc.returncode})")
+    totals = re.search(r"^totals: (\d+)", out.read_text(), re.M)
+    if totals is None:
+        raise SystemExit(f"bench_overhead: no totals in {out}")
+    return int(totals.group(1)) / calls
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Instructions per call of each variant, twice each in alternation."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("bench_overhead: --instructions needs valgrind (callgrind_control)")
+    counts: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="commviz-callgrind-") as tmp:
+        for repeat in range(2):
+            for i, name in enumerate(VARIANTS):
+                counts[name].append(_counted(name, args, Path(tmp) / f"{repeat}-{i}.out"))
+    plain = statistics.mean(counts["plain"])
+    print(f"instructions per call (callgrind, all threads, gloo, arriving {args.arrival}, "
+          f"{args.count_calls} calls, two runs each; torch {torch.__version__})")
+    for name, got in counts.items():
+        added = statistics.mean(got) - plain
+        extra = "" if name == "plain" else f"  adds {added:+,.0f} ({added / plain:+.2%} of plain)"
+        print(f"  {name:<17}{' / '.join(f'{g:,.0f}' for g in got)}{extra}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per batch")
+    parser.add_argument("--batches", type=int, default=41)
+    parser.add_argument("--arrival", default="boxed", choices=["boxed", "unboxed"],
+                        help="how the op reaches commviz's kernel (unboxed: inference mode)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count instructions per call under callgrind (CPU only)")
+    parser.add_argument("--count-calls", type=int, default=5000,
+                        help="calls counted per variant with --instructions")
+    parser.add_argument("--count-child", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.count_child:
+        count_child(args)
+        return
+    timed(args)
+    if args.instructions:
+        if args.device != "cpu":
+            raise SystemExit("bench_overhead: --instructions counts the CPU (gloo) path only")
+        instructions(args)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ if [ "$gpus" -ge 2 ]; then
 fi
 step "benchmarks"
 timeout 170 python3 -m torch.distributed.run --nproc_per_node "$nproc" scripts/bench_graph_overhead.py --out "$out/bench_graph_overhead.json" 2>&1 | tail -30 | tee "$out/bench_graph_overhead.log"
-timeout 100 python3 scripts/bench_overhead.py --device cuda 2>&1 | tail -12 | tee "$out/bench_overhead_cuda.log"
+for arrival in boxed unboxed; do
+  timeout 100 python3 scripts/bench_overhead.py --device cuda --arrival $arrival 2>&1 | tail -12 \
+    | tee "$out/bench_overhead_cuda_$arrival.log"
+done
 tar czf "$out/gpu_run.tgz" -C /tmp/cvruns graphed 2>/dev/null
 echo "== done"

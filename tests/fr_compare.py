@@ -62,6 +62,11 @@ BACKEND_ALIASES = {("reduce_scatter_tensor", "allreduce")}
 # NCCL's Flight Recorder names the tensor collectives after c10d's base ops
 NAME_ALIASES = {("all_gather_into_tensor", "allgatherbase"),
                 ("reduce_scatter_tensor", "reducescatterbase")}
+# gloo's Flight Recorder entry for allgather_into_tensor_coalesced (functional all_gather on
+# gloo) gives as output one rank's chunk, the input's size, whatever the group's size (seen on
+# torch 2.13 with 2 and 3 ranks: out 4 for a 4-element input both times): the output is that
+# times the group's size.
+CHUNK_OUTPUT = {("all_gather_into_tensor_coalesced", "allgather")}
 # gloo runs the list reduce_scatter as one all_reduce per rank of the group, each numbered:
 # one commviz record stands for that many entries, each of the output's size.
 PER_RANK = {"reduce_scatter"}
@@ -143,6 +148,10 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
         out.append(f"{where} recorded as {r['commviz.op']}")
     if aliased and r["In msg nelems"] != e["in"]:
         out.append(f"{where}: input {r['In msg nelems']} != {e['in']}")
+    elif (r["commviz.op"], _norm(e["name"])) in CHUNK_OUTPUT and r.get("commviz.device") == "cpu":
+        expected = (e["in"], e["out"] * r["Group size"])
+        if (r["In msg nelems"], r["Out msg nelems"]) != expected:
+            out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != {expected}")
     elif not aliased and (r["In msg nelems"], r["Out msg nelems"]) != (e["in"], e["out"]):
         out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != "
                    f"{(e['in'], e['out'])}")

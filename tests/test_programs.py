@@ -272,3 +272,51 @@ def test_object_collectives_monitored_barrier_any_source_and_coalesced(run_dir: 
         if rank == 0:
             assert snap["senders"] == [1, 2, 3]
             assert snap["recvs"] == [None] * 3     # any-source: recorded, peer unknown
+
+
+# -- how a call reaches the kernel: boxed, unboxed, and with recording off ------------------
+
+def _arrivals(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    import commviz
+    from commviz.record import boundary
+
+    _start(run_dir)
+
+    def calls() -> None:
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t)
+        dist.broadcast(t, src=1)
+        dist.all_gather_into_tensor(torch.empty(4 * world), t)
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world))
+        funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD))
+        funcol.wait_tensor(funcol.all_gather_tensor(t, 0, dist.group.WORLD))
+
+    calls()                        # boxed (torch's Autograd fallback) and unboxed (funcol)
+    with torch.inference_mode():   # inference tensors skip autograd: every call unboxed
+        calls()
+    snap = snapshot()
+    commviz.enable(False)
+    kept = len(commviz.RECORDER.records())
+    calls()
+    with torch.inference_mode():
+        calls()
+    snap["recorded_while_off"] = len(commviz.RECORDER.records()) - kept
+    commviz.enable(True)
+    snap["boxed_only"] = list(boundary.BOUNDARY.boxed)
+    return snap
+
+
+def test_boxed_unboxed_and_inference_calls_recorded_once_and_none_while_off(
+        run_dir: Path) -> None:
+    for snap in run_ranks(_arrivals, 2, str(run_dir), env=FR_ENV):
+        counts = compare(snap)["0"]
+        # twice (normal and inference tensors): all_reduce from c10d and functional, broadcast,
+        # reduce_scatter_tensor, all_gather from c10d and functional (gloo's coalesced op)
+        assert counts == {"all_reduce": 4, "broadcast": 2, "reduce_scatter_tensor": 2,
+                          "all_gather_into_tensor": 2, "all_gather_into_tensor_coalesced": 2}
+        assert snap["recorded_while_off"] == 0
+        # every op got the kernel with its own C++ signature on this torch (ProcessGroup.hpp)
+        assert snap["boxed_only"] == []

@@ -1,10 +1,19 @@
-// commviz's c10d boundary kernel: one boxed kernel in front of each c10d collective and
-// point-to-point op at a backend's dispatch key (CPU for gloo, CUDA for NCCL).
+// commviz's c10d boundary kernel: one kernel for each c10d collective and point-to-point op at
+// the BackendSelect dispatch key, the last one before the backend's kernel (CPU for gloo, CUDA
+// for NCCL); it redispatches to that kernel, so torch's own kernels stay registered as they are.
 //
 // Every collective reaches these ops, whoever issues it (torch.distributed, DDP's reducer,
 // FSDP, DTensor and functional collectives, compiled code), so recording here sees them all.
-// The kernel reads what the record needs straight off the boxed stack (no Python objects are
-// made for tensors or the process group) and walks to the call site.
+// Calls arrive two ways. A call from torch.distributed's functions, DDP or FSDP first runs
+// torch's Autograd fallback (c10d's ops have no autograd kernel), which boxes its arguments;
+// a call made inside another op (functional collectives, compiled code) or in inference mode
+// skips autograd and arrives unboxed. The kernel has both entries, each taking the call as it
+// came (`Typed`: the op's own C++ signature and a boxed entry of its own), so with recording
+// off no arguments are converted: an atomic load and a redispatch. Recording, it reads what
+// the record needs straight off the boxed arguments (no Python objects are made for tensors
+// or the process group) and walks to the call site. An op whose C++ signature is not the one
+// in `signatures()` (another torch) gets a boxed-only kernel (`Boxed`); it works the same but
+// converts unboxed calls even when off.
 //
 // The common call (no profiler, no annotate_collective block around it) is recorded here
 // without running Python: what its call site repeats (op, group, sizes, dtype, root,
@@ -15,11 +24,12 @@
 // same way, and as it returns the kernel reads its stream's capture frontier (the driver's
 // cuStreamGetCaptureInfo, from the libcuda torch loaded); Python places those calls in their
 // graph in one go (`take_captured`) when the capture ends. Other calls go through Python's
-// `begin` / `finish`, which build the full record. With recording off the kernel costs one
-// atomic load.
+// `begin` / `finish`, which build the full record.
 //
 // Built on first use by commviz.record.boundary (torch.utils.cpp_extension).
 
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/boxing/impl/make_boxed_from_unboxed_functor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -31,7 +41,6 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/library.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -178,6 +187,31 @@ struct Site {
   }
 };
 
+// A frame's line: Python finds it by scanning its code object's line table, which costs more
+// than all the rest of a natively recorded call, so lines are kept per (code object,
+// instruction offset) where Python gives the offset (3.11 on). Needs the GIL.
+struct LineKey {
+  PyCodeObject* code;  // kept alive by g_skip
+  int offset;
+  bool operator==(const LineKey& o) const { return code == o.code && offset == o.offset; }
+};
+struct LineKeyHash {
+  size_t operator()(const LineKey& k) const {
+    return std::hash<const void*>()(k.code) ^ (static_cast<size_t>(k.offset) * 0x9e3779b97f4a7c15ULL);
+  }
+};
+auto* g_lines = new std::unordered_map<LineKey, int, LineKeyHash>();
+
+int line_of(PyFrameObject* frame, PyCodeObject* code) {
+#if PY_VERSION_HEX >= 0x030B0000
+  auto [it, fresh] = g_lines->try_emplace(LineKey{code, PyFrame_GetLasti(frame)}, 0);
+  if (fresh) it->second = PyFrame_GetLineNumber(frame);
+  return it->second;
+#else
+  return PyFrame_GetLineNumber(frame);
+#endif
+}
+
 Site callsite() {
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
@@ -186,7 +220,7 @@ Site callsite() {
     bool own = own_code(code);
     Py_DECREF(code);                              // g_skip keeps it
     if (!own) {
-      Site site{code, PyFrame_GetLineNumber(frame)};
+      Site site{code, line_of(frame, code)};
       Py_DECREF(frame);
       return site;
     }
@@ -633,16 +667,34 @@ void set_last_seq(PyObject* info, int64_t value) {  // needs the GIL
   if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
 }
 
-class Kernel final : public c10::OperatorKernel {
- public:
-  Kernel(OpSpec spec, c10::SafeKernelFunction original)
-      : spec_(spec), original_(std::move(original)) {}
+// The kernels below redispatch with this: the backend's kernel is next.
+const c10::DispatchKeySet kBelowBackendSelect(c10::DispatchKeySet::FULL_AFTER,
+                                              c10::DispatchKey::BackendSelect);
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    if (!g_active.load(std::memory_order_relaxed)) {
-      original_.callBoxed(op, ks, stack);
-      return;
+// Recording is on and the call goes to gloo's (CPU) or NCCL's (CUDA) kernel, not, say, to a
+// Meta kernel under a fake-tensor trace.
+bool recording(c10::DispatchKeySet below) {
+  if (!g_active.load(std::memory_order_relaxed)) return false;
+  const c10::DispatchKey backend = below.highestPriorityTypeId();
+  return backend == c10::DispatchKey::CPU || backend == c10::DispatchKey::CUDA;
+}
+
+// Records the calls of one op and runs the backend's kernel.
+class Kernel {
+ public:
+  explicit Kernel(OpSpec spec) : spec_(spec) {}
+
+  // A call with its arguments boxed on `stack`.
+  void boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const c10::DispatchKeySet below = ks & kBelowBackendSelect;
+    if (recording(below)) {
+      record(op, below, stack);
+    } else {
+      op.redispatchBoxed(below, stack);
     }
+  }
+
+  void record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const size_t nargs = op.schema().arguments().size();
     const c10::IValue* args = stack->data() + (stack->size() - nargs);
     const c10::IValue& in = args[spec_.in_arg];
@@ -698,7 +750,7 @@ class Kernel final : public c10::OperatorKernel {
     } else if (verdict == Verdict::PYTHON && rec) {
       run_python(op, ks, stack, *pg, call, rec);
     } else {
-      original_.callBoxed(op, ks, stack);
+      op.redispatchBoxed(ks, stack);
     }
   }
 
@@ -765,7 +817,7 @@ class Kernel final : public c10::OperatorKernel {
   // the collective's end, not its enqueue. (send/recv carry no such flag: isend returns.)
   void call_original(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                      torch::jit::Stack* stack, const Args& call) {
-    original_.callBoxed(op, ks, stack);
+    op.redispatchBoxed(ks, stack);
     if (!call.cuda && spec_.async_arg >= 0 && !call.async_op && !stack->empty() &&
         stack->back().isCustomClass()) {
       stack->back().toCustomClass<c10d::Work>()->wait();
@@ -871,21 +923,141 @@ class Kernel final : public c10::OperatorKernel {
   }
 
   OpSpec spec_;
-  c10::SafeKernelFunction original_;
 };
 
-// Registrations live as long as these libraries: dropping them puts torch's kernels back.
-std::vector<std::unique_ptr<torch::Library>> g_libraries;
+// The kernel of an op with the C++ signature `Sig`: unboxed calls come to operator(), boxed
+// ones to `boxed` (through the specialisation of make_boxed_from_unboxed_functor below).
+template <class Sig>
+class Typed;
 
-class Silence : public c10::WarningHandler {
+template <class Ret, class... Args>
+class Typed<Ret(Args...)> final : public c10::OperatorKernel {
  public:
-  void process(const c10::Warning&) override {}
+  Typed(c10::TypedOperatorHandle<Ret(Args...)> op, OpSpec spec) : op_(op), kernel_(spec) {}
+
+  Ret operator()(c10::DispatchKeySet ks, Args... args) {
+    const c10::DispatchKeySet below = ks & kBelowBackendSelect;
+    if (C10_LIKELY(!recording(below))) return op_.redispatch(below, std::forward<Args>(args)...);
+    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(std::forward<Args>(args)...);
+    kernel_.record(op_, below, &stack);
+    if constexpr (!std::is_void_v<Ret>) return c10::impl::PopResult<Ret>::call(stack);
+  }
+
+  void boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    kernel_.boxed(op, ks, stack);
+  }
+
+ private:
+  c10::TypedOperatorHandle<Ret(Args...)> op_;
+  Kernel kernel_;
 };
 
-void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
-             const std::vector<std::string>& keys, py::dict python,
-             std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots,
-             const std::vector<std::string>& own_dirs) {
+// The kernel of an op whose C++ signature is not in `signatures()`: boxed only.
+class Boxed final : public c10::OperatorKernel {
+ public:
+  explicit Boxed(OpSpec spec) : kernel_(spec) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    kernel_.boxed(op, ks, stack);
+  }
+
+ private:
+  Kernel kernel_;
+};
+
+}  // namespace
+
+// A Typed kernel's boxed entry is its own, not the dispatcher's unbox-and-call wrapper.
+namespace c10::impl {
+template <class Sig, bool AllowDeprecatedTypes>
+struct make_boxed_from_unboxed_functor<Typed<Sig>, AllowDeprecatedTypes> final {
+  static void call(OperatorKernel* functor, const OperatorHandle& op, DispatchKeySet ks,
+                   torch::jit::Stack* stack) {
+    static_cast<Typed<Sig>*>(functor)->boxed(op, ks, stack);
+  }
+};
+}  // namespace c10::impl
+
+namespace {
+
+// Registrations live as long as their handles: dropping them unregisters commviz's kernels.
+std::vector<c10::RegistrationHandleRAII> g_registrations;
+
+c10::RegistrationHandleRAII register_kernel(const c10::OperatorHandle& op, c10::KernelFunction kernel,
+                                            std::optional<c10::impl::CppSignature> signature) {
+  return c10::Dispatcher::singleton().registerImpl(op.operator_name(),
+                                                   c10::DispatchKey::BackendSelect,
+                                                   std::move(kernel), std::move(signature),
+                                                   nullptr, "commviz boundary kernel");
+}
+
+using Register = c10::RegistrationHandleRAII (*)(const c10::OperatorHandle&, OpSpec);
+
+// Registers a Typed kernel; `typed()` throws first if this torch calls the op with another
+// C++ signature.
+template <class Sig>
+c10::RegistrationHandleRAII register_typed(const c10::OperatorHandle& op, OpSpec spec) {
+  auto handle = op.typed<Sig>();
+  return register_kernel(op,
+                         c10::KernelFunction::makeFromUnboxedFunctor<false, Typed<Sig>>(
+                             std::make_unique<Typed<Sig>>(handle, spec)),
+                         c10::impl::CppSignature::make<Sig>());
+}
+
+// c10d's ops as their C++ callers call them (torch/csrc/distributed/c10d/ProcessGroup.hpp, the
+// same in torch 2.11 and 2.13).
+const std::unordered_map<std::string, Register>& signatures() {
+  using at::Tensor;
+  using at::TensorList;
+  using Group = const c10::intrusive_ptr<c10d::ProcessGroup>&;
+  using Reduce = const c10::intrusive_ptr<c10d::ReduceOp>&;
+  using Work = c10::intrusive_ptr<c10d::Work>;
+  using Tensors = std::vector<at::Tensor>;
+  using Lists = std::vector<std::vector<at::Tensor>>;
+  using Ints = std::vector<int64_t>;
+  static const auto* table = new std::unordered_map<std::string, Register>{
+      {"broadcast_", &register_typed<std::tuple<Tensors, Work>(
+                         TensorList, Group, int64_t, int64_t, bool, int64_t)>},
+      {"allreduce_", &register_typed<std::tuple<Tensors, Work>(
+                         TensorList, Group, Reduce, const std::optional<Tensor>&, bool, int64_t)>},
+      {"allreduce_coalesced_", &register_typed<Work(TensorList, Group, Reduce, bool, int64_t)>},
+      {"reduce_", &register_typed<Work(TensorList, Group, Reduce, int64_t, int64_t, bool, int64_t)>},
+      {"allgather_",
+       &register_typed<std::tuple<Lists, Work>(const Lists&, TensorList, Group, bool, int64_t)>},
+      {"_allgather_base_",
+       &register_typed<std::tuple<Tensor, Work>(Tensor&, Tensor&, Group, bool, int64_t)>},
+      {"allgather_coalesced_", &register_typed<Work(const Lists&, const TensorList&, Group, bool)>},
+      {"allgather_into_tensor_coalesced_",
+       &register_typed<Work(TensorList, TensorList, Group, bool)>},
+      {"gather_",
+       &register_typed<Work(const Lists&, const TensorList&, Group, int64_t, bool, int64_t)>},
+      {"scatter_", &register_typed<std::tuple<Tensors, Work>(
+                       const TensorList&, const Lists&, Group, int64_t, bool, int64_t)>},
+      {"reduce_scatter_", &register_typed<std::tuple<Tensors, Work>(
+                              const TensorList&, const Lists&, Group, Reduce, bool, int64_t)>},
+      {"_reduce_scatter_base_", &register_typed<std::tuple<Tensor, Work>(
+                                    Tensor&, Tensor&, Group, Reduce, bool, int64_t)>},
+      {"reduce_scatter_tensor_coalesced_",
+       &register_typed<Work(TensorList, TensorList, Group, Reduce, bool, int64_t)>},
+      {"alltoall_base_", &register_typed<Work(Tensor&, Tensor&, Group, Ints, Ints, bool, int64_t)>},
+      {"alltoall_", &register_typed<std::tuple<Tensors, Work>(
+                        const TensorList&, const TensorList&, Group, bool, int64_t)>},
+      {"monitored_barrier_", &register_typed<void(Tensor, Group, const Ints&, int64_t, bool)>},
+      {"send", &register_typed<Work(TensorList, Group, int64_t, int64_t)>},
+      {"recv_", &register_typed<Work(TensorList, Group, int64_t, int64_t)>},
+      {"recv_any_source_", &register_typed<Work(TensorList, Group, int64_t)>},
+      {"barrier", &register_typed<Work(Tensor, Group, const Ints&, bool, int64_t)>},
+  };
+  return *table;
+}
+
+// Puts commviz's kernel in front of each op; returns the ops that got the boxed-only kernel
+// (this torch refused the C++ signature) and those left alone (a BackendSelect kernel is
+// already there: commviz's would bypass it).
+std::tuple<std::vector<std::string>, std::vector<std::string>> install(
+    const std::vector<std::tuple<std::string, OpSpec>>& ops, py::dict python,
+    std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots,
+    const std::vector<std::string>& own_dirs) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
   *g_own_dirs = own_dirs;
   if (g_py == nullptr) g_py = new Python();
@@ -901,29 +1073,34 @@ void install(const std::vector<std::tuple<std::string, OpSpec>>& ops,
   g_py->installed_attr = py::str("installed");
   g_py->last_seq_attr = py::str("last_seq");
   g_shapes->clear();
-  if (!g_libraries.empty()) return;
-  Silence silence;  // torch warns that a kernel is overridden: that is the point here
-  c10::WarningUtils::WarningHandlerGuard guard(&silence);
-  for (const std::string& key_name : keys) {
-    c10::DispatchKey key = c10::parseDispatchKey(key_name);
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d", key, __FILE__,
-                                                __LINE__);
-    for (const auto& [name, spec] : ops) {
-      auto handle = c10::Dispatcher::singleton().findSchema({"c10d::" + name, ""});
-      if (!handle.has_value() || !handle->hasKernelForDispatchKey(key)) continue;
-      auto original = handle->getComputedKernelForDispatchKey(key);
-      lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                  std::make_unique<Kernel>(spec, std::move(original))));
+  std::vector<std::string> boxed, taken;
+  if (!g_registrations.empty()) return {boxed, taken};
+  for (const auto& [name, spec] : ops) {
+    auto op = c10::Dispatcher::singleton().findSchema({"c10d::" + name, ""});
+    if (!op.has_value()) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect)) {
+      taken.push_back(name);
+      continue;
     }
-    g_libraries.push_back(std::move(lib));
+    auto typed = signatures().find(name);
+    if (typed != signatures().end()) {
+      try {
+        g_registrations.push_back(typed->second(*op, spec));
+        continue;
+      } catch (const c10::Error&) {  // this torch calls the op with another C++ signature
+      }
+    }
+    g_registrations.push_back(register_kernel(
+        *op, c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<Boxed>(spec)),
+        std::nullopt));
+    boxed.push_back(name);
   }
+  return {boxed, taken};
 }
 
 void uninstall() {
   g_active.store(false);
-  Silence silence;
-  c10::WarningUtils::WarningHandlerGuard guard(&silence);
-  g_libraries.clear();
+  g_registrations.clear();
 }
 
 }  // namespace
@@ -934,7 +1111,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "put the boundary kernel in front of c10d's ops");
   m.def("uninstall", &uninstall, "give torch's own kernels back");
   m.def("set_active", [](bool on) { g_active.store(on); });
-  m.def("installed", []() { return !g_libraries.empty(); });
+  m.def("installed", []() { return !g_registrations.empty(); });
   // the ring of natively recorded calls and the ordinal counter shared with Python's records
   m.def("next_ordinal", []() { return g_native->next_ordinal(); });
   m.def("last_ordinal", []() { return g_native->last_ordinal(); });

@@ -2,22 +2,32 @@
 
 torch.distributed's functions, DDP's C++ reducer and its setup, FSDP, DTensor and functional
 collectives, compiled code and calls under CUDA graph capture all end in c10d's dispatcher ops
-(``c10d::allreduce_``, ``c10d::_allgather_base_``, ``c10d::send``, ...) at the backend's dispatch
-key: ``CPU`` for gloo, ``CUDA`` for NCCL. ``install()`` puts one kernel in front of each of those
-ops at both keys; it records the call (``commviz.record.calls``) and runs torch's own kernel.
-Nothing of torch is replaced at the Python level, so torch's functions, objects, warnings and
-graph breaks stay exactly as they are.
+(``c10d::allreduce_``, ``c10d::_allgather_base_``, ``c10d::send``, ...), whose kernels sit at the
+backend's dispatch key: ``CPU`` for gloo, ``CUDA`` for NCCL. ``install()`` registers one kernel
+per op at ``BackendSelect``, the key dispatched just before the backend's; it records the call
+(``commviz.record.calls``) and redispatches to torch's own kernel, which stays registered as it
+is. Nothing of torch is replaced at the Python level, so torch's functions, objects, warnings
+and graph breaks stay exactly as they are.
 
 The kernel is C++ (``boundary.cpp``), built against the installed torch on first use
-(``torch.utils.cpp_extension``, cached in torch's extension dir; about 20 s once). It reads the
-call's sizes, dtype, group and root off the boxed stack without making Python objects of them
-and never holds the GIL while torch's kernel runs. A plain call (no profiler, no
-``annotate_collective`` block) is recorded in C++: its call site's *shape* is registered once
-(``calls.shape``), then each call adds a fixed entry to a native ring and calls file
-(``RECORDER.attach``). Under CUDA graph capture a synchronous call is recorded the same way and
-the kernel reads its stream's capture frontier as it returns; the capture code places it in
-its graph after the capture (``graphs.adopt_native``). Other calls build their record in
-Python (``calls.begin``). With recording off it costs one atomic load.
+(``torch.utils.cpp_extension``, cached in torch's extension dir; about 20 s once). Calls reach
+it boxed (torch.distributed's functions, DDP and FSDP: torch's Autograd fallback, which runs
+first for c10d's ops, boxes them) or unboxed (functional collectives, compiled code, inference
+mode); it has an entry for each and takes a call as it came, so with recording off
+(``commviz.enable(False)``) it converts nothing: an atomic load and a redispatch, 100-200
+instructions per call either way (``scripts/bench_overhead.py --instructions``, gloo). Measured
+alternatives: a boxed-only kernel costs about 5,000 instructions per unboxed call even when off
+(the dispatcher boxes the arguments for it and unboxes them again for torch's kernel); an
+unboxed-only one costs about 550 per boxed call off and 5,900 more when recording. An op whose
+C++ signature this torch changed gets the boxed-only kernel (``BOUNDARY.boxed`` names them).
+Recording, it reads the call's sizes, dtype, group and root off the boxed
+arguments without making Python objects of them and never holds the GIL while torch's kernel
+runs. A plain call (no profiler, no ``annotate_collective`` block) is recorded in C++: its call
+site's *shape* is registered once (``calls.shape``), then each call adds a fixed entry to a
+native ring and calls file (``RECORDER.attach``). Under CUDA graph capture a synchronous call is
+recorded the same way and the kernel reads its stream's capture frontier as it returns; the
+capture code places it in its graph after the capture (``graphs.adopt_native``). Other calls
+build their record in Python (``calls.begin``).
 
 There is no pure-Python kernel on purpose: a ``torch.library`` Python kernel must call torch's
 kernel with the GIL held, and gloo's worker thread (like NCCL's watchdog) takes the GIL to free
@@ -47,7 +57,6 @@ from commviz.record.ops import CODES, OPS, OpSpec
 from commviz.record.recorder import RECORDER
 
 SOURCE = Path(__file__).with_name("boundary.cpp")
-DISPATCH_KEYS = ("CPU", "CUDA")
 
 
 class Impl(enum.Enum):
@@ -137,6 +146,8 @@ class _Boundary:
     def __init__(self) -> None:
         self.impl: Impl | None = None
         self.problem: str | None = None       # why the C++ kernel is not the one in use
+        self.boxed: tuple[str, ...] = ()      # ops whose C++ signature this torch changed
+        self.unrecorded: tuple[str, ...] = ()  # ops with another BackendSelect kernel
         self._lock = threading.Lock()
         self._ext: Any = None
 
@@ -174,9 +185,15 @@ class _Boundary:
                   "failed": calls.failed, "scope": calls.SCOPE,
                   "profiling": torch._C._autograd._profiler_enabled,
                   "hooks": hooks}
-        ext.install(specs, list(DISPATCH_KEYS), python,
-                    (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION), list(calls.OWN_DIRS))
+        boxed, unrecorded = ext.install(specs, python,
+                                        (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
+                                        list(calls.OWN_DIRS))
         self._ext = ext
+        self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)
+        if unrecorded:
+            warnings.warn("commviz: another kernel sits at BackendSelect for "
+                          f"{', '.join(unrecorded)}; those ops are not recorded",
+                          RuntimeWarning, stacklevel=4)
 
     def uninstall(self) -> None:
         """Give torch its own kernels back."""
