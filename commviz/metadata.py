@@ -297,9 +297,32 @@ def group_info(group: Any = None) -> GroupInfo:
         backend = "unknown"
     info = GroupInfo(pg=pg, name=str(name), desc=str(desc),
                      ranks=list(dist.get_process_group_ranks(pg)), backend=backend,
-                     lane=lane_id(str(name)), my_rank=dist.get_rank())
+                     lane=lane_id(str(name)), my_rank=dist.get_rank(),
+                     last_seq=backend_seq(pg) or 0)
     _GROUPS[id(pg)] = info
     return info
+
+
+def backend_seq(pg: Any) -> int | None:
+    """The number ``pg``'s backend gave its last collective (Flight Recorder's
+    collective_seq_id, for gloo and NCCL alike), or None where the backend keeps none.
+
+    commviz numbers a group's collectives from it where it did not see the calls before: a
+    group first seen after it was used (``commviz.start()`` late in a job), and every group
+    when recording is turned back on."""
+    try:
+        return int(pg._get_sequence_number_for_group())
+    except Exception:  # no such backend call (a fake or third-party backend), a torn-down group
+        return None
+
+
+def follow_backend_numbering() -> None:
+    """Take each seen group's numbering from its backend: recording was off, so calls made
+    meanwhile were not counted."""
+    for info in seen_groups():
+        seq = backend_seq(info.pg) if info.pg is not None else None
+        if seq is not None:
+            info.last_seq = seq
 
 
 _BY_NAME: dict[str, GroupInfo] = {}

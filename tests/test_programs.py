@@ -276,14 +276,20 @@ def test_object_collectives_monitored_barrier_any_source_and_coalesced(run_dir: 
 
 # -- how a call reaches the kernel: boxed, unboxed, and with recording off ------------------
 
+def _fr_last(group: str = "0") -> int:
+    import pickle
+
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    return max(e["collective_seq_id"] for e in dump["entries"]
+               if e["process_group"][0] == group)
+
+
 def _arrivals(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
     import commviz
     from commviz.record import boundary
-
-    _start(run_dir)
 
     def calls() -> None:
         t = torch.full((4,), float(rank + 1))
@@ -294,29 +300,41 @@ def _arrivals(rank: int, world: int, run_dir: str) -> dict[str, Any]:
         funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD))
         funcol.wait_tensor(funcol.all_gather_tensor(t, 0, dist.group.WORLD))
 
+    calls()                        # before commviz starts: torch numbers these, commviz not
+    before = _fr_last()
+    _start(run_dir)
     calls()                        # boxed (torch's Autograd fallback) and unboxed (funcol)
     with torch.inference_mode():   # inference tensors skip autograd: every call unboxed
         calls()
     snap = snapshot()
+    snap["after"] = {"0": before}
     commviz.enable(False)
     kept = len(commviz.RECORDER.records())
     calls()
     with torch.inference_mode():
         calls()
     snap["recorded_while_off"] = len(commviz.RECORDER.records()) - kept
+    off_end = _fr_last()
     commviz.enable(True)
+    calls()
+    again = snapshot()
+    again["records"] = again["records"][kept:]
+    snap["again"], snap["again_after"] = again, {"0": off_end}
     snap["boxed_only"] = list(boundary.BOUNDARY.boxed)
     return snap
 
 
-def test_boxed_unboxed_and_inference_calls_recorded_once_and_none_while_off(
+def test_boxed_unboxed_and_inference_calls_numbered_as_torch_and_none_while_off(
         run_dir: Path) -> None:
     for snap in run_ranks(_arrivals, 2, str(run_dir), env=FR_ENV):
-        counts = compare(snap)["0"]
+        counts = compare(snap, after=snap["after"])["0"]
         # twice (normal and inference tensors): all_reduce from c10d and functional, broadcast,
         # reduce_scatter_tensor, all_gather from c10d and functional (gloo's coalesced op)
         assert counts == {"all_reduce": 4, "broadcast": 2, "reduce_scatter_tensor": 2,
                           "all_gather_into_tensor": 2, "all_gather_into_tensor_coalesced": 2}
         assert snap["recorded_while_off"] == 0
+        # recording on again: numbered on from torch's count, the calls made while off included
+        again = compare(snap["again"], after=snap["again_after"])["0"]
+        assert sum(again.values()) == 6, again
         # every op got the kernel with its own C++ signature on this torch (ProcessGroup.hpp)
         assert snap["boxed_only"] == []

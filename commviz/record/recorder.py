@@ -71,6 +71,8 @@ class Recorder:
 
     @enabled.setter
     def enabled(self, on: bool) -> None:
+        if on and not self._enabled:
+            md.follow_backend_numbering()
         self._enabled = on
         if self.native is not None:
             self.native.set_active(on)
