@@ -33,6 +33,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
+#include <c10/util/FunctionRef.h>
 #include <Python.h>
 #include <frameobject.h>
 #include <pybind11/pybind11.h>
@@ -684,19 +685,27 @@ class Kernel {
  public:
   explicit Kernel(OpSpec spec) : spec_(spec) {}
 
+  // Runs torch's kernel for a recorded call and returns the Work it gave (null: none).
+  using Run = c10::function_ref<c10d::Work*()>;
+
   // A call with its arguments boxed on `stack`.
   void boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const c10::DispatchKeySet below = ks & kBelowBackendSelect;
-    if (recording(below)) {
-      record(op, below, stack);
-    } else {
+    if (!recording(below)) {
       op.redispatchBoxed(below, stack);
+      return;
     }
+    const size_t nargs = op.schema().arguments().size();
+    record(stack->data() + (stack->size() - nargs), [&]() -> c10d::Work* {
+      op.redispatchBoxed(below, stack);
+      return !stack->empty() && stack->back().isCustomClass()
+                 ? stack->back().toCustomClass<c10d::Work>().get()  // the stack keeps it
+                 : nullptr;
+    });
   }
 
-  void record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    const size_t nargs = op.schema().arguments().size();
-    const c10::IValue* args = stack->data() + (stack->size() - nargs);
+  // Records a call whose arguments are `args` (boxed; read before `run` only).
+  void record(const c10::IValue* args, Run run) {
     const c10::IValue& in = args[spec_.in_arg];
     const c10::IValue& out = args[spec_.out_arg < 0 ? spec_.in_arg : spec_.out_arg];
     const at::Tensor* tensor = first_tensor(in);
@@ -746,11 +755,11 @@ class Kernel {
       }
     }
     if (verdict == Verdict::NATIVE) {
-      run_native(op, ks, stack, *pg, call, info, seq, where, stream);
+      run_native(run, *pg, call, info, seq, where, stream);
     } else if (verdict == Verdict::PYTHON && rec) {
-      run_python(op, ks, stack, *pg, call, rec);
+      run_python(run, *pg, call, rec);
     } else {
-      op.redispatchBoxed(ks, stack);
+      run();
     }
   }
 
@@ -815,13 +824,9 @@ class Kernel {
   // torch's kernel; for a CPU (gloo) call its caller said is synchronous (async_op=False) the
   // caller waits on the returned Work right away: waiting here first makes the record's end
   // the collective's end, not its enqueue. (send/recv carry no such flag: isend returns.)
-  void call_original(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                     torch::jit::Stack* stack, const Args& call) {
-    op.redispatchBoxed(ks, stack);
-    if (!call.cuda && spec_.async_arg >= 0 && !call.async_op && !stack->empty() &&
-        stack->back().isCustomClass()) {
-      stack->back().toCustomClass<c10d::Work>()->wait();
-    }
+  void call_original(Run run, const Args& call) {
+    c10d::Work* work = run();
+    if (!call.cuda && spec_.async_arg >= 0 && !call.async_op && work != nullptr) work->wait();
   }
 
   // NCCL numbers its collectives itself (coalesced ones share a number); -1: no number.
@@ -835,12 +840,12 @@ class Kernel {
     }
   }
 
-  void run_native(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+  void run_native(Run run,
                   c10d::ProcessGroup& pg, const Args& call, PyObject* info, int64_t seq,
                   const Where& where, void* stream) {
     const int32_t captured = stream != nullptr ? CAPTURED : 0;
     try {
-      call_original(op, ks, stack, call);
+      call_original(run, call);
     } catch (const std::exception& exc) {
       g_native->end(where, seq, now_ns(), FAILED | captured);
       py::gil_scoped_acquire gil;
@@ -880,10 +885,10 @@ class Kernel {
     g_native->captured(std::move(note));
   }
 
-  void run_python(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+  void run_python(Run run,
                   c10d::ProcessGroup& pg, const Args& call, py::object& rec) {
     try {
-      call_original(op, ks, stack, call);
+      call_original(run, call);
     } catch (const std::exception& exc) {
       py::gil_scoped_acquire gil;
       finish(rec, -1, exc.what());
@@ -925,6 +930,16 @@ class Kernel {
   OpSpec spec_;
 };
 
+// The Work in what an op returned: the result itself or its tuple's last element.
+template <class T>
+c10d::Work* work_of(T& result) {
+  if constexpr (std::is_same_v<T, c10::intrusive_ptr<c10d::Work>>) {
+    return result.get();
+  } else {
+    return std::get<std::tuple_size_v<T> - 1>(result).get();
+  }
+}
+
 // The kernel of an op with the C++ signature `Sig`: unboxed calls come to operator(), boxed
 // ones to `boxed` (through the specialisation of make_boxed_from_unboxed_functor below).
 template <class Sig>
@@ -935,12 +950,24 @@ class Typed<Ret(Args...)> final : public c10::OperatorKernel {
  public:
   Typed(c10::TypedOperatorHandle<Ret(Args...)> op, OpSpec spec) : op_(op), kernel_(spec) {}
 
+  // Recording, the arguments are boxed once to be read; torch's kernel still runs unboxed.
   Ret operator()(c10::DispatchKeySet ks, Args... args) {
     const c10::DispatchKeySet below = ks & kBelowBackendSelect;
     if (C10_LIKELY(!recording(below))) return op_.redispatch(below, std::forward<Args>(args)...);
-    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(std::forward<Args>(args)...);
-    kernel_.record(op_, below, &stack);
-    if constexpr (!std::is_void_v<Ret>) return c10::impl::PopResult<Ret>::call(stack);
+    const torch::jit::Stack read = c10::impl::boxArgs<Args...>(args...);
+    if constexpr (std::is_void_v<Ret>) {
+      kernel_.record(read.data(), [&]() -> c10d::Work* {
+        op_.redispatch(below, std::forward<Args>(args)...);
+        return nullptr;
+      });
+    } else {
+      std::optional<Ret> result;
+      kernel_.record(read.data(), [&]() -> c10d::Work* {
+        result.emplace(op_.redispatch(below, std::forward<Args>(args)...));
+        return work_of(*result);
+      });
+      return std::move(*result);
+    }
   }
 
   void boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
