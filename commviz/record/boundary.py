@@ -14,7 +14,7 @@ The kernel is C++ (``boundary.cpp``), built against the installed torch on first
 it boxed (torch.distributed's functions, DDP and FSDP: torch's Autograd fallback, which runs
 first for c10d's ops, boxes them) or unboxed (functional collectives, compiled code, inference
 mode); it has an entry for each and takes a call as it came, so with recording off
-(``commviz.enable(False)``) it converts nothing: an atomic load and a redispatch, 100-200
+(``commviz.enable(False)``) it converts nothing: an atomic load and a redispatch, about 200
 instructions per call either way (``scripts/bench_overhead.py --instructions``, gloo). Measured
 alternatives: a boxed-only kernel costs about 5,000 instructions per unboxed call even when off
 (the dispatcher boxes the arguments for it and unboxes them again for torch's kernel); an
