@@ -23,7 +23,7 @@ _API = {
     "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
     "mark": "commviz.capture", "gather": "commviz.gathering", "patch": "commviz.patching",
     "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
-    "profile": "commviz.record", "start": "commviz.record", "trace_handler": "commviz.record",
+    "profile": "commviz.record", "start": "commviz.patching", "trace_handler": "commviz.record",
     "unrecorded": "commviz.record.calls",
 }
 

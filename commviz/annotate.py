@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from commviz import metadata as md
+from commviz.capture import region  # noqa: F401 - connects the capture hand-off (its graph nodes)
 from commviz.record import calls
 from commviz.record.calls import unrecorded
 

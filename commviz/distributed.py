@@ -12,8 +12,6 @@ from __future__ import annotations
 from torch.distributed import *  # noqa: F401,F403 - the whole API, unchanged
 from torch.distributed import ReduceOp, GroupMember, P2POp  # noqa: F401 - not in torch's __all__
 
-from commviz.record.boundary import install as _install
-from commviz.capture.hooks import install as _install_hooks
+from commviz.patching import patch as _patch
 
-_install()
-_install_hooks()
+_patch()

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import commviz
 from commviz.capture import bindings, graphs, hooks, region
+from commviz.record import capturing
 
 
 def node_count(g: torch.cuda.CUDAGraph) -> int | None:
@@ -71,12 +72,12 @@ def capture(fn, *, annotated: bool, keep_graph: bool = False) -> tuple[torch.cud
 @contextlib.contextmanager
 def wrappers_only():
     """commviz's wrappers record as usual but skip the capture work (where the time goes)."""
-    saved = hooks.capture_possible
-    hooks.capture_possible = lambda: False
+    saved = capturing.capture_possible
+    capturing.capture_possible = lambda: False
     try:
         yield
     finally:
-        hooks.capture_possible = saved
+        capturing.capture_possible = saved
 
 
 class Parts:

@@ -1,9 +1,11 @@
-"""The code's layout follows the data's flow: no module imports a later stage, and no module
-hides an import behind ``importlib`` (where a misspelled name would fail only when reached).
+"""The code's layout follows the data's flow: no module imports a later stage, no two modules
+import each other (directly or round a loop), and no module hides an import behind
+``importlib`` (where a misspelled name would fail only when reached).
 
 Every module under ``commviz/`` and ``launch/`` (installed as ``commviz.launch``) is parsed with
 ``ast``; every ``import`` in it, at module level or inside a function, is checked against the
-stage order below. Imports within one stage are free.
+stage order below and for loops. Imports within one stage are free, as long as they run one
+way.
 """
 
 from __future__ import annotations
@@ -87,6 +89,64 @@ def imported(module: str, path: Path) -> list[tuple[int, str]]:
                    name.startswith("commviz.")})
 
 
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``modules`` it imports (a package's own ``__init__``, run
+    when a submodule is imported, is not counted: it imports only its lazy API)."""
+    return {module: {name for _, name in imported(module, path) if name in modules}
+            for module, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each group of modules that import each other round a loop (Tarjan's strongly connected
+    components), as one loop through them: ``[a, b, c, a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph[v]:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_loop(graph, group) for group in groups]
+
+
+def _loop(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """The shortest loop from the group's first module back to it, breadth-first."""
+    start = min(group)
+    came: dict[str, str] = {}
+    frontier = [start]
+    while start not in came:
+        reached = []
+        for v in frontier:
+            for w in sorted(graph[v] & group - came.keys()):
+                came[w] = v
+                reached.append(w)
+        frontier = reached
+    back = [start]
+    while back[-1] != start or len(back) == 1:
+        back.append(came[back[-1]])
+    return back[::-1]
+
+
 def uses_importlib(path: Path) -> list[int]:
     """Lines that import by name at run time: ``importlib`` (but its ``resources``),
     ``__import__``, ``pkgutil``/``runpy``."""
@@ -122,6 +182,30 @@ def test_no_import_runs_backwards() -> None:
                                  f"({STAGES[mine][1].split(':')[0]}) imports {name} "
                                  f"({STAGES[stage_of(name)][1].split(':')[0]})")
     assert backwards == []
+
+
+def test_no_import_cycle() -> None:
+    """The recorder and the capture code, in particular, hand off one way
+    (``commviz.record.capturing``): each can be read and tested without the other."""
+    assert import_cycles(import_graph(MODULES)) == []
+
+
+def test_the_checker_sees_an_import_cycle(tmp_path: Path) -> None:
+    """A loop through a function-level and a relative import is found, and named in order."""
+    sources = {"commviz.record.calls": "from commviz.capture import region\n",
+               "commviz.capture.region": "def f():\n    from ..capture import hooks\n",
+               "commviz.capture.hooks": "from commviz.record import calls\n",
+               "commviz.record.ops": "from commviz.record import calls\n"}
+    modules = {}
+    for name, source in sources.items():
+        path = tmp_path / name.replace(".", "_") / f"{name.rpartition('.')[2]}.py"
+        path.parent.mkdir()
+        path.write_text(source)
+        modules[name] = path
+    graph = import_graph(modules)
+    assert graph["commviz.capture.region"] == {"commviz.capture.hooks"}
+    assert import_cycles(graph) == [["commviz.capture.hooks", "commviz.record.calls",
+                                     "commviz.capture.region", "commviz.capture.hooks"]]
 
 
 def test_no_import_is_hidden_behind_importlib() -> None:

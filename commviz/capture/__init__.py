@@ -4,7 +4,8 @@
 - ``mark(name, stream=None)``: label the compute kernels of a block (captured or eager).
 - ``install()`` / ``uninstall()``: the ``torch.cuda.CUDAGraph`` hooks behind both (installed
   by ``commviz.start``, ``commviz.patch`` and ``graph``; importing commviz installs nothing).
-- ``region.enter`` / ``region.exit``: called by ``commviz.record.calls`` for collectives under capture.
+- ``region.enter`` / ``region.exit``: called by ``commviz.record.calls`` for collectives under
+  capture, through ``commviz.record.capturing`` (which ``region`` fills in as it is imported).
 - ``resolve_all()``: finish the capture records now; commviz does it before writing records.
 """
 

@@ -1,7 +1,9 @@
 """Capture-time regions of annotated collectives: which graph nodes did this collective add?
 
-``calls.open_record`` calls ``enter(rec, walk)`` when a collective starts on a CUDA device while
-a capture may be running, and ``exit(token, rec)`` when it returns. A captured collective gets
+Importing this module connects the capture code to the recorder's hand-off
+(``commviz.record.capturing``): ``calls.open_record`` then calls ``enter(rec, walk)`` when a
+collective starts on a CUDA device while a capture may be running, and ``exit(token, rec)``
+when it returns. A captured collective gets
 its graph (``commviz.graph``), its ordinal within that graph on its lane (``commviz.ordinal``,
 1-based) and, once the capture ends, its graph nodes (``commviz.graph_nodes``), all in the
 compact record. The nodes are found one of two ways:
@@ -29,6 +31,7 @@ import torch
 from commviz import metadata as md
 from commviz.capture import bindings as cb
 from commviz.capture import graphs, hooks
+from commviz.record import capturing
 
 SYNC = "sync"          # the token of a synchronous region: everything happens at exit
 
@@ -92,3 +95,7 @@ def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
     except Exception as exc:
         rec[md.R_GRAPH] = rec[md.R_GRAPH] or 0
         graphs.warn_once("could not find the captured nodes of a collective", exc)
+
+
+capturing.connect(capture_possible=hooks.capture_possible, installed=hooks.installed,
+                  enter=enter, exit=exit)

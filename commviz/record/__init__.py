@@ -8,7 +8,7 @@ from commviz.lazy import lazy_api
 _API = {
     "RECORDER": "commviz.record.recorder", "Recorder": "commviz.record.recorder",
     "enable": "commviz.record.recorder", "flush": "commviz.record.recorder",
-    "start": "commviz.record.recorder", "load_record": "commviz.record.store",
+    "start": "commviz.patching", "load_record": "commviz.record.store",
     "profile": "commviz.record.profiler", "trace_handler": "commviz.record.profiler",
 }
 

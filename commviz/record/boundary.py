@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from commviz import metadata as md
-from commviz.record import calls
+from commviz.record import calls, capturing
 from commviz.record.ops import CODES, OPS, OpSpec
 from commviz.record.recorder import RECORDER
 
@@ -179,12 +179,10 @@ class _Boundary:
         specs = [(name, ext.OpSpec(CODES.index(name), p.sent, p.received, p.group, p.reduce_op,
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]
-        from commviz.capture import hooks
-
         python = {"begin": calls.begin, "finish": calls.finish, "shape": calls.shape,
                   "failed": calls.failed, "scope": calls.SCOPE,
                   "profiling": torch._C._autograd._profiler_enabled,
-                  "hooks": hooks}
+                  "hooks": capturing}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
                                         list(calls.OWN_DIRS))

@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from commviz import metadata as md
-from commviz.capture import hooks as _hooks
-from commviz.capture import region as _region
+from commviz.record import capturing as _capture
 from commviz.record import recorder as _rec
 from commviz.record.ops import OPS
 
@@ -144,10 +143,10 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
            site[0], site[1], info.my_rank, device, seq, extra, None, None, None,
            None, None, None, None, None, None]
     profiling = _profiler_enabled()
-    if device == "cuda" and _hooks.capture_possible():
+    if device == "cuda" and _capture.capture_possible():
         # a synchronous call costs least (its nodes are worked out after capture); work the
         # stream does not wait for, user code and profiled calls are walked
-        rec[_REGION] = _region.enter(rec, walk=async_op or want_meta or profiling)
+        rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta or profiling)
     meta = None
     if profiling:
         meta = rec[_META] = md.expand(rec)
@@ -172,7 +171,7 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
 def finish_record(rec: list[Any], error: str | None = None) -> None:
     """Close what ``open_record`` opened; under capture this is where the region ends."""
     if rec[_REGION] is not None:
-        _region.exit(rec[_REGION], rec)
+        _capture.exit(rec[_REGION], rec)
     meta = rec[_META]
     if meta is None:
         rec[md.R_T_END] = _time_ns()

@@ -319,22 +319,16 @@ class _PeriodicFlush(threading.Thread):
 _flusher: _PeriodicFlush | None = None
 
 
-def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None = None,
-          enabled: bool = True, handle_signals: bool = True,
-          flush_interval: float | None = 30.0) -> Recorder:
-    """Record every collective from now on (the c10d boundary recorder and the CUDA graph
-    hooks go in), into ``run_dir`` (default ``$COMMVIZ_RUN_DIR``), and arm flushing.
+def arm(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None = None,
+        enabled: bool = True, handle_signals: bool = True,
+        flush_interval: float | None = 30.0) -> Recorder:
+    """Record into ``run_dir`` (default ``$COMMVIZ_RUN_DIR``) and arm flushing: the recorder's
+    half of ``commviz.start`` (``commviz.patching``), which puts the kernels in first.
 
     The record is written at normal interpreter exit, when SIGTERM/SIGINT arrive (the previous
     handlers still run afterwards) and every ``flush_interval`` seconds while new records come
-    in (None: never). Call ``flush()`` yourself before ``os._exit``.
-    """
+    in (None: never)."""
     global _installed, _flusher
-    from commviz.capture import hooks
-    from commviz.record import boundary
-
-    boundary.install()
-    hooks.install()
     run_dir = run_dir if run_dir is not None else os.environ.get("COMMVIZ_RUN_DIR")
     if run_dir is not None:
         RECORDER.run_dir = Path(run_dir)
