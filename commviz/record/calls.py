@@ -29,6 +29,7 @@ from types import CodeType
 from typing import Any
 
 import torch
+import typing_extensions
 
 from commviz import metadata as md
 from commviz.record import capturing as _capture
@@ -110,7 +111,7 @@ def _own_dirs() -> tuple[str, ...]:
         tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
     return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, md)) + (
         os.path.abspath(inductor) + os.sep, paths["stdlib"] + os.sep,
-        os.path.join(paths["purelib"], "typing_extensions.py"))
+        os.path.abspath(typing_extensions.__file__))
 
 
 OWN_DIRS = _own_dirs()
