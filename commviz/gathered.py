@@ -8,20 +8,21 @@ converts those itself).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from commviz.errors import cannot_write
+from typing_extensions import TypedDict
+
+from commviz.errors import SourceError, cannot_write
+from commviz.filetype import STRICT, FileType
 from commviz.record import journal, schema, store
 from commviz.merge.table import table_path
 
 SUMMARY_NAME = "gather.json"
-SUMMARY_SCHEMA = "commviz.gather"
 # ``auto``: a full gather (and one merged trace) up to this many ranks, comm tables above. A
 # merged trace of 32 GPU-shaped ranks (50k events each) was already 128 MB, and a Perfetto UI
 # tab holds 1-2 GB: 16 ranks keep the merged trace well inside it whatever the trace sizes.
@@ -42,6 +43,25 @@ class Mode(str, Enum):
         return cls(setting)
 
 
+class GatherFile(TypedDict):
+    """``RUN_DIR/gather.json``: a ``GatherResult`` in JSON (ranks as object keys are strings)."""
+
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    schema: Literal["commviz.gather"]
+    version: Literal[1]
+    run_dir: str
+    world_size: int
+    mode: Literal["full", "tables"]
+    shared: list[int]
+    sent: dict[str, list[str]]
+    received: dict[str, int]
+    unconverted: list[int]
+    missing: list[int]
+
+
+SUMMARY = FileType(GatherFile, "gather summary")
+
+
 @dataclass
 class GatherResult:
     """What rank 0 holds after a gather (other ranks get an empty result)."""
@@ -55,23 +75,27 @@ class GatherResult:
     unconverted: list[int] = field(default_factory=list)  # tables: ranks that sent no table
     missing: list[int] = field(default_factory=list)     # ranks with nothing in the run dir
 
-    def summary(self) -> dict[str, Any]:
-        """What ``gather.json`` holds (plain JSON)."""
-        doc = {"schema": SUMMARY_SCHEMA, "version": 1, **asdict(self)}
-        doc.update(run_dir=str(self.run_dir), mode=self.mode.value,
-                   sent={str(r): v for r, v in self.sent.items()},
-                   received={str(r): v for r, v in self.received.items()})
-        return doc
+    def summary(self) -> GatherFile:
+        """What ``gather.json`` holds."""
+        return GatherFile(schema=SUMMARY.schema, version=SUMMARY.version,
+                          run_dir=str(self.run_dir), world_size=self.world_size,
+                          mode=self.mode.value, shared=self.shared,
+                          sent={str(r): v for r, v in self.sent.items()},
+                          received={str(r): v for r, v in self.received.items()},
+                          unconverted=self.unconverted, missing=self.missing)
 
 
-def load_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``RUN_DIR/gather.json`` as written by rank 0, or None when there is none (or it is not
-    a gather summary)."""
-    try:
-        doc = json.loads((Path(run_dir) / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
+def load_summary(run_dir: str | os.PathLike[str]) -> GatherFile | None:
+    """``RUN_DIR/gather.json`` as written by rank 0, or None when there is none; one that does
+    not fit its type is a warning naming it and the key (the run's other files still count)."""
+    path = Path(run_dir) / SUMMARY_NAME
+    if not path.is_file():
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == SUMMARY_SCHEMA else None
+    try:
+        return SUMMARY.load(path)
+    except SourceError as exc:
+        warnings.warn(f"commviz: {exc}", stacklevel=2)
+        return None
 
 
 def _has_record(run_dir: Path, rank: int) -> bool:
@@ -100,7 +124,7 @@ def conclude(result: GatherResult) -> GatherResult:
         warnings.warn(f"commviz.gather: {what} from rank(s) {result.missing} in {target}; "
                       "the other ranks' files are kept", stacklevel=3)
     try:
-        store.write_atomic(target / SUMMARY_NAME, json.dumps(result.summary(), indent=1).encode())
+        store.write_atomic(target / SUMMARY_NAME, SUMMARY.dump_json(result.summary(), indent=1))
     except OSError as exc:
         warnings.warn(f"commviz.gather: {cannot_write(exc, target / SUMMARY_NAME)}", stacklevel=3)
     return result

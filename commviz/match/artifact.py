@@ -9,8 +9,9 @@ worker (or the report, whichever comes first) for plain traces. Like Flight Reco
 
 The clock is applied here and only here (``RankArtifact.aligned``): the matcher's times are the
 rank's own wall clock, the artifact's are the merged clock (rank 0's), and it says which offset
-it applied and how that was found. The file is JSON of plain values, versioned; loading checks
-every field's type and never runs anything (no pickle). Its schema, version ``VERSION``::
+it applied and how that was found. The file is JSON of plain values, declared once
+(``MatchedFile``, a ``commviz.filetype.FileType``: reading, checking, writing and the version
+follow from it); loading never runs anything (no pickle). Its schema, version ``VERSION``::
 
     {"schema": "commviz.matched", "version": 1, "rank": int, "host": str | null,
      "inputs": str,                 # fingerprint of the record and traces it was built from
@@ -28,16 +29,20 @@ every field's type and never runs anything (no pickle). Its schema, version ``VE
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable, Literal
 
 import orjson
+from pydantic import PlainSerializer, PlainValidator
+from typing_extensions import TypedDict
 
 from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
+from commviz.filetype import STRICT, FileType
 from commviz.match import match_traces
 from commviz.match.model import CommEvent, InstanceKey, Source, events_from_record
 from commviz.match.result import RankMatch
@@ -45,8 +50,6 @@ from commviz.trace.gpu import GpuOp, gpu_ops
 from commviz.trace.load import Trace
 from commviz.record.store import write_atomic
 
-SCHEMA = "commviz.matched"
-VERSION = 1
 MATCHED_GLOB = "matched_rank*.json"
 # In the matcher's reason for a kernel that had nothing to match with (no record and no
 # profiler metadata), as opposed to one it could not match with certainty.
@@ -217,25 +220,129 @@ def build(rank: int, traces: list[Trace], record: dict | None, *, inputs: str,
 
 # -- the file ----------------------------------------------------------------------------------
 
-def to_json(art: RankArtifact) -> bytes:
+class ClockFile(TypedDict):
+    """A ``Clock`` in a file (matched runs, comm tables)."""
+
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    offset_ns: int
+    source: str
+
+
+class PgFile(TypedDict):
+    """A ``PgInfo`` in a file (matched runs, comm tables)."""
+
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    desc: str | None
+    ranks: list[int] | str | None
+
+
+def _key_from_wire(value: Any) -> InstanceKey:
+    if not isinstance(value, list):
+        raise ValueError(f"an instance key is a list, not {value!r}")
+    try:
+        try:
+            return _known_key(tuple(value))
+        except TypeError:               # a batch's pairs (lists): not hashable, not cached
+            return InstanceKey.from_wire(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"instance key {value!r} is malformed") from None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _known_key(wire: tuple) -> InstanceKey:
+    """Keys repeat across the ranks (and files) one process reads: each is parsed once."""
+    return InstanceKey.from_wire(wire)
+
+
+# An instance key in its compact form (``InstanceKey.wire``), as matched runs and comm tables
+# hold it.
+WireKey = Annotated[InstanceKey, PlainValidator(_key_from_wire, json_schema_input_type=list),
+                    PlainSerializer(InstanceKey.wire)]
+_Event = tuple[str, str, int, int, dict[str, Any], WireKey | None, Source, int | None, bool]
+_IndexedArgs = list[tuple[int, dict[str, Any]]]
+
+
+class _Gpu(TypedDict):
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    names: list[str]
+    cats: list[str]
+    ops: list[tuple[int, int, int, int, int, bool]]    # stream, name, cat, start, end, graphed
+
+
+class _Labels(TypedDict):
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    trace: str
+    kernel_args: _IndexedArgs
+    marks: _IndexedArgs
+
+
+class MatchedFile(TypedDict):
+    """``matched_rank{R}.json`` as declared (the module's docstring shows it)."""
+
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    schema: Literal["commviz.matched"]
+    version: Literal[1]
+    rank: int
+    host: str | None
+    inputs: str
+    record_inputs: str | None
+    shard: str | None
+    clock: ClockFile
+    pgs: dict[str, PgFile]
+    events: list[_Event]
+    gpu: _Gpu
+    labels: list[_Labels]
+    problems: list[str]
+    stats: dict[str, int]
+
+
+FILE = FileType(MatchedFile, "matched run")
+SCHEMA, VERSION = FILE.schema, FILE.version
+
+
+def to_file(art: RankArtifact) -> MatchedFile:
+    """The declared file of ``art`` (GPU op names and categories interned)."""
     names: dict[str, int] = {}
     cats: dict[str, int] = {}
-    ops = [[op.stream, names.setdefault(op.name, len(names)), cats.setdefault(op.cat, len(cats)),
-            op.start_ns, op.end_ns, op.graphed] for op in art.gpu_ops]
-    doc = {
-        "schema": SCHEMA, "version": VERSION, "rank": art.rank, "host": art.host,
-        "inputs": art.inputs, "record_inputs": art.record_inputs, "shard": art.shard,
-        "clock": {"offset_ns": art.clock.offset_ns, "source": art.clock.source},
-        "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in art.pgs.items()},
-        "events": [[e.pg, e.op, e.start_ns, e.end_ns, e.args,
-                    None if e.key is None else e.key.wire(), e.source.value, e.stream, e.graphed]
-                   for e in art.events],
-        "gpu": {"names": list(names), "cats": list(cats), "ops": ops},
-        "labels": [{"trace": lab.trace, "kernel_args": sorted(lab.kernel_args.items()),
-                    "marks": sorted(lab.marks.items())} for lab in art.labels],
-        "problems": art.problems, "stats": art.stats,
-    }
-    return orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS, default=_plain)
+    ops = [(op.stream, names.setdefault(op.name, len(names)), cats.setdefault(op.cat, len(cats)),
+            op.start_ns, op.end_ns, op.graphed) for op in art.gpu_ops]
+    return MatchedFile(
+        schema=SCHEMA, version=VERSION, rank=art.rank, host=art.host, inputs=art.inputs,
+        record_inputs=art.record_inputs, shard=art.shard,
+        clock=ClockFile(offset_ns=art.clock.offset_ns, source=art.clock.source),
+        pgs={pg: PgFile(desc=i.desc, ranks=i.ranks) for pg, i in art.pgs.items()},
+        events=[(e.pg, e.op, e.start_ns, e.end_ns, e.args, e.key, e.source, e.stream, e.graphed)
+                for e in art.events],
+        gpu=_Gpu(names=list(names), cats=list(cats), ops=ops),
+        labels=[_Labels(trace=lab.trace, kernel_args=sorted(lab.kernel_args.items()),
+                        marks=sorted(lab.marks.items())) for lab in art.labels],
+        problems=art.problems, stats=art.stats)
+
+
+def from_file(doc: MatchedFile) -> RankArtifact:
+    """A checked file as a RankArtifact; the GPU ops' name and category indices are checked
+    here (the one thing the declaration cannot say)."""
+    rank, gpu = doc["rank"], doc["gpu"]
+    names, cats = gpu["names"], gpu["cats"]
+    if any(not (0 <= o[1] < len(names) and 0 <= o[2] < len(cats)) for o in gpu["ops"]):
+        raise ValueError("gpu.ops: a name or category index is out of range")
+    ops = [GpuOp(rank, stream, names[name], cats[cat], start, end, graphed)
+           for stream, name, cat, start, end, graphed in gpu["ops"]]
+    events = [CommEvent(rank, pg, op, start, end, args, key, source, stream, graphed)
+              for pg, op, start, end, args, key, source, stream, graphed in doc["events"]]
+    clock = doc["clock"]
+    return RankArtifact(
+        rank=rank, host=doc["host"], inputs=doc["inputs"], record_inputs=doc["record_inputs"],
+        shard=doc["shard"], clock=Clock(clock["offset_ns"], clock["source"]),
+        events=events, gpu_ops=ops,
+        pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
+        labels=[TraceLabels(lab["trace"], dict(lab["kernel_args"]), dict(lab["marks"]))
+                for lab in doc["labels"]],
+        problems=doc["problems"], stats=doc["stats"])
+
+
+def to_json(art: RankArtifact) -> bytes:
+    return FILE.dump_json(to_file(art), fallback=_plain)
 
 
 def _plain(value: Any) -> Any:
@@ -254,118 +361,12 @@ def save(art: RankArtifact, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-class _Bad(Exception):
-    pass
-
-
-def _need(cond: bool, what: str) -> None:
-    if not cond:
-        raise _Bad(what)
-
-
-def _int(v: Any, what: str) -> int:
-    _need(isinstance(v, int) and not isinstance(v, bool), f"{what} is not an integer")
-    return v
-
-
-def _str_or_none(v: Any, what: str) -> str | None:
-    _need(v is None or isinstance(v, str), f"{what} is not a string")
-    return v
-
-
-def _key(v: Any) -> InstanceKey | None:
-    if v is None:
-        return None
-    try:
-        return InstanceKey.from_wire(v)
-    except (ValueError, TypeError):
-        raise _Bad(f"an event's instance key {v!r} is malformed") from None
-
-
-def _source(v: Any) -> Source:
-    try:
-        return Source(v)
-    except ValueError:
-        raise _Bad(f"an event's source {v!r} is none of {[s.value for s in Source]}") from None
-
-
-def _index_map(items: Any, what: str) -> dict[int, dict[str, Any]]:
-    _need(isinstance(items, list), f"{what} is not a list")
-    out = {}
-    for item in items:
-        _need(isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict),
-              f"{what} holds something other than [index, args]")
-        out[_int(item[0], what)] = item[1]
-    return out
-
-
-def from_json(doc: Any) -> RankArtifact:
-    """A loaded document as a RankArtifact; ``_Bad`` says which field is wrong."""
-    _need(isinstance(doc, dict), "not a JSON object")
-    _need(doc.get("schema") == SCHEMA, f"not a commviz matched run (schema {doc.get('schema')!r})")
-    _need(doc.get("version") == VERSION, f"version {doc.get('version')!r}, this commviz reads "
-                                         f"{VERSION}")
-    rank = _int(doc.get("rank"), "rank")
-    clock = doc.get("clock")
-    _need(isinstance(clock, dict), "clock is not an object")
-    events = []
-    _need(isinstance(doc.get("events"), list), "events is not a list")
-    for e in doc["events"]:
-        _need(isinstance(e, list) and len(e) == 9, "an event is not a 9-item list")
-        pg, op, start, end, args, key, source, stream, graphed = e
-        _need(isinstance(pg, str) and isinstance(op, str) and isinstance(args, dict)
-              and isinstance(source, str) and isinstance(graphed, bool)
-              and (key is None or isinstance(key, list))
-              and (stream is None or isinstance(stream, int)), "an event has a wrong field")
-        events.append(CommEvent(rank=rank, pg=pg, op=op, start_ns=_int(start, "event start"),
-                                end_ns=_int(end, "event end"), args=args, key=_key(key),
-                                source=_source(source), stream=stream, graphed=graphed))
-    gpu = doc.get("gpu")
-    _need(isinstance(gpu, dict) and all(isinstance(gpu.get(k), list)
-                                        for k in ("names", "cats", "ops")), "gpu is malformed")
-    ops = []
-    for o in gpu["ops"]:
-        _need(isinstance(o, list) and len(o) == 6 and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in o[:5])
-            and isinstance(o[5], bool) and 0 <= o[1] < len(gpu["names"])
-            and 0 <= o[2] < len(gpu["cats"]), "a GPU op is malformed")
-        ops.append(GpuOp(rank, o[0], str(gpu["names"][o[1]]), str(gpu["cats"][o[2]]), o[3], o[4],
-                         o[5]))
-    pgs = doc.get("pgs")
-    _need(isinstance(pgs, dict) and all(isinstance(v, dict) for v in pgs.values()),
-          "pgs is malformed")
-    labels = doc.get("labels")
-    _need(isinstance(labels, list) and all(isinstance(lab, dict) for lab in labels),
-          "labels is malformed")
-    problems, stats = doc.get("problems"), doc.get("stats")
-    _need(isinstance(problems, list) and all(isinstance(p, str) for p in problems),
-          "problems is not a list of strings")
-    _need(isinstance(stats, dict) and all(isinstance(v, int) for v in stats.values()),
-          "stats is malformed")
-    return RankArtifact(
-        rank=rank, host=_str_or_none(doc.get("host"), "host"),
-        inputs=str(_str_or_none(doc.get("inputs"), "inputs")),
-        record_inputs=_str_or_none(doc.get("record_inputs"), "record_inputs"),
-        shard=_str_or_none(doc.get("shard"), "shard"),
-        clock=Clock(_int(clock.get("offset_ns"), "clock offset"),
-                    str(_str_or_none(clock.get("source"), "clock source"))),
-        events=events, gpu_ops=ops,
-        pgs={str(pg): PgInfo(v.get("desc"), v.get("ranks")) for pg, v in pgs.items()},
-        labels=[TraceLabels(str(lab.get("trace")), _index_map(lab.get("kernel_args"), "labels"),
-                            _index_map(lab.get("marks"), "labels")) for lab in labels],
-        problems=list(problems), stats=dict(stats))
-
-
 def load(path: str | os.PathLike[str]) -> RankArtifact:
-    """Read a matched run; anything malformed is one ``SourceError`` naming the file."""
-    path = Path(path)
+    """Read a matched run; anything malformed is one ``SourceError`` naming the file and key."""
+    doc = FILE.load(path)
     try:
-        return from_json(orjson.loads(path.read_bytes()))
-    except OSError as exc:
-        raise SourceError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    except orjson.JSONDecodeError as exc:
-        raise SourceError(str(path), f"not JSON ({exc})") from None
-    except _Bad as exc:
+        return from_file(doc)
+    except ValueError as exc:
         raise SourceError(str(path), f"not a usable matched run: {exc}") from None
 
 

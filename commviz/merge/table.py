@@ -7,7 +7,8 @@ type, whether its span is a launch only or the call failed), the rank's groups a
 The table is that projection, made from the matched run on the rank's own node, so only tables
 travel to rank 0 for the overview; its size grows with the rank's collectives, never with its
 trace. It is derived data: the matched run stays the source, and a table whose ``inputs`` and
-clock no longer match the matched run beside it is rebuilt from it. Schema, version ``VERSION``::
+clock no longer match the matched run beside it is rebuilt from it. Declared once
+(``TableFile``, a ``commviz.filetype.FileType``); schema, version ``VERSION``::
 
     {"schema": "commviz.comm", "version": 1, "rank": int, "host": str | null,
      "inputs": str, "clock": {"offset_ns": int, "source": str},
@@ -25,27 +26,30 @@ import os
 from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator, Literal, NamedTuple
 
-import orjson
+from typing_extensions import TypedDict
 
 from commviz import metadata as md
 from commviz.errors import SourceError
+from commviz.filetype import STRICT, FileType
 from commviz.match import artifact
-from commviz.match.artifact import Clock, PgInfo, RankArtifact
+from commviz.match.artifact import Clock, ClockFile, PgFile, PgInfo, RankArtifact, WireKey
 from commviz.match.model import InstanceKey
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import is_launch_only, kernel_groups
 from commviz.record.store import write_atomic
 
-SCHEMA = "commviz.comm"
-VERSION = 1
 TABLE_GLOB = "comm_rank*.json"
 
 
 class Flag(IntFlag):
     LAUNCH_ONLY = 1      # the span covers the launch only: no comm time, wait or straggler
     FAILED = 2           # the call raised on this rank (md.ERROR): it moved no data
+
+
+_FLAGS = {int(f): f for f in (Flag(0), Flag.LAUNCH_ONLY, Flag.FAILED,
+                                Flag.LAUNCH_ONLY | Flag.FAILED)}   # Flag(n) is slow per row
 
 
 class Row(NamedTuple):
@@ -99,15 +103,31 @@ def from_artifact(art: RankArtifact) -> CommTable:
                      pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
 
 
+class TableFile(TypedDict):
+    """``comm_rank{R}.json`` as declared (the module's docstring shows it)."""
+
+    __pydantic_config__ = STRICT  # type: ignore[misc]
+    schema: Literal["commviz.comm"]
+    version: Literal[1]
+    rank: int
+    host: str | None
+    inputs: str
+    clock: ClockFile
+    pgs: dict[str, PgFile]
+    problems: list[str]
+    rows: list[tuple[str, str, WireKey, int, int, int | None, str, Literal[0, 1, 2, 3]]]
+
+
+FILE = FileType(TableFile, "comm table")
+SCHEMA, VERSION = FILE.schema, FILE.version
+
+
 def to_json(table: CommTable) -> bytes:
-    return orjson.dumps({
-        "schema": SCHEMA, "version": VERSION, "rank": table.rank, "host": table.host,
-        "inputs": table.inputs,
-        "clock": {"offset_ns": table.clock.offset_ns, "source": table.clock.source},
-        "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in table.pgs.items()},
-        "problems": table.problems,
-        "rows": [[r.pg, r.op, r.key.wire(), r.start_ns, r.end_ns, r.size_bytes, r.ctype,
-                  int(r.flags)] for r in table.rows]})
+    return FILE.dump_json(TableFile(
+        schema=SCHEMA, version=VERSION, rank=table.rank, host=table.host, inputs=table.inputs,
+        clock=ClockFile(offset_ns=table.clock.offset_ns, source=table.clock.source),
+        pgs={pg: PgFile(desc=i.desc, ranks=i.ranks) for pg, i in table.pgs.items()},
+        problems=table.problems, rows=[(*r[:7], int(r.flags)) for r in table.rows]))
 
 
 def save(table: CommTable, path: Path) -> Path:
@@ -116,37 +136,17 @@ def save(table: CommTable, path: Path) -> Path:
     return path
 
 
-def _bad(path: Path, what: str) -> SourceError:
-    return SourceError(str(path), f"not a usable comm table: {what}")
-
-
 def load(path: Path) -> CommTable:
-    """Read a table; anything malformed is one ``SourceError`` naming the file."""
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise SourceError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    except orjson.JSONDecodeError as exc:
-        raise SourceError(str(path), f"not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise _bad(path, "not a commviz comm table")
-    if doc.get("version") != VERSION:
-        raise _bad(path, f"version {doc.get('version')!r}, this commviz reads {VERSION}")
-    try:
-        clock = doc["clock"]
-        rows = []
-        for pg, op, key, start, end, size, ctype, flags in doc["rows"]:
-            if not (isinstance(start, int) and isinstance(end, int) and isinstance(key, list)):
-                raise TypeError("a row's times or key")
-            rows.append(Row(str(pg), str(op), InstanceKey.from_wire(key), start, end,
-                            size if isinstance(size, int) else None, str(ctype), Flag(flags)))
-        return CommTable(
-            rank=int(doc["rank"]), host=doc.get("host"), inputs=str(doc["inputs"]),
-            clock=Clock(int(clock["offset_ns"]), str(clock["source"])),
-            pgs={str(pg): PgInfo(v.get("desc"), v.get("ranks")) for pg, v in doc["pgs"].items()},
-            problems=[str(p) for p in doc["problems"]], rows=rows)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _bad(path, f"malformed ({type(exc).__name__}: {exc})") from None
+    """Read a table; anything malformed is one ``SourceError`` naming the file and key."""
+    doc = FILE.load(path)
+    clock = doc["clock"]
+    return CommTable(
+        rank=doc["rank"], host=doc["host"], inputs=doc["inputs"],
+        clock=Clock(clock["offset_ns"], clock["source"]),
+        pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
+        problems=doc["problems"],
+        rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags])
+              for pg, op, key, start, end, size, ctype, flags in doc["rows"]])
 
 
 def write_table(run_dir: str | os.PathLike[str], rank: int) -> Path:

@@ -28,9 +28,70 @@ Times are wall-clock nanoseconds (``time.time_ns``), the clock the profiler's JS
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-SCHEMA = "commviz.record"
-VERSION = 1
+from pydantic import InstanceOf
+from typing_extensions import NotRequired, TypedDict
+
+from commviz.errors import RecordError
+from commviz.filetype import OPEN, FileType
+
+
+# A collective's (graph's, replay's, mark's) metadata: checked to be a dict, not copied (a
+# record holds one per call; their keys are ``commviz.metadata``'s, read where they are used).
+Meta = InstanceOf[dict]
+
+
+class GroupRow(TypedDict):
+    """One process group as the rank saw it (``GroupInfo.table_row``)."""
+
+    __pydantic_config__ = OPEN  # type: ignore[misc]
+    name: str
+    desc: NotRequired[str | None]
+    ranks: NotRequired[list[int] | None]
+    backend: NotRequired[str | None]
+    lane: NotRequired[int | None]
+
+
+class RecordClock(TypedDict):
+    __pydantic_config__ = OPEN  # type: ignore[misc]
+    offset_ns: int
+    offset_source: NotRequired[str]
+    wall_ns: NotRequired[int]
+
+
+class RecordFile(TypedDict):
+    """``commviz_rank{R}.pkl`` as declared (the docstring above shows it). Keys this reader does
+    not know are kept (a newer writer may add some); a rebuilt record (``journal.recover``) may
+    lack what only a living process knows (host, versions)."""
+
+    __pydantic_config__ = OPEN  # type: ignore[misc]
+    schema: Literal["commviz.record"]
+    version: Literal[1]
+    rank: int
+    world_size: int
+    process_groups: list[GroupRow]
+    collectives: list[Meta]
+    local_rank: NotRequired[int]
+    host: NotRequired[str | None]
+    pid: NotRequired[int | None]
+    device: NotRequired[str]
+    backend: NotRequired[str | None]
+    torch_version: NotRequired[str | None]
+    nccl_version: NotRequired[str | None]
+    exit: NotRequired[str]
+    clock: NotRequired[RecordClock]
+    capacity: NotRequired[int]
+    recorded: NotRequired[int]
+    dropped: NotRequired[int]
+    graphs: NotRequired[list[Meta]]
+    replays: NotRequired[list[Meta]]
+    marks: NotRequired[list[Meta]]
+    traces: NotRequired[list[str]]
+
+
+FILE = FileType(RecordFile, "record", RecordError)
+SCHEMA, VERSION = FILE.schema, FILE.version
 RECORD_GLOB = "commviz_rank*.pkl"
 TRACE_GLOB = "trace_rank*.json*"
 _RECORD_RE = re.compile(r"commviz_rank(\d+)\.pkl$")

@@ -62,23 +62,11 @@ def loads_plain(data: bytes, source: str) -> Any:
         raise RecordError(source, f"truncated or corrupt pickle ({type(exc).__name__}: {exc})") from None
 
 
-def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_record(path: str | os.PathLike[str]) -> schema.RecordFile:
     """Load and check one rank's record; every failure is a ``RecordError`` naming the file."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise RecordError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    payload = loads_plain(data, str(path))
-    if not isinstance(payload, dict) or payload.get("schema") != schema.SCHEMA:
-        raise RecordError(str(path), "not a commviz record (no 'schema': 'commviz.record')")
-    version = payload.get("version")
-    if version != schema.VERSION:
-        raise RecordError(str(path), f"schema version {version!r}, this commviz reads version "
-                                     f"{schema.VERSION}: record and reader come from different "
-                                     "commviz releases")
-    for key, kind in (("rank", int), ("world_size", int), ("collectives", list),
-                      ("process_groups", list)):
-        if not isinstance(payload.get(key), kind):
-            raise RecordError(str(path), f"key {key!r} missing or not {kind.__name__}")
-    return payload
+    return schema.FILE.parse(loads_plain(data, str(path)), str(path))
