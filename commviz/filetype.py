@@ -10,6 +10,7 @@ ever run. Declarations are strict: ``"5"`` is not 5 and ``true`` is not 1.
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from pathlib import Path
@@ -36,10 +37,14 @@ class FileType(Generic[T]):
         self.declared = declared
         self.what = what                  # "matched run": how errors name the kind of file
         self.error = error
-        self._adapter: TypeAdapter[T] = TypeAdapter(declared)
         hints = typing.get_type_hints(declared)
         (self.schema,) = typing.get_args(hints["schema"])
         (self.version,) = typing.get_args(hints["version"])
+
+    @functools.cached_property
+    def _adapter(self) -> TypeAdapter[T]:
+        """Built at first use: a job that only writes its record never pays for it."""
+        return TypeAdapter(self.declared)
 
     def load(self, path: str | os.PathLike[str]) -> T:
         """Read and check a JSON file; any failure is one ``error`` naming it."""
