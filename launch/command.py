@@ -3,7 +3,11 @@
 Loads and checks the config (one clear error before any process starts), writes the resolved
 config to ``RUN_DIR/config.yaml``, runs this node's torchrun, then on the node that holds
 rank 0's files merges the run (``commviz.merge.merge_run``) and writes the report
-(``commviz.review.report.write_report``), and prints a short summary. After a tables-only
+(``commviz.review.report.write_report``), and prints a short summary. In a multi-node job torch
+decides which node holds rank 0; each launch learns it from its own workers
+(``commviz.launch.placement``), shows the rendezvous while it waits
+(``commviz.launch.rendezvous``) and under srun takes the job's shape from Slurm
+(``commviz.launch.slurm``); the nodes without rank 0 say where the run is and merge nothing. After a tables-only
 gather (``output.gather``) it writes the overview (``commviz.review.overview``) instead of the
 merge, and the report only where every rank's matched run is visible (a shared run dir). A failed rank makes the
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
@@ -21,8 +25,8 @@ import datetime
 import os
 import shlex
 import sys
-from pathlib import Path
 import uuid
+from pathlib import Path
 from typing import Any, TextIO
 
 from commviz.errors import CommvizError, ConfigError, cannot_write

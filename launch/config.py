@@ -512,8 +512,9 @@ def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] =
     -> (value, where it came from) for keys the file and the overrides leave out (Slurm's)."""
     data, lines = parse_yaml(text, source)
     overridden = {apply_override(data, o): f"--set {o}" for o in overrides}
-    for loc, (value, origin) in (defaults or {}).items():
-        if not _given(source, lines, overridden, loc) and _set_default(data, loc, value):
+    for loc, (value, origin) in (defaults or {}).items():   # a key set to null is left out
+        if (not _given(source, lines, overridden, loc) or _value_at(data, loc) is None) \
+                and _set_default(data, loc, value):
             overridden[loc] = origin
     locate = _Locator(source, lines, overridden)
     try:
@@ -534,6 +535,13 @@ def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] =
         config.output.run_name = MULTINODE_RUN_NAME
     loaded.fail(check(loaded))
     return loaded
+
+
+def _value_at(data: dict[str, Any], loc: Loc) -> Any:
+    node: Any = data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _set_default(data: dict[str, Any], loc: Loc, value: Any) -> bool:

@@ -62,9 +62,8 @@ def decode_state(raw: bytes) -> tuple[list[str], bool] | None:
 
 @dataclass
 class Seen:
-    """What the last look at the store found."""
+    """What the last look that reached the store found."""
 
-    reachable: bool = False
     joined: list[str] = field(default_factory=list)      # torch's participants' addresses
     complete: bool = False
     launches: dict[int, str] = field(default_factory=dict)   # --node-rank -> host
@@ -82,7 +81,8 @@ class Watch(threading.Thread):
         self.endpoint, self.rdzv_id, self.nnodes, self.node_rank = endpoint, rdzv_id, nnodes, \
             node_rank
         self.out, self.interval = out, interval
-        self.seen = Seen()
+        self.seen: Seen | None = None       # None: the store never answered
+        self.answering = False              # whether the latest look reached it
         self._done = threading.Event()
 
     def stop(self) -> None:
@@ -92,10 +92,10 @@ class Watch(threading.Thread):
     def run(self) -> None:
         while not self._done.wait(self.interval):
             try:
-                self._look()
-            except (OSError, RuntimeError, ValueError):  # the store went away mid-look
-                self.seen.reachable = False
-            if self.seen.complete:
+                self.seen, self.answering = self._look(), True
+            except (OSError, RuntimeError, ValueError):  # not up yet, or gone (torchrun ended)
+                self.answering = False
+            if self.seen is not None and self.seen.complete:
                 return
             if not self._done.is_set():
                 self.out.write(self.line() + "\n")
@@ -114,13 +114,9 @@ class Watch(threading.Thread):
                   socket.gethostname())
         return store
 
-    def _look(self) -> None:
-        try:
-            store = self._connect()
-        except (OSError, RuntimeError, ValueError):
-            self.seen.reachable = False
-            return
-        seen = Seen(reachable=True)
+    def _look(self) -> Seen:
+        store = self._connect()
+        seen = Seen()
         for node in range(self.nnodes):
             key = LAUNCH_KEY.format(rdzv_id=self.rdzv_id, node=node)
             if store.check([key]):
@@ -130,17 +126,17 @@ class Watch(threading.Thread):
             decoded = decode_state(store.get(key))
             if decoded is not None:
                 seen.joined, seen.complete = decoded
-        self.seen = seen
+        return seen
 
     def missing(self) -> list[int]:
         """The --node-ranks whose launch never reached the store (empty: unknown or none)."""
-        if not self.seen.reachable:
+        if self.seen is None:
             return []
         return [n for n in range(self.nnodes) if n not in self.seen.launches]
 
     def line(self) -> str:
         where = f"at {self.endpoint}, id {self.rdzv_id}"
-        if not self.seen.reachable:
+        if not self.answering or self.seen is None:
             return (f"waiting for nodes: the rendezvous store {where} does not answer yet (it "
                     f"runs in the torchrun of the node at {self.host})")
         text = f"waiting for nodes: {len(self.seen.joined)} of {self.nnodes} joined {where}"
@@ -151,12 +147,12 @@ class Watch(threading.Thread):
 
     def timed_out(self, join_timeout_s: int) -> str:
         """The one error line after torch's join timeout expired."""
-        joined = self.seen.joined
         text = (f"the rendezvous {self.rdzv_id!r} at {self.endpoint} timed out after "
                 f"job.join_timeout_s = {join_timeout_s} s: ")
-        if not self.seen.reachable:
+        if self.seen is None:
             return text + (f"its store never answered (it runs in the torchrun of the node at "
                            f"{self.host}: start that node's launch)")
+        joined = self.seen.joined
         text += f"{len(joined)} of {self.nnodes} nodes joined"
         if joined:
             text += f" ({', '.join(joined)})"

@@ -100,16 +100,16 @@ def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> 
     commviz.gather(run_dir, extra_patterns=SHARD_PATTERNS, measure_clock=False,
                    traces=gather_traces or problem is not None, mode=mode)
     with commviz.unrecorded():
-        rank0 = _rank0_where(run_dir, rank, group)
-        _place(run_dir, rank0_host=rank0["host"], rank0_run_dir=rank0["run_dir"])
+        here = placement.from_env(os.environ)
+        here.rank0_host, here.rank0_run_dir = _rank0_where(run_dir, rank, group)
+        placement.write(log_dir(run_dir), here)    # a disk that refuses it fails the rank
         dist.barrier(group=group)
 
 
-def _place(run_dir: Path, **rank0: str) -> None:
-    """This rank's placement file (``commviz.launch.placement``); a disk that refuses it costs
-    the launch its per-node verdict, never the job."""
+def _place(run_dir: Path) -> None:
+    """This rank's placement file at its start (``commviz.launch.placement``); a disk that
+    refuses it here is reported and the job goes on (its end fails the rank, naming the disk)."""
     here = placement.from_env(os.environ)
-    here.rank0_host, here.rank0_run_dir = rank0.get("rank0_host"), rank0.get("rank0_run_dir")
     try:
         placement.write(log_dir(run_dir), here)
     except OSError as exc:
@@ -117,7 +117,7 @@ def _place(run_dir: Path, **rank0: str) -> None:
               f"({_os_error(exc, log_dir(run_dir))})", file=sys.stderr)
 
 
-def _rank0_where(run_dir: Path, rank: int, group: Any) -> dict[str, str]:
+def _rank0_where(run_dir: Path, rank: int, group: Any) -> tuple[str, str]:
     """Rank 0's host and run dir, sent to every rank (JSON bytes as a uint8 tensor): what the
     other nodes' launches tell their users."""
     import torch
@@ -129,7 +129,8 @@ def _rank0_where(run_dir: Path, rank: int, group: Any) -> dict[str, str]:
     buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if rank == 0
            else torch.empty(int(size.item()), dtype=torch.uint8))
     dist.broadcast(buf, 0, group=group)
-    return json.loads(buf.numpy().tobytes())
+    where = json.loads(buf.numpy().tobytes())
+    return where["host"], where["run_dir"]
 
 
 def run(config_path: str) -> None:

@@ -100,6 +100,7 @@ def check_merged(run_dir: Path, out: str, world: int) -> None:
                   for r in range(world)) == list(range(world))
 
 
+@pytest.mark.slow
 def test_rank0_on_the_second_launch_with_node_local_dirs(tmp_path):
     """--node-rank 1 is given the address torch sorts first: rank 0 runs there (2 ranks per
     node). That launch merges all 4 ranks; --node-rank 0 merges nothing and says where the run
@@ -126,6 +127,7 @@ def test_rank0_on_the_second_launch_with_node_local_dirs(tmp_path):
     assert f"ran ranks {ranks_of(placed, 'b')}" in nodes["b"].out
 
 
+@pytest.mark.slow
 def test_a_failed_rank_fails_every_node_naming_torchs_rank(tmp_path):
     """Rank 2 (torch's number: it runs on --node-rank 0, whose launch holds ranks 2-3) raises:
     both launches exit 1; the one that ran it names rank 2 and its own log file."""
@@ -167,6 +169,7 @@ def free_slurm_job_id() -> int:
     pytest.skip("no free port in 29400-30399")
 
 
+@pytest.mark.slow
 def test_slurm_step_with_one_shared_dir(tmp_path):
     """Under srun (simulated: its variables): no --node-rank, nnodes, endpoint or rdzv_id given.
     Both launches meet, write one run dir named by the job id in the shared dir; rank 0 runs
@@ -190,6 +193,7 @@ def test_slurm_step_with_one_shared_dir(tmp_path):
     assert resolved.job.rdzv_endpoint == f"127.0.0.1:{slurm.PORT_BASE + job_id % 1000}"
 
 
+@pytest.mark.slow
 def test_a_lone_node_says_it_waits_then_names_who_never_joined(tmp_path):
     """Only --node-rank 0 starts: a waiting line every few seconds, then, at the join timeout,
     one error naming node 1; exit 1."""
@@ -258,6 +262,11 @@ def test_slurm_dry_run_takes_the_shape_from_the_environment(monkeypatch, capsys,
                 and "--node_rank 1" in ln)
     assert "--nnodes 2" in line and "--rdzv_endpoint gpu07:29634" in line
     assert "--rdzv_id 1234" in line and "--rdzv_conf join_timeout=600" in line
+    # a config's own values stay; null hands one back to Slurm
+    code = cli.main(["launch", str(REPO / "configs" / "multinode.yaml"), "--dry-run",
+                     "--set", "job.rdzv_endpoint=null"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert code == 0 and "at gpu07:29634 (id multinode-001)" in first, first
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "16")
     assert cli.main(["launch", "--dry-run"]) == 2
     assert "--ntasks-per-node=1" in capsys.readouterr().err
