@@ -4,10 +4,11 @@ missing when it gives up.
 The watch reads torch's own rendezvous state from the c10d store at ``job.rdzv_endpoint`` (the
 key ``torch.rendezvous.{rdzv_id}`` that ``C10dRendezvousBackend`` keeps: a pickled
 ``_RendezvousState``, read here by an unpickler that builds plain stand-ins for its two classes,
-allows ``datetime``'s value types and refuses every other global, so no foreign code can run). Each launch also
-leaves ``commviz.launch.{rdzv_id}.node{N}`` = its host in the store, so a timeout can name the
-``--node-rank`` that never started. The store lives in the torchrun of the node whose address
-the endpoint names; until that one runs, the watch says the store does not answer.
+allows ``datetime``'s value types and refuses every other global, so no foreign code can run).
+Each launch also leaves ``commviz.launch.{rdzv_id}.node{N}`` = its host in the store, so a
+timeout can name the ``--node-rank`` whose launch never reached it. The store lives in the
+torchrun of the node whose address the endpoint names; until that one runs, the watch says the
+store does not answer.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class Watch(threading.Thread):
         return seen
 
     def missing(self) -> list[int]:
-        """The --node-ranks whose launch never reached the store (empty: unknown or none)."""
+        """The --node-ranks whose launch has not reached the store (empty: unknown or none)."""
         if self.seen is None:
             return []
         return [n for n in range(self.nnodes) if n not in self.seen.launches]
@@ -142,7 +143,7 @@ class Watch(threading.Thread):
         text = f"waiting for nodes: {len(self.seen.joined)} of {self.nnodes} joined {where}"
         missing = self.missing()
         if missing:
-            text += "; not started: " + ", ".join(f"node {n}" for n in missing)
+            text += "; no launch seen yet for " + ", ".join(f"node {n}" for n in missing)
         return text
 
     def timed_out(self, join_timeout_s: int) -> str:
@@ -158,7 +159,7 @@ class Watch(threading.Thread):
             text += f" ({', '.join(joined)})"
         missing = self.missing()
         if missing:
-            text += "; never started: " + ", ".join(
+            text += "; never reached it: " + ", ".join(
                 f"node {n} (`commviz launch ... --node-rank {n}`)" for n in missing)
         else:
             text += f"; {self.nnodes - len(joined)} node(s) did not join"

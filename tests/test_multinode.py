@@ -210,7 +210,7 @@ def test_a_lone_node_says_it_waits_then_names_who_never_joined(tmp_path):
         node.out
     failed = [ln for ln in node.out.splitlines() if ln.startswith("FAILED: ")]
     assert len(failed) == 1 and "join_timeout_s = 8 s" in failed[0], node.out
-    assert "never started: node 1" in failed[0] and "node 0" not in failed[0]
+    assert "never reached it: node 1" in failed[0] and "node 0" not in failed[0]
     assert took < 90
 
 
