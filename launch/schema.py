@@ -196,7 +196,8 @@ class Output(Strict):
 
     dir: str = Field("runs", description="parent of run dirs, relative to the working directory")
     run_name: str = Field("{name}-{time}", description="run dir name; placeholders {name}, "
-                          "{time}, {rdzv_id}, {world}")
+                          "{time}, {rdzv_id}, {world}; with nnodes > 1 the default is "
+                          "{name}-{rdzv_id} (the same on every node) and {time} is refused")
     merge: bool = Field(True, description="merge the per-rank traces when the job ends")
     gather: Literal["auto", "full", "tables"] = Field(
         "auto", description="what reaches rank 0's run dir: full (records and traces: one "
