@@ -18,7 +18,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commviz import cli
 from commviz.merge import merge_run
-from commviz.review.preview import TIMELINE_PNG, Window, draw, read_timeline, write_preview
+from commviz.review.preview import TIMELINE_PNG, Timeline, Window, draw, read_timeline
 from commviz.review.report import write_report
 from harness import run_ranks
 
@@ -61,6 +61,11 @@ def merged(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("preview") / "run"
     run_ranks(_job, WORLD, str(run_dir))
     return merge_run(run_dir, workers=1, progress=False).out
+
+
+@pytest.fixture(scope="module")
+def timeline(merged: Path) -> Timeline:
+    return read_timeline(merged)
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +137,12 @@ def rank_processes(path: Path) -> int:
                 and re.match(r"rank \d+ ", p.track_descriptor.process.process_name)})
 
 
-def test_everything_drawn_matches_the_trace(merged: Path, tmp_path: Path) -> None:
+def test_everything_drawn_matches_the_trace(merged: Path, timeline: Timeline,
+                                            tmp_path: Path) -> None:
     begun, flows = raw_lanes(merged)
     hand = 1 + STEPS * PER_STEP                       # the barrier, then the steps
     assert begun == {r: hand for r in range(WORLD)}
-    result = draw(read_timeline(merged), tmp_path / "all.png", window=EVERYTHING)
+    result = draw(timeline, tmp_path / "all.png", window=EVERYTHING)
     assert result.ranks == list(range(WORLD)) and result.hidden_ranks == 0
     assert result.collectives == sum(begun.values()) == WORLD * hand
     # barrier and world all_reduce: 3 links each; tp/dp groups of 2: 1 link per group
@@ -145,13 +151,13 @@ def test_everything_drawn_matches_the_trace(merged: Path, tmp_path: Path) -> Non
     assert rank_bands(decode(result.out)) == rank_processes(merged) == WORLD
 
 
-def test_default_window_is_one_profiler_step(merged: Path, tmp_path: Path) -> None:
-    result = write_preview(merged, tmp_path / TIMELINE_PNG)
+def test_default_window_is_one_profiler_step(timeline: Timeline, tmp_path: Path) -> None:
+    result = draw(timeline, tmp_path / TIMELINE_PNG)
     assert result.what.startswith("ProfilerStep#")
     assert result.collectives == WORLD * PER_STEP                # one step, every rank
     assert result.flows == 3 + 2 + 2 + 2
     tall = decode(result.out).shape[0]
-    two = write_preview(merged, tmp_path / "two.png", ranks=[1, 3])
+    two = draw(timeline, tmp_path / "two.png", ranks=[1, 3])
     assert two.ranks == [1, 3] and two.collectives == 2 * PER_STEP
     assert two.flows == 1 + 1            # world all_reduce, dp broadcast ([1, 3]); tp: apart
     image = decode(two.out)

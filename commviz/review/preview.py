@@ -26,8 +26,8 @@ from pathlib import Path
 from commviz.errors import CommvizError, SourceError
 from commviz.merge.core import MERGED_NAME
 from commviz.merge.keep import STEP_PREFIX, parse_window
-from commviz.merge.piece import (CROSS_FLOW_BIT, ORDER_OTHER, ORDER_STREAM, ORDER_THREAD,
-                                 PID_BASE)
+from commviz.merge.piece import (CROSS_FLOW_BIT, LANE_KEY, ORDER_OTHER, ORDER_STREAM,
+                                 ORDER_THREAD, PID_BASE)
 from commviz.merge.select import format_ranks, parse_ranks
 from commviz.trace.kernels import COMM, GPU_WORK_CATS, classify
 from commviz.write.read import (BEGIN, END, INSTANT, Decoder, Event, Track, iter_packet_batches,
@@ -131,7 +131,7 @@ def read_timeline(path: str | Path) -> Timeline:
         if rank is None or t.counter:
             continue
         order = t.order_rank if t.order_rank is not None else ORDER_OTHER
-        if t.merge_key and t.merge_key.startswith("lane "):
+        if t.merge_key and t.merge_key.startswith(LANE_KEY):
             kind[u] = (rank, "lane")
         elif ORDER_STREAM <= order < ORDER_THREAD:
             kind[u] = (rank, "gpu")
