@@ -192,6 +192,11 @@ def test_cli_and_report(merged: Path, tmp_path: Path, capsys) -> None:
     decode(out)
     assert cli.main(["preview", str(merged), "--ranks", "0,9"]) == 2
     assert "rank(s) 9 not in this trace" in capsys.readouterr().err
+    cut = tmp_path / "cut.pftrace"           # its last packet cut short: one clear error
+    cut.write_bytes(merged.read_bytes()[:-1])
+    assert cli.main(["preview", str(cut), "-o", str(tmp_path / "cut.png")]) == 2
+    err = capsys.readouterr().err
+    assert str(cut) in err and "Traceback" not in err and not (tmp_path / "cut.png").exists()
     report = write_report(merged.parent, fmt="markdown", out=tmp_path / "report.md",
                           plots_dir=tmp_path / "plots")
     assert report.plots[0] == tmp_path / "plots" / TIMELINE_PNG
