@@ -328,9 +328,12 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     written: list[Path] = []
     if plots:
         from commviz.review.plots import write_plots
+        from commviz.review.preview import report_timeline
 
-        written = write_plots(review.instances, plots_dir if plots_dir is not None
-                              else run_dir / "plots")
+        plots_dir = Path(plots_dir) if plots_dir is not None else run_dir / "plots"
+        timeline, problems = report_timeline(run_dir, plots_dir)   # merged.pftrace drawn
+        review.problems += problems
+        written = timeline + write_plots(review.instances, plots_dir)
     target = Path(out) if out is not None else run_dir / REPORT_NAMES[fmt]
     target.parent.mkdir(parents=True, exist_ok=True)
     text = render(review, fmt, top=top, plots=written, base=target.parent)
