@@ -11,8 +11,9 @@ launch inside, then the SendRecv kernel's launch (``cuLaunchKernelEx``, same ``c
 the kernel), and no other NCCL launch in between.
 
 So a SendRecv kernel launched outside every range owns the recorded p2p calls of its launching
-thread whose ranges closed after that thread's previous NCCL launch and before its own launch,
-and that launched no kernel themselves. Each of those calls becomes a CommEvent at the kernel's
+thread whose ranges closed before its own launch and began after that thread's previous NCCL
+launch and previous ``nccl:coalesced`` range (either bounds the group where the profiler lost
+the other), and that launched no kernel themselves. Each of those calls becomes a CommEvent at the kernel's
 time (its own instance key: group, src, dst, per-pair number, so a send meets its receive on
 the peer), and the kernel is labelled with the group's metadata in the eager keys' format plus
 every op it carries (``commviz.p2p_ops``).
@@ -88,6 +89,12 @@ def _launch_times(index: TraceIndex, kernels: list[NcclSpan]) -> dict[Any, list[
     return out
 
 
+def _before(times: list[int], t: int) -> int:
+    """The latest of sorted ``times`` before ``t`` (-1 if none)."""
+    j = bisect.bisect_left(times, t)
+    return times[j - 1] if j > 0 else -1
+
+
 def match_coalesced(index: TraceIndex, collectives: list[dict[str, Any]], pairing: Pairing,
                     kernels: list[NcclSpan], strays: list[NcclSpan], matched: set[int],
                     result: RankMatch, *, rank: int) -> list[NcclSpan]:
@@ -112,12 +119,11 @@ def match_coalesced(index: TraceIndex, collectives: list[dict[str, Any]], pairin
         if not items:
             left.append(k)
             continue
-        times = launches[launch.thread]
-        j = bisect.bisect_left(times, launch.start)
-        after = times[j - 1] if j > 0 else None          # the thread's previous NCCL launch
+        after = max((_before(launches[launch.thread], launch.start),
+                     _before(index.group_ends.get(launch.thread, []), launch.start)))
         hi = bisect.bisect_right(items, (launch.start + TOLERANCE_NS, 1 << 62, 0))
         members = sorted((start, pos) for end, start, pos in items[:hi]
-                         if pos not in matched and (after is None or start > after))
+                         if pos not in matched and start > after)
         positions = [pos for _, pos in members]
         if not positions:
             left.append(k)
