@@ -1,7 +1,10 @@
-"""Reading a merged trace without commviz: the perfetto package's own protobuf classes."""
+"""Expectations read without commviz: merged traces through the perfetto package's own
+protobuf classes, profiler traces through the stdlib."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -120,3 +123,48 @@ def slices(path: Path) -> list[Slice]:
         open_.setdefault(uuid, []).append(s)
         out.append(s)
     return out
+
+
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+ELEMENT_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4}
+
+
+def p2p_truth(trace: Path) -> list[dict]:
+    """Per eager SendRecv kernel of a profiler trace (in launch order): its correlation, and
+    the p2p ops the profiler recorded (``record_param_comms``) on the launching thread since
+    that thread's previous NCCL launch, as (direction, peer, bytes)."""
+    events = json.loads(gzip.decompress(Path(trace).read_bytes()))["traceEvents"]
+    xs = [e for e in events if e.get("ph") == "X"]
+    launch = {e["args"]["correlation"]: e for e in xs
+              if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    nccl = [e for e in xs if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")
+            and e["args"].get("correlation") in launch]
+    launches = sorted((launch[k["args"]["correlation"]]["ts"], k) for k in nccl)
+    comms = sorted((e for e in xs if e["name"] == "record_param_comms"
+                    and e["args"].get("Collective name") in ("send", "recv")),
+                   key=lambda c: c["ts"])
+    out = []
+    for n, (t, k) in enumerate(launches):
+        if not k["name"].startswith("ncclDevKernel_SendRecv"):
+            continue
+        tid = launch[k["args"]["correlation"]]["tid"]
+        prev = max((launches[i][0] for i in range(n)
+                    if launch[launches[i][1]["args"]["correlation"]]["tid"] == tid),
+                   default=float("-inf"))
+        ops = []
+        for c in comms:
+            a = c["args"]
+            if c["tid"] == tid and prev < c["ts"] < t:
+                peer = a.get("Dst Rank") if a["Collective name"] == "send" else a.get("Src Rank")
+                ops.append((a["Collective name"], peer,
+                            a["In msg nelems"] * ELEMENT_BYTES[a["dtype"]]))
+        out.append({"correlation": k["args"]["correlation"], "ops": ops})
+    return out
+
+
+def ops_text(ops: list[tuple[str, int, int]]) -> str:
+    """(direction, peer, bytes) ops in the words of the issue: ``send→1 4 KiB, recv←1 4 KiB``."""
+    from commviz.metadata import fmt_bytes
+
+    return ", ".join(f"{d}{'→' if d == 'send' else '←'}{peer} {fmt_bytes(size)}"
+                     for d, peer, size in ops)

@@ -1,4 +1,9 @@
-"""Coalesced point-to-point kernels on a real 2 x H200 pipelining run, on CPU.
+"""Coalesced point-to-point kernels on real NCCL runs, on CPU.
+
+Also, on one real H100 run kept by ``tests/test_gpu_p2p.py`` (``p2p-1xh100``, and
+``p2p-1xh100-a2a`` where the graph was read at its capture's end), that test's own checks:
+commviz's ``commviz.fr_p2p_seq`` equals NCCL Flight Recorder's ``p2p_seq_id`` of every p2p op,
+and the coalesced SendRecv kernels are named eagerly and in every CUDA graph replay.
 
 The fixture (``tests/fixtures/gpu/gpipe-2xh200``) is a GPipe job (2 stages, 4 micro-batches,
 2 steps) recorded with commviz on NCCL: every send and receive of the schedule went through
@@ -12,8 +17,6 @@ profiler's own ``record_param_comms`` op of each send/recv ProcessGroupNCCL enqu
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -27,44 +30,15 @@ from commviz.record.store import load_record
 from commviz.trace.load import load_trace
 from commviz.trace.run import load_run
 from commviz.verify import verify_pftrace
-from independent import slices
+from independent import LAUNCH_CATS, ops_text, p2p_truth, slices
 
 FIX = Path(__file__).parent / "fixtures" / "gpu" / "gpipe-2xh200"
+ONE_GPU = Path(__file__).parent / "fixtures" / "gpu" / "p2p-1xh100"
 RANKS = (0, 1)
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-ELEMENT_BYTES = {"Float": 4}
 
 
 def raw_truth(rank: int) -> list[dict]:
-    """Per SendRecv kernel (in launch order): its correlation, and the p2p ops the profiler
-    recorded on the launching thread since that thread's previous NCCL launch, as
-    (direction, peer, bytes) from ``record_param_comms``."""
-    events = json.loads(gzip.decompress((FIX / f"trace_rank{rank}.json.gz").read_bytes()))[
-        "traceEvents"]
-    xs = [e for e in events if e.get("ph") == "X"]
-    launch = {e["args"]["correlation"]: e for e in xs
-              if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
-    nccl = [e for e in xs if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")]
-    launches = sorted((launch[k["args"]["correlation"]]["ts"], k) for k in nccl)
-    times = [t for t, _ in launches]
-    comms = [e for e in xs if e["name"] == "record_param_comms"
-             and e["args"].get("Collective name") in ("send", "recv")]
-    out = []
-    for n, (t, k) in enumerate(launches):
-        if not k["name"].startswith("ncclDevKernel_SendRecv"):
-            continue
-        tid = launch[k["args"]["correlation"]]["tid"]
-        prev = max((times[i] for i in range(n) if launch[launches[i][1]["args"]["correlation"]]
-                    ["tid"] == tid), default=float("-inf"))
-        ops = []
-        for c in sorted(comms, key=lambda c: c["ts"]):
-            a = c["args"]
-            if c["tid"] == tid and prev < c["ts"] < t:
-                peer = a.get("Dst Rank") if a["Collective name"] == "send" else a.get("Src Rank")
-                ops.append((a["Collective name"], peer,
-                            a["In msg nelems"] * ELEMENT_BYTES[a["dtype"]]))
-        out.append({"correlation": k["args"]["correlation"], "ops": ops})
-    return out
+    return p2p_truth(FIX / f"trace_rank{rank}.json.gz")
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +68,7 @@ def test_every_sendrecv_kernel_carries_the_ops_the_profiler_saw(matched: dict, r
     for item in truth:
         label = by_corr[item["correlation"]]          # every SendRecv kernel is named
         assert item["ops"], item
-        expected = ", ".join(f"{d}{'->' if d == 'send' else '<-'}{peer} {md.fmt_bytes(size)}"
-                             for d, peer, size in item["ops"])
-        assert label[md.P2P_OPS] == expected
+        assert label[md.P2P_OPS] == ops_text(item["ops"])
         assert label[md.PG_NAME] == "0" and label[md.PG_RANKS] == "[0, 1]"
         assert label[md.DTYPE] == "Float"
         if len(item["ops"]) == 1:
@@ -174,3 +146,19 @@ def test_a_kernel_whose_launch_is_lost_keeps_its_calls_to_itself() -> None:
         "kernel ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"]
     cpu = [ev for ev in result.events if ev.source.value == "cpu"]
     assert len(cpu) == len(truth[3]["ops"]) == 1
+
+
+def test_fr_p2p_seq_is_nccl_flight_recorders_p2p_seq_id() -> None:
+    import json
+
+    from test_gpu_p2p import check_fr
+
+    assert check_fr(json.loads((ONE_GPU / "snap_rank0.json").read_text())) == 8
+
+
+@pytest.mark.parametrize("run", [ONE_GPU, ONE_GPU.with_name("p2p-1xh100-a2a")],
+                         ids=["graph-of-p2p-alone", "graph-read-at-capture-end"])
+def test_coalesced_kernels_named_eager_and_in_every_replay(run: Path) -> None:
+    from test_gpu_p2p import REPLAYS, check_named
+
+    assert check_named(run, 0) == {"eager": 2, "graphed": 2 * REPLAYS, "replays": REPLAYS}

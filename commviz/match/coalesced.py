@@ -37,11 +37,16 @@ BATCH_OP = "batch_isend_irecv"
 
 
 def op_text(meta: dict[str, Any]) -> str:
-    """One p2p op as people read it: ``send->1 8 KiB`` / ``recv<-0 8 KiB``."""
+    """One p2p op as people read it: ``send→1 8 KiB`` / ``recv←0 8 KiB``."""
     peer = meta.get(md.PEER)
-    arrow = "->" if meta.get(md.OP) in ("send", "isend") else "<-"
-    name = "send" if arrow == "->" else "recv"
+    name, arrow = ("send", "→") if meta.get(md.OP) in ("send", "isend") else ("recv", "←")
     return f"{name}{arrow}{'any' if peer is None else peer} {md.fmt_bytes(meta.get(md.BYTES_IN))}"
+
+
+def with_ops(meta: dict[str, Any]) -> dict[str, Any]:
+    """A lone p2p call's metadata with its op as people read it (``commviz.p2p_ops``), so its
+    kernel reads like a coalesced one; other calls' unchanged."""
+    return {**meta, md.P2P_OPS: op_text(meta)} if meta.get(md.KIND) == "p2p" else meta
 
 
 def batch_args(metas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,7 +55,7 @@ def batch_args(metas: list[dict[str, Any]]) -> dict[str, Any]:
     as a ``batch`` of the project's key vocabulary."""
     ops = ", ".join(op_text(m) for m in metas)
     if len(metas) == 1:
-        return {**metas[0], md.P2P_OPS: ops}
+        return with_ops(metas[0])
     first = metas[0]
     sends = [m for m in metas if m.get(md.OP) in ("send", "isend")]
     recvs = [m for m in metas if m not in sends]
