@@ -162,3 +162,22 @@ def test_coalesced_kernels_named_eager_and_in_every_replay(run: Path) -> None:
     from test_gpu_p2p import REPLAYS, check_named
 
     assert check_named(run, 0) == {"eager": 2, "graphed": 2 * REPLAYS, "replays": REPLAYS}
+
+
+def test_replayed_p2p_kernels_keep_their_names_in_the_merged_file(tmp_path: Path) -> None:
+    """The graphed run merged: verify accepts it, and each replayed SendRecv kernel slice (read
+    back with Perfetto's protos) carries its ops and its replay's number."""
+    from test_gpu_p2p import REPLAYS
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(ONE_GPU / "eager" / "commviz_rank0.pkl", run)
+    shutil.copy(ONE_GPU / "graphed" / "trace_rank0.json.gz", run)
+    out = merge_run(run, run / "merged.pftrace", workers=1, progress=False).out
+    report = verify_pftrace(out, inputs=load_run(run))
+    assert report.ok, [str(e) for e in report.errors[:5]]
+    expected = [ops_text(t["ops"]) for t in p2p_truth(ONE_GPU / "eager" / "trace_rank0.json.gz")]
+    kernels = sorted((s for s in slices(out) if s.name.startswith("ncclDevKernel_SendRecv")),
+                     key=lambda s: s.ts)
+    assert [s.args[md.P2P_OPS] for s in kernels] == expected * REPLAYS
+    assert len({s.args[md.REPLAY] for s in kernels}) == REPLAYS
