@@ -386,6 +386,13 @@ class _Matcher:
         args[MATCHED_BY] = how
         args[NODE] = node.get("node")
         self.out.kernel_args[k.index] = args
+        self.event(k, g, args, number)
+        self.out.bump("graph_matched")
+        self.out.bump("graph_matched_by_node_id" if how == "graph node id"
+                      else "graph_matched_by_order")
+
+    def event(self, k: _Kernel, g: _Graph, args: dict[str, Any], number: _Number) -> None:
+        """The CommEvent of one call a replayed kernel carried out (its key: the replay's)."""
         start = self.trace.ns(k.ts)
         base = instance_key(args)
         self.out.events.append(CommEvent(
@@ -395,9 +402,6 @@ class _Matcher:
             source=Source.KERNEL,
             stream=k.stream if isinstance(k.stream, int) else None, graphed=True,
             extra={"trace_index": k.index, "graph": g.gid, "replay": number.number}))
-        self.out.bump("graph_matched")
-        self.out.bump("graph_matched_by_node_id" if how == "graph node id"
-                      else "graph_matched_by_order")
 
     def coalesced(self, g: _Graph, kernels: list[_Kernel], number: _Number) -> None:
         """One replay's SendRecv kernels of no node: the graph's node-less p2p groups, in
@@ -421,19 +425,11 @@ class _Matcher:
             self.out.kernel_args[k.index] = label
             self.out.bump("graph_matched")
             self.out.bump("graph_matched_coalesced_p2p", len(metas))
-            start = self.trace.ns(k.ts)
             for meta in metas:
                 args = {key: v for key, v in meta.items() if key not in _DROP}
                 args.update({REPLAY: number.number, MATCHED_BY: "coalesced order",
                              md.P2P_OPS: label[md.P2P_OPS]})
-                base = instance_key(args)
-                self.out.events.append(CommEvent(
-                    rank=self.rank, pg=str(args.get(md.PG_NAME)), op=str(args.get(md.OP)),
-                    start_ns=start, end_ns=start + round(k.dur * 1000), args=args,
-                    key=base._replace(replay=number.key) if base is not None else None,
-                    source=Source.KERNEL,
-                    stream=k.stream if isinstance(k.stream, int) else None, graphed=True,
-                    extra={"trace_index": k.index, "graph": g.gid, "replay": number.number}))
+                self.event(k, g, args, number)
         for k in kernels if why is not None else ():
             self.unmatched(k, why)
 
