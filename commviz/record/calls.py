@@ -146,13 +146,14 @@ _merged: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nbytes: int,
-                site: tuple[str | None, int | None], origin: int | None, depth: int
-                ) -> tuple[dict[str, Any], bool]:
+                site: tuple[str | None, int | None], origin: int | None, depth: int,
+                count: bool = True) -> tuple[dict[str, Any], bool]:
     """``extra`` with the call's origin keys, worked out once per (origin ranges, call site,
     op, size), and whether they hold for this call only (DDP's buckets, numbered in the
     reducer's order). A collective's merged extra is one shared dict per content, so the
     journal and the shapes see a repeated call as such. ``depth``: frames between the
-    caller of the c10d op and this function's caller."""
+    caller of the c10d op and this function's caller; ``count``: False where the call is
+    only being looked at (``shape``: ``begin`` records it)."""
     if origin is None:
         origin = _origin.NATIVE.current_origin() if _origin.NATIVE is not None else 0
     key = (origin, site, op, kind, numel)
@@ -162,7 +163,8 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
             frame: FrameType | None = _getframe(depth + 1)
         except ValueError:                  # no Python frame: an autograd device thread
             frame = None
-        keys, per_call = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code)
+        keys, per_call = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
+                                         count)
         if per_call:
             return dict(extra or {}, **keys), True
         _origins[key] = keys
@@ -291,7 +293,7 @@ def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize, root,
                                                  reduce_op)
     extra, per_call = with_origin(extra, spec.op, spec.kind, in_n, in_n * esize, (file, line),
-                                  origin, 1)
+                                  origin, 1, count=False)
     if per_call:
         return None
     fields = [spec.op, spec.kind, info, in_n, out_n, dtype, esize, "[]", "[]", async_op, file,

@@ -238,11 +238,12 @@ class DdpCount:
         self.forwards = -1
         self.next = 0
 
-    def take(self, forwards: int) -> int:
+    def take(self, forwards: int, count: bool) -> int:
+        """The bucket of this call (``count``: False to look without taking it)."""
         if forwards != self.forwards:
             self.forwards, self.next = forwards, 0
-        self.next += 1
-        return self.next - 1
+        self.next += count
+        return self.next - count
 
 
 NATIVE: Any = None          # the boundary kernel's module (origin_path, origin_count)
@@ -331,10 +332,11 @@ def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
 
 
 def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
-            frame: FrameType | None, own: Callable[[CodeType], bool]
+            frame: FrameType | None, own: Callable[[CodeType], bool], count: bool = True
             ) -> tuple[dict[str, Any], bool]:
     """A call's origin keys, and whether they hold for this call only (a DDP bucket found by
-    the reducer's order: the caller must resolve each such call)."""
+    the reducer's order: the caller must resolve each such call; ``count``: False where the
+    call is only being looked at, not recorded)."""
     names = ranges(origin_id)
     frames = read(frame, own)
     per_call = False
@@ -347,7 +349,7 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     if origin is None and frames.from_cpp and op == "all_reduce" and NATIVE is not None:
         forwards = NATIVE.origin_count(DDP_FORWARD)
         if forwards:
-            origin, per_call = _bucket(None, DDP_ORDER.take(forwards), numel, nbytes), True
+            origin, per_call = _bucket(None, DDP_ORDER.take(forwards, count), numel, nbytes), True
     if origin is None and frames.redistribute is not None:
         loc = frames.redistribute.f_locals
         moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
