@@ -159,12 +159,19 @@ def _job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     out = {"ddp": _ddp(rank, world), "fsdp_tp_compiled": _fsdp_tp_compiled(rank, world),
            "pipelines": _pipelines(rank, world)}
     out["all"] = _records()
+    commviz.flush()
     return out
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return run_ranks(_job, 2, str(tmp_path_factory.mktemp("origin")), timeout=300)
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    run_dir = tmp_path_factory.mktemp("origin")
+    return run_dir, run_ranks(_job, 2, str(run_dir), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ranks(job: tuple[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return job[1]
 
 
 # -- the checks ----------------------------------------------------------------------------------
@@ -261,3 +268,55 @@ def test_pipelining_actions_in_the_schedules_order(ranks: list[dict[str, Any]],
 def _line_of(text: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+# -- where a person looks: the merged trace, the overview, the report ---------------------------
+
+def test_origins_in_the_trace_the_overview_and_the_report(
+        job: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    import json
+
+    from commviz.merge import merge_run, write_shard
+    from commviz.merge.table import write_table
+    from commviz.review.overview import write_overview
+    from commviz.review.report import write_report
+    from commviz.write.read import read_pftrace, slices
+
+    run_dir, snaps = job
+    recorded = {(rank, r["commviz.pg_name"] if "commviz.pg_name" in r else
+                 r["Process Group Name"], r.get("commviz.seq"), r.get("commviz.p2p_seq"),
+                 r["commviz.op"]): r[ORIGIN] for rank, snap in enumerate(snaps)
+                for r in snap["all"]}
+    merged = merge_run(run_dir, tmp_path / "m.pftrace", workers=1, progress=False).out
+    got = [s for s in slices(read_pftrace(merged))[0] if s.args.get("commviz.rank") is not None
+           and s.args.get("commviz.op")]
+    assert got
+    for s in got:                     # each rank's slice: its record's origin
+        key = (s.args["commviz.rank"], s.args["Process Group Name"], s.args.get("commviz.seq"),
+               s.args.get("commviz.p2p_seq"), s.args["commviz.op"])
+        assert s.args[ORIGIN] == recorded[key]
+    summary = [s for s in slices(read_pftrace(merged))[0] if "commviz.skew_ns" in s.args]
+    assert summary and all(s.args.get(ORIGIN) in recorded.values() for s in summary)
+
+    for rank in range(len(snaps)):   # on each rank's node, as a launch does
+        write_shard(run_dir, rank)
+        write_table(run_dir, rank)
+    overview = write_overview(run_dir, tmp_path / "o.pftrace", progress=False).out
+    over = [s for s in slices(read_pftrace(overview))[0] if "commviz.instance" in s.args]
+    assert over and [s for s in over if s.args.get(ORIGIN) not in recorded.values()] == []
+
+    # rolled up per unit: every FSDP module, DDP bucket and pipeline stage torch names
+    report = json.loads(write_report(run_dir, fmt="json", plots=False, by="unit",
+                                     out=tmp_path / "r.json").text)
+    units = {row["origin"] for row in report["by_unit"]}
+    fsdp = snaps[0]["fsdp_tp_compiled"]["fsdp_modules"]
+    buckets = len(snaps[0]["ddp"]["plain_buckets"])
+    assert {f"FSDP {m}" for m in fsdp} | {f"DDP bucket {b}" for b in range(buckets)} | {
+        f"pipelining stage {r}" for r in range(len(snaps))} <= units, units
+    # each rank's wait counted once, under its own unit
+    assert sum(row["wait_ns"] for row in report["by_unit"]) == sum(
+        sum(i["wait_ns"].values()) for i in report["instances"])
+    assert all(i["origin"] != "-" for i in report["instances"])
+    table = write_report(run_dir, fmt="table", plots=False, by="origin",
+                         out=tmp_path / "r.txt").text
+    assert "Communication by origin" in table and "FSDP forward all-gather (1)" in table

@@ -13,7 +13,10 @@ clock no longer match the matched run beside it is rebuilt from it. Schema, vers
      "inputs": str, "clock": {"offset_ns": int, "source": str},
      "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
      "problems": [str],
-     "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags]]}   # by start
+     "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags, origin]]}  # by start
+
+``origin``: the call's ``commviz.origin`` (null: none recorded; tables without the column read
+as such).
 
 ``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
 across ranks can be said about them).
@@ -59,6 +62,7 @@ class Row(NamedTuple):
     size_bytes: int | None
     ctype: str
     flags: Flag
+    origin: str | None = None       # md.ORIGIN: the code or framework unit it comes from
 
 
 @dataclass(slots=True)
@@ -93,7 +97,8 @@ def from_artifact(art: RankArtifact) -> CommTable:
         if md.ERROR in ev.args:
             flags |= Flag.FAILED
         rows.append(Row(ev.pg, ev.op, ev.key, ev.start_ns, max(ev.end_ns, ev.start_ns),
-                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags))
+                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags,
+                        ev.args.get(md.ORIGIN)))
     rows.sort(key=lambda r: (r.start_ns, r.end_ns))
     return CommTable(rank=art.rank, host=art.host, inputs=art.inputs, clock=art.clock,
                      pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
@@ -107,7 +112,7 @@ def to_json(table: CommTable) -> bytes:
         "pgs": {pg: {"desc": i.desc, "ranks": i.ranks} for pg, i in table.pgs.items()},
         "problems": table.problems,
         "rows": [[r.pg, r.op, r.key.wire(), r.start_ns, r.end_ns, r.size_bytes, r.ctype,
-                  int(r.flags)] for r in table.rows]})
+                  int(r.flags), r.origin] for r in table.rows]})
 
 
 def save(table: CommTable, path: Path) -> Path:
@@ -135,11 +140,12 @@ def load(path: Path) -> CommTable:
     try:
         clock = doc["clock"]
         rows = []
-        for pg, op, key, start, end, size, ctype, flags in doc["rows"]:
+        for pg, op, key, start, end, size, ctype, flags, *origin in doc["rows"]:
             if not (isinstance(start, int) and isinstance(end, int) and isinstance(key, list)):
                 raise TypeError("a row's times or key")
             rows.append(Row(str(pg), str(op), InstanceKey.from_wire(key), start, end,
-                            size if isinstance(size, int) else None, str(ctype), Flag(flags)))
+                            size if isinstance(size, int) else None, str(ctype), Flag(flags),
+                            str(origin[0]) if origin and origin[0] is not None else None))
         return CommTable(
             rank=int(doc["rank"]), host=doc.get("host"), inputs=str(doc["inputs"]),
             clock=Clock(int(clock["offset_ns"]), str(clock["source"])),
