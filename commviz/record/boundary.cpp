@@ -283,6 +283,20 @@ void origin_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (origin != nullptr && t_origin == origin->id) t_origin = origin->prev;
 }
 
+// Recording on: the boundary kernel records and the origin callback follows the ranges; off:
+// neither runs (a range opened while off is not seen by calls inside it once on again).
+void set_active(bool on) {
+  g_active.store(on);
+  if (on && !g_origin_callback.has_value() && !g_origin_prefixes->empty()) {
+    g_origin_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(origin_enter, origin_exit)
+            .scopes({at::RecordScope::USER_SCOPE}));
+  } else if (!on && g_origin_callback.has_value()) {
+    at::removeCallback(*g_origin_callback);
+    g_origin_callback.reset();
+  }
+}
+
 // The open ranges an origin id stands for, outermost first.
 std::vector<std::string> origin_path(int32_t id) {
   std::lock_guard<std::mutex> lock(g_origin_mutex);
@@ -1166,12 +1180,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
     const std::vector<std::string>& own_dirs, const std::vector<std::string>& origin_prefixes) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
   *g_own_dirs = own_dirs;
-  if (!g_origin_callback.has_value()) {
-    *g_origin_prefixes = origin_prefixes;
-    g_origin_callback = at::addGlobalCallback(
-        at::RecordFunctionCallback(origin_enter, origin_exit)
-            .scopes({at::RecordScope::USER_SCOPE}));
-  }
+  if (!g_origin_callback.has_value()) *g_origin_prefixes = origin_prefixes;
   if (g_py == nullptr) g_py = new Python();
   g_py->begin = python["begin"];
   g_py->finish = python["finish"];
@@ -1211,12 +1220,8 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
 }
 
 void uninstall() {
-  g_active.store(false);
+  set_active(false);
   g_registrations.clear();
-  if (g_origin_callback.has_value()) {
-    at::removeCallback(*g_origin_callback);
-    g_origin_callback.reset();
-  }
 }
 
 }  // namespace
@@ -1226,7 +1231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int, int, int, int, int, int, int, int, int>());
   m.def("install", &install, "put the boundary kernel in front of c10d's ops");
   m.def("uninstall", &uninstall, "give torch's own kernels back");
-  m.def("set_active", [](bool on) { g_active.store(on); });
+  m.def("set_active", &set_active, "recording (and following the origin ranges) on or off");
   m.def("installed", []() { return !g_registrations.empty(); });
   m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
   m.def("origin_count", &origin_count, "how often ranges of this name were opened");
