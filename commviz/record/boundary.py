@@ -187,7 +187,7 @@ class _Boundary:
                   "hooks": hooks}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
-                                        list(calls.OWN_DIRS), list(origin.PREFIXES))
+                                        list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
         origin.NATIVE = ext
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)

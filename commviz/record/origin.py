@@ -39,6 +39,17 @@ FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD = (
     "FSDP::", "PP:", "Forward ", "Backward ", "DistributedDataParallel.forward")
 PREFIXES = (FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD)
 
+
+def prefixes() -> tuple[str, ...]:
+    """The range prefixes the boundary kernel follows; none with ``COMMVIZ_ORIGIN_RANGES=off``.
+
+    Following them costs every collective a few microseconds, not in commviz: once any
+    ``USER_SCOPE`` RecordFunction callback exists, gloo and NCCL build their own
+    ``gloo:all_reduce`` / ``nccl:all_reduce`` profiler ranges on each call. Off, origins come
+    from the frames alone (FSDP modules, DDP buckets without a hook and GPipe micro-batches
+    are then not named)."""
+    return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
+
 _FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _PP_ACTION = re.compile(r"(\d+)([A-Z_]+?)(\d*)$")
 _SEP = os.sep
