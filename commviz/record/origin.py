@@ -17,9 +17,11 @@ So a record also names the unit of the model the call serves, in torch's own wor
 
 The boundary kernel keeps the chain of such ranges open on each thread as an id (a RecordFunction
 callback on ``USER_SCOPE``, ``boundary.cpp``); a call's origin is worked out from that chain and
-the live Python frames once per call shape (what a call site repeats), so natively recorded
-calls pay nothing per call. Calls Python records anyway (point-to-point, profiled) and DDP's
-buckets (numbered per call) resolve per call, reading only the frames they need.
+the live Python frames once per call shape (what a call site repeats, with its origin id), so
+natively recorded calls pay nothing per call for it. Two kinds resolve per call, through
+Python: DDP's buckets without a hook (numbered in the reducer's order) and DTensor
+redistributes inside a module call (layers called in a loop share call site and sizes).
+``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that costs and loses).
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ def prefixes() -> tuple[str, ...]:
     return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
 
 _FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
-_PP_ACTION = re.compile(r"(\d+)([A-Z_]+?)(\d*)$")
 _SEP = os.sep
 
 
@@ -367,6 +368,8 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
         unit = module_name(frames.modules)
         origin = Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
                         unit, moved)
+        # layers called in a loop share their call site and sizes: the module is per call
+        per_call = unit is not None
     if origin is None and any(n == DDP_FORWARD for n in names):
         origin = Origin("DDP forward", md.OriginKind.DDP, None, "forward")
     if origin is None and frames.compiled is not None:
