@@ -1,4 +1,4 @@
-"""The ``commviz`` command line: launch, merge, annotate, verify, report, overview.
+"""The ``commviz`` command line: launch, merge, annotate, verify, report, overview, preview.
 
 Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
 adds its arguments and description and sets ``func``; this file only puts them together. Only
@@ -35,6 +35,8 @@ COMMANDS = (
             "skew, stragglers, bandwidth, desyncs and streams of a run"),
     Command("overview", "commviz.review.overview",
             "one small trace of every rank's collectives, from the comm tables"),
+    Command("preview", "commviz.review.preview",
+            "draw a merged trace as a PNG timeline (ranks, comm lanes, cross-rank links)"),
 )
 
 
