@@ -19,8 +19,9 @@ The boundary kernel keeps the chain of such ranges open on each thread as an id 
 callback on ``USER_SCOPE``, ``boundary.cpp``); a call's origin is worked out from that chain and
 the live Python frames once per call shape (what a call site repeats, with its origin id), so
 natively recorded calls pay nothing per call for it. Two kinds resolve per call, through
-Python: DDP's buckets without a hook (numbered in the reducer's order) and DTensor
-redistributes inside a module call (layers called in a loop share call site and sizes).
+Python: DDP's buckets (buckets may share a size; without a hook they are numbered in the
+reducer's order) and DTensor redistributes inside a module call (layers called in a loop
+share call site and sizes).
 ``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that costs and loses).
 """
 
@@ -346,9 +347,9 @@ def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
 def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
             frame: FrameType | None, own: Callable[[CodeType], bool], count: bool = True
             ) -> tuple[dict[str, Any], bool]:
-    """A call's origin keys, and whether they hold for this call only (a DDP bucket found by
-    the reducer's order: the caller must resolve each such call; ``count``: False where the
-    call is only being looked at, not recorded)."""
+    """A call's origin keys, and whether they hold for this call only (a DDP bucket, a
+    DTensor redistribute in a module: the caller must resolve each such call; ``count``:
+    False where the call is only being looked at, not recorded)."""
     names = ranges(origin_id)
     frames = read(frame, own)
     per_call = False
@@ -356,8 +357,8 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     if origin is None and (frames.stage is not None or any(
             n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
         origin = _pipeline(names, frames, op, kind)
-    if origin is None and frames.bucket is not None:
-        origin = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes)
+    if origin is None and frames.bucket is not None:    # buckets may share a size: per call
+        origin, per_call = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes), True
     if origin is None and frames.from_cpp and op == "all_reduce" and NATIVE is not None:
         forwards = NATIVE.origin_count(DDP_FORWARD)
         if forwards:
