@@ -79,6 +79,34 @@ MARK = "commviz.mark"            # commviz.mark label of a compute kernel ("oute
 MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
+# where a call comes from (commviz.record.origin): one short string, its kind and unit
+ORIGIN = "commviz.origin"                # "FSDP forward all-gather (layers.0)", "train.py:88"
+ORIGIN_KIND = "commviz.origin_kind"      # an OriginKind value
+ORIGIN_UNIT = "commviz.origin_unit"      # FSDP module fqn, "bucket 2", "stage 0", function
+ORIGIN_PHASE = "commviz.origin_phase"    # FSDP phase, pipeline action, DTensor placements
+ORIGIN_MICROBATCH = "commviz.origin_microbatch"  # pipelining: the micro-batch
+BACKWARD_CALLSITE = "commviz.backward_callsite"  # "file:line" that called backward()
+COMPILED_AT = "commviz.compiled_at"      # compiled code: the compiled function's "file:line"
+DDP_BUCKET = "commviz.ddp_bucket"        # DDP: the reducer's bucket (GradBucket.index())
+DDP_BUCKET_PARAMS = "commviz.ddp_bucket_params"    # its parameter count (comm hooks)
+DDP_BUCKET_BYTES = "commviz.ddp_bucket_bytes"      # its gradient bytes
+DDP_BUCKET_NUMEL = "commviz.ddp_bucket_numel"      # its elements (no hook: the call's)
+DDP_BUCKET_FIRST = "commviz.ddp_bucket_first"      # its first parameter's name
+DDP_BUCKET_LAST = "commviz.ddp_bucket_last"        # its last parameter's name
+
+
+class OriginKind(StrEnum):
+    """What kind of unit ``ORIGIN`` names (records keep the plain string)."""
+
+    USER = "user"              # the user's call site
+    FSDP = "FSDP"
+    DDP = "DDP"
+    DTENSOR = "DTensor"
+    PIPELINE = "pipelining"
+    COMPILED = "compiled"
+    BACKWARD = "backward"      # an autograd thread's call: the line that called backward()
+    UNKNOWN = "unknown"        # no Python caller and no framework range
+
 
 # Eager "Collective name" per wrapped function, as ProcessGroupNCCL records it.
 COLLECTIVE_NAMES = {

@@ -28,6 +28,13 @@ def _start(run_dir: str) -> None:
     commviz.start(run_dir, flush_interval=None)
 
 
+def _every_record_has_an_origin(snap: dict[str, Any]) -> None:
+    """Each record names the code or framework unit it comes from (commviz.record.origin)."""
+    assert snap["records"]
+    assert [r["commviz.op"] for r in snap["records"]
+            if not r.get("commviz.origin") or r.get("commviz.origin_kind") == "unknown"] == []
+
+
 # -- DDP ------------------------------------------------------------------------------------------
 
 def _ddp(rank: int, world: int, run_dir: str, hook: str) -> dict[str, Any]:
@@ -59,6 +66,7 @@ def _ddp(rank: int, world: int, run_dir: str, hook: str) -> dict[str, Any]:
 def test_ddp_reducer_setup_and_hooks(hook: str, run_dir: Path) -> None:
     for snap in run_ranks(_ddp, 2, str(run_dir), hook, env=FR_ENV):
         counts = compare(snap)
+        _every_record_has_an_origin(snap)
         world = counts["0"]
         # DDP's setup (parameter check, module broadcast), BatchNorm's buffers every forward,
         # and the reducer's buckets (several per backward) all reach the records
@@ -91,6 +99,7 @@ def _fsdp2(rank: int, world: int, run_dir: str) -> dict[str, Any]:
 def test_fsdp2_with_clip_grad_norm(run_dir: Path) -> None:
     for snap in run_ranks(_fsdp2, 2, str(run_dir), env=FR_ENV):
         counts = compare(snap)
+        _every_record_has_an_origin(snap)
         world = counts["0"]
         assert world["all_gather_into_tensor"] and world["reduce_scatter_tensor"]
         assert world["all_reduce"] >= 2          # clip_grad_norm_'s norm, once per step
@@ -120,6 +129,7 @@ def _tp(rank: int, world: int, run_dir: str) -> dict[str, Any]:
 def test_dtensor_tensor_parallel(run_dir: Path) -> None:
     for snap in run_ranks(_tp, 2, str(run_dir), env=FR_ENV):
         counts = compare(snap)
+        _every_record_has_an_origin(snap)
         assert sum(sum(c.values()) for c in counts.values()) >= 2
 
 
@@ -147,6 +157,7 @@ def _fsdp_tp(rank: int, world: int, run_dir: str) -> dict[str, Any]:
 def test_fsdp2_over_dp_and_tp_over_tp_on_four_ranks(run_dir: Path) -> None:
     for snap in run_ranks(_fsdp_tp, 4, str(run_dir), env=FR_ENV, timeout=240):
         counts = compare(snap)
+        _every_record_has_an_origin(snap)
         for dim, name in snap["mesh_groups"].items():
             assert sum(counts.get(name, {}).values()) > 0, f"no {dim}-mesh collective recorded"
 
@@ -186,6 +197,7 @@ def test_compiled_functional_collectives_same_graph_breaks(run_dir: Path) -> Non
     for p, r in zip(plain, recorded):
         assert (r["breaks"], r["graphs"], r["out"]) == (p["breaks"], p["graphs"], p["out"])
         counts = compare(r)
+        _every_record_has_an_origin(r)
         assert counts["0"]["all_reduce"] == 2 * 3
 
 
@@ -217,6 +229,7 @@ def test_pipelining_schedule_point_to_point(run_dir: Path) -> None:
     snaps = run_ranks(_pipeline, 2, str(run_dir), env=FR_ENV)
     for snap in snaps:
         compare(snap)
+        _every_record_has_an_origin(snap)
     sends = sorted((s, d, q) for snap in snaps for op, s, d, q in snap["p2p"] if op == "send")
     recvs = sorted((s, d, q) for snap in snaps for op, s, d, q in snap["p2p"] if op == "recv")
     # GPipe, 4 microbatches, 2 steps: activations forward and gradients back (plus the
@@ -267,6 +280,7 @@ def test_object_collectives_monitored_barrier_any_source_and_coalesced(run_dir: 
         # Flight Recorder on gloo keeps no entry for monitored_barrier: its two tags show
         # as the gap in the world group's numbering, which compare() checks around it
         counts = compare(snap, ignore_ops=("monitored_barrier",))
+        _every_record_has_an_origin(snap)
         assert len(snap["monitored"]) == 1
         assert counts["0"]["all_gather"] >= 2 and counts["0"]["broadcast"] >= 2
         if rank == 0:
@@ -328,6 +342,7 @@ def test_boxed_unboxed_and_inference_calls_numbered_as_torch_and_none_while_off(
         run_dir: Path) -> None:
     for snap in run_ranks(_arrivals, 2, str(run_dir), env=FR_ENV):
         counts = compare(snap, after=snap["after"])["0"]
+        _every_record_has_an_origin(snap)
         # twice (normal and inference tensors): all_reduce from c10d and functional, broadcast,
         # reduce_scatter_tensor, all_gather from c10d and functional (gloo's coalesced op)
         assert counts == {"all_reduce": 4, "broadcast": 2, "reduce_scatter_tensor": 2,

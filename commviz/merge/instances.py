@@ -26,7 +26,7 @@ an op the backend lacks) keeps its times but gets no comm time or bandwidth.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -111,6 +111,12 @@ class Instance(Span):
     @property
     def label(self) -> str:
         return instance_label(self.key, self.op, self.seq)
+
+    @property
+    def origin(self) -> str | None:
+        """The ``commviz.origin`` its ranks recorded (the most common; None: none did)."""
+        seen = Counter(o for ev in self.events.values() if (o := ev.args.get(md.ORIGIN)))
+        return seen.most_common(1)[0][0] if seen else None
 
 
 def instance_label(key: InstanceKey, op: str, seq: int | None) -> str:

@@ -63,6 +63,8 @@ def slice_args(inst: Instance) -> dict:
     }
     if inst.straggler is not None:
         args["commviz.straggler"] = inst.straggler
+    if inst.origin is not None:
+        args["commviz.origin"] = inst.origin
     if inst.missing:
         args["commviz.missing_ranks"] = ",".join(str(r) for r in inst.missing)
     if len(inst.wait_ns) <= WAIT_ARGS_MAX_RANKS:

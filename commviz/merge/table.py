@@ -14,7 +14,10 @@ clock no longer match the matched run beside it is rebuilt from it. Declared onc
      "inputs": str, "clock": {"offset_ns": int, "source": str},
      "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
      "problems": [str],
-     "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags]]}   # by start
+     "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags, origin]]}  # by start
+
+``origin``: the call's ``commviz.origin`` (null: none recorded; tables without the column read
+as such).
 
 ``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
 across ranks can be said about them).
@@ -63,6 +66,7 @@ class Row(NamedTuple):
     size_bytes: int | None
     ctype: str
     flags: Flag
+    origin: str | None = None       # md.ORIGIN: the code or framework unit it comes from
 
 
 @dataclass(slots=True)
@@ -97,10 +101,15 @@ def from_artifact(art: RankArtifact) -> CommTable:
         if md.ERROR in ev.args:
             flags |= Flag.FAILED
         rows.append(Row(ev.pg, ev.op, ev.key, ev.start_ns, max(ev.end_ns, ev.start_ns),
-                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags))
+                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags,
+                        ev.args.get(md.ORIGIN)))
     rows.sort(key=lambda r: (r.start_ns, r.end_ns))
     return CommTable(rank=art.rank, host=art.host, inputs=art.inputs, clock=art.clock,
                      pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
+
+
+Flags = Literal[0, 1, 2, 3]
+RowFile = tuple[str, str, WireKey, int, int, int | None, str, Flags]   # written before origins
 
 
 class TableFile(TypedDict):
@@ -115,7 +124,7 @@ class TableFile(TypedDict):
     clock: ClockFile
     pgs: dict[str, PgFile]
     problems: list[str]
-    rows: list[tuple[str, str, WireKey, int, int, int | None, str, Literal[0, 1, 2, 3]]]
+    rows: list[RowFile | tuple[str, str, WireKey, int, int, int | None, str, Flags, str | None]]
 
 
 FILE = FileType(TableFile, "comm table")
@@ -127,7 +136,7 @@ def to_json(table: CommTable) -> bytes:
         schema=SCHEMA, version=VERSION, rank=table.rank, host=table.host, inputs=table.inputs,
         clock=ClockFile(offset_ns=table.clock.offset_ns, source=table.clock.source),
         pgs={pg: PgFile(desc=i.desc, ranks=i.ranks) for pg, i in table.pgs.items()},
-        problems=table.problems, rows=[(*r[:7], int(r.flags)) for r in table.rows]))
+        problems=table.problems, rows=[(*r[:7], int(r.flags), r.origin) for r in table.rows]))
 
 
 def save(table: CommTable, path: Path) -> Path:
@@ -145,8 +154,8 @@ def load(path: Path) -> CommTable:
         clock=Clock(clock["offset_ns"], clock["source"]),
         pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
         problems=doc["problems"],
-        rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags])
-              for pg, op, key, start, end, size, ctype, flags in doc["rows"]])
+        rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags], *origin)
+              for pg, op, key, start, end, size, ctype, flags, *origin in doc["rows"]])
 
 
 def write_table(run_dir: str | os.PathLike[str], rank: int) -> Path:

@@ -32,6 +32,7 @@
 #include <ATen/core/boxing/impl/make_boxed_from_unboxed_functor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/FunctionRef.h>
 #include <Python.h>
@@ -57,6 +58,7 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -230,6 +232,91 @@ Site callsite() {
     frame = back;
   }
   return {};
+}
+
+// -- origins: the framework unit a call serves, as torch names it ---------------------------
+// torch's frameworks open profiler ranges around their communication whether or not a
+// profiler runs (torch.profiler.record_function: FSDP2's "FSDP::all_gather (layers.0)",
+// pipelining's "PP:0F1" and "Forward 1", "DistributedDataParallel.forward"). A RecordFunction
+// callback on USER_SCOPE only (aten ops never run it) keeps, per thread, the chain of open
+// ranges whose names start with one of commviz.record.origin's prefixes, interned as an id:
+// a call's origin is then one thread-local read, and its shape is per (call site, origin).
+struct OriginNode {
+  int32_t parent;
+  std::string name;
+  int64_t entered = 0;  // times the range was opened (DDP's forwards number its buckets)
+};
+std::mutex g_origin_mutex;
+auto* g_origin_nodes = new std::vector<OriginNode>{{-1, std::string()}};  // 0: no range open
+auto* g_origin_ids = new std::map<std::pair<int32_t, std::string>, int32_t>();
+auto* g_origin_prefixes = new std::vector<std::string>();  // set before the callback goes in
+std::optional<at::CallbackHandle> g_origin_callback;
+thread_local int32_t t_origin = 0;
+
+struct OriginContext : at::ObserverContext {
+  int32_t prev = 0, id = 0;
+};
+
+std::unique_ptr<at::ObserverContext> origin_enter(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  if (name == nullptr) return nullptr;
+  for (const std::string& prefix : *g_origin_prefixes) {
+    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
+    auto ctx = std::make_unique<OriginContext>();
+    ctx->prev = t_origin;
+    {
+      std::lock_guard<std::mutex> lock(g_origin_mutex);
+      auto [it, fresh] = g_origin_ids->try_emplace({t_origin, std::string(name)},
+                                                   static_cast<int32_t>(g_origin_nodes->size()));
+      if (fresh) g_origin_nodes->push_back({t_origin, name});
+      ctx->id = it->second;
+      ++(*g_origin_nodes)[ctx->id].entered;
+    }
+    t_origin = ctx->id;
+    return ctx;
+  }
+  return nullptr;
+}
+
+void origin_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
+  auto* origin = static_cast<OriginContext*>(ctx);
+  if (origin != nullptr && t_origin == origin->id) t_origin = origin->prev;
+}
+
+// Recording on: the boundary kernel records and the origin callback follows the ranges; off:
+// neither runs (a range opened while off is not seen by calls inside it once on again).
+void set_active(bool on) {
+  g_active.store(on);
+  if (on && !g_origin_callback.has_value() && !g_origin_prefixes->empty()) {
+    g_origin_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(origin_enter, origin_exit)
+            .scopes({at::RecordScope::USER_SCOPE}));
+  } else if (!on && g_origin_callback.has_value()) {
+    at::removeCallback(*g_origin_callback);
+    g_origin_callback.reset();
+  }
+}
+
+// The open ranges an origin id stands for, outermost first.
+std::vector<std::string> origin_path(int32_t id) {
+  std::lock_guard<std::mutex> lock(g_origin_mutex);
+  std::vector<std::string> names;
+  while (id > 0 && id < static_cast<int32_t>(g_origin_nodes->size())) {
+    names.push_back((*g_origin_nodes)[id].name);
+    id = (*g_origin_nodes)[id].parent;
+  }
+  std::reverse(names.begin(), names.end());
+  return names;
+}
+
+// How often ranges named `name` were opened, on any thread.
+int64_t origin_count(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_origin_mutex);
+  int64_t n = 0;
+  for (const OriginNode& node : *g_origin_nodes) {
+    if (node.name == name) n += node.entered;
+  }
+  return n;
 }
 
 const py::object& dtype_name(c10::ScalarType st) {
@@ -520,9 +607,11 @@ struct ShapeKey {
   int64_t in_n, out_n, root, redop;
   int dtype;
   bool async_op, cuda;
+  int32_t origin;
 
   bool operator==(const ShapeKey& o) const {
-    return pg == o.pg && code == o.code && line == o.line && op == o.op && in_n == o.in_n &&
+    return pg == o.pg && code == o.code && line == o.line && origin == o.origin && op == o.op &&
+           in_n == o.in_n &&
            out_n == o.out_n && root == o.root && redop == o.redop && dtype == o.dtype &&
            async_op == o.async_op && cuda == o.cuda;
   }
@@ -534,6 +623,7 @@ struct ShapeKeyHash {
     auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
     mix(std::hash<const void*>()(k.code));
     mix(static_cast<size_t>(k.line));
+    mix(static_cast<size_t>(k.origin));
     mix(static_cast<size_t>(k.op));
     mix(static_cast<size_t>(k.in_n));
     mix(static_cast<size_t>(k.out_n));
@@ -720,6 +810,7 @@ class Kernel {
     call.root = spec_.root_arg >= 0 ? args[spec_.root_arg].toInt() : -1;
     call.async_op = spec_.async_arg >= 0 && args[spec_.async_arg].toBool();
     call.cuda = tensor != nullptr && tensor->is_cuda();
+    call.origin = t_origin;
     call.in_n = numel(in);
     call.out_n = spec_.out_arg < 0 ? call.in_n : numel(out);
     call.st = tensor != nullptr ? tensor->scalar_type() : c10::ScalarType::Byte;
@@ -767,6 +858,7 @@ class Kernel {
   // What the kernel read off the stack.
   struct Args {
     int64_t in_n = 0, out_n = 0, esize = 0, root = -1, redop = -1;
+    int32_t origin = 0;  // the framework ranges open on this thread (origin_path)
     c10::ScalarType st = c10::ScalarType::Byte;
     bool async_op = false, cuda = false;
   };
@@ -778,13 +870,14 @@ class Kernel {
   // The shape of this call: cached, else registered through Python's `shape`. Needs the GIL.
   const Shape& shape_of(c10d::ProcessGroup& pg, const Site& site, const Args& call) const {
     ShapeKey key{&pg, site.code, site.line, spec_.code, call.in_n, call.out_n, call.root,
-                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda};
+                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda, call.origin};
     const std::string& name = pg.getGroupName();
     auto it = g_shapes->find(key);
     if (it != g_shapes->end() && it->second.pg_name == name) return it->second;
     py::object got = g_py->shape(spec_.code, pg_name(pg), call.in_n, call.out_n,
                                  dtype_name(call.st), call.esize, call.cuda, call.root,
-                                 call.redop, call.async_op, site.file(), site.line_obj());
+                                 call.redop, call.async_op, site.file(), site.line_obj(),
+                                 call.origin);
     Shape shape;
     shape.pg_name = name;
     if (got.is_none()) {
@@ -810,7 +903,7 @@ class Kernel {
     py::object rec = g_py->begin(spec_.code, pg_name(pg), call.in_n, call.out_n,
                                  dtype_name(call.st), call.esize, call.cuda, call.root,
                                  call.redop, call.async_op, in_split, out_split, site.file(),
-                                 site.line_obj());
+                                 site.line_obj(), call.origin);
     if (rec.is_none()) return py::object();
     if (PyList_CheckExact(rec.ptr())) {
       // The ring keeps every record alive: as tracked containers they would make the
@@ -1084,9 +1177,10 @@ const std::unordered_map<std::string, Register>& signatures() {
 std::tuple<std::vector<std::string>, std::vector<std::string>> install(
     const std::vector<std::tuple<std::string, OpSpec>>& ops, py::dict python,
     std::tuple<Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t> slots,
-    const std::vector<std::string>& own_dirs) {
+    const std::vector<std::string>& own_dirs, const std::vector<std::string>& origin_prefixes) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
   *g_own_dirs = own_dirs;
+  if (!g_origin_callback.has_value()) *g_origin_prefixes = origin_prefixes;
   if (g_py == nullptr) g_py = new Python();
   g_py->begin = python["begin"];
   g_py->finish = python["finish"];
@@ -1126,7 +1220,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
 }
 
 void uninstall() {
-  g_active.store(false);
+  set_active(false);
   g_registrations.clear();
 }
 
@@ -1137,8 +1231,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int, int, int, int, int, int, int, int, int>());
   m.def("install", &install, "put the boundary kernel in front of c10d's ops");
   m.def("uninstall", &uninstall, "give torch's own kernels back");
-  m.def("set_active", [](bool on) { g_active.store(on); });
+  m.def("set_active", &set_active, "recording (and following the origin ranges) on or off");
   m.def("installed", []() { return !g_registrations.empty(); });
+  m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
+  m.def("origin_count", &origin_count, "how often ranges of this name were opened");
+  m.def("current_origin", []() { return t_origin; }, "this thread's origin id");
   // the ring of natively recorded calls and the ordinal counter shared with Python's records
   m.def("next_ordinal", []() { return g_native->next_ordinal(); });
   m.def("last_ordinal", []() { return g_native->last_ordinal(); });

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from commviz import metadata as md
-from commviz.record import calls, capturing
+from commviz.record import calls, capturing, origin
 from commviz.record.ops import CODES, OPS, OpSpec
 from commviz.record.recorder import RECORDER
 
@@ -188,8 +188,9 @@ class _Boundary:
                   "hooks": capturing}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
-                                        list(calls.OWN_DIRS))
+                                        list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
+        origin.NATIVE = ext
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)
         if unrecorded:
             warnings.warn("commviz: another kernel sits at BackendSelect for "

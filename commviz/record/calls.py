@@ -25,7 +25,7 @@ import tempfile
 import sysconfig
 import threading
 import time
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from torch.distributed import distributed_c10d as _c10d
 
 from commviz import metadata as md
 from commviz.record import capturing as _capture
+from commviz.record import origin as _origin
 from commviz.record import recorder as _rec
 from commviz.record.ops import OPS
 
@@ -119,19 +120,62 @@ OWN_DIRS = _own_dirs()
 _skip_code: dict[CodeType, bool] = {}
 
 
+def own_code(code: CodeType) -> bool:
+    """Whether a frame of ``code`` is torch's or commviz's (cached per code object)."""
+    skip = _skip_code.get(code)
+    if skip is None:
+        skip = _skip_code[code] = code.co_filename.startswith(OWN_DIRS)
+    return skip
+
+
 def callsite(depth: int = 2) -> tuple[str | None, int | None]:
     """File and line of the first frame outside torch and commviz (None: no such frame, as
     in DDP's reducer on an autograd thread)."""
     frame = _getframe(depth)
     while frame is not None:
         code = frame.f_code
-        skip = _skip_code.get(code)
-        if skip is None:
-            skip = _skip_code[code] = code.co_filename.startswith(OWN_DIRS)
-        if not skip:
+        if not own_code(code):
             return code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None, None
+
+
+# -- the origin: the unit a call serves (commviz.record.origin), per call shape ----------------
+
+_origins: dict[tuple[Any, ...], dict[str, Any]] = {}
+_merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nbytes: int,
+                site: tuple[str | None, int | None], origin: int | None, depth: int,
+                count: bool = True) -> tuple[dict[str, Any], bool]:
+    """``extra`` with the call's origin keys, worked out once per (origin ranges, call site,
+    op, size), and whether they hold for this call only (DDP's buckets, numbered in the
+    reducer's order). A collective's merged extra is one shared dict per content, so the
+    journal and the shapes see a repeated call as such. ``depth``: frames between the
+    caller of the c10d op and this function's caller; ``count``: False where the call is
+    only being looked at (``shape``: ``begin`` records it)."""
+    if origin is None:
+        origin = _origin.NATIVE.current_origin() if _origin.NATIVE is not None else 0
+    key = (origin, site, op, kind, numel)
+    keys = _origins.get(key)
+    if keys is None:
+        try:
+            frame: FrameType | None = _getframe(depth + 1)
+        except ValueError:                  # no Python frame: an autograd device thread
+            frame = None
+        keys, per_call = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
+                                         count)
+        if per_call:
+            return dict(extra or {}, **keys), True
+        _origins[key] = keys
+    if kind != "collective":
+        return dict(extra or {}, **keys), False     # per-call extras (peers, numbers)
+    content = (id(keys), *(extra.items() if extra else ()))
+    merged = _merged.get(content)
+    if merged is None:
+        merged = _merged[content] = dict(extra or {}, **keys)
+    return merged, False
 
 
 # -- open and finish ---------------------------------------------------------------------------
@@ -139,8 +183,11 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
 def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, dtype: str,
                 esize: int, device: str, in_split: str, out_split: str, async_op: bool,
                 extra: dict[str, Any] | None, site: tuple[str | None, int | None],
-                seq: int | None, want_meta: bool = False) -> list[Any]:
-    """Record a call that is about to run; returns its compact record for ``finish_record``."""
+                seq: int | None, want_meta: bool = False, origin: int | None = None
+                ) -> list[Any]:
+    """Record a call that is about to run; returns its compact record for ``finish_record``.
+    ``origin``: the boundary kernel's origin id (None: this thread's, read now)."""
+    extra = with_origin(extra, op, kind, in_n, in_n * esize, site, origin, 2)[0]
     rec = [op, kind, info, in_n, out_n, dtype, esize, in_split, out_split, async_op,
            site[0], site[1], info.my_rank, device, seq, extra, None, None, None,
            None, None, None, None, None, None]
@@ -231,8 +278,8 @@ def _slots(spec: Any, info: md.GroupInfo, cuda: bool) -> int:
 
 
 def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
-          root: int, reduce_op: int, async_op: bool, file: str | None, line: int | None
-          ) -> tuple[int, md.GroupInfo, int] | bool | None:
+          root: int, reduce_op: int, async_op: bool, file: str | None, line: int | None,
+          origin: int = 0) -> tuple[int, md.GroupInfo, int] | bool | None:
     """The boundary kernel asks this once per call shape (what a call site repeats) when no
     block, profiler or asynchronous captured work needs Python: (the shape's index, its group, the sequence
     numbers a call takes) to record such calls natively, False never to record them (a group
@@ -246,6 +293,10 @@ def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
         return None
     in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize, root,
                                                  reduce_op)
+    extra, per_call = with_origin(extra, spec.op, spec.kind, in_n, in_n * esize, (file, line),
+                                  origin, 1, count=False)
+    if per_call:
+        return None
     fields = [spec.op, spec.kind, info, in_n, out_n, dtype, esize, "[]", "[]", async_op, file,
               line, info.my_rank, "cuda" if cuda else "cpu"]
     return _rec.RECORDER.add_shape(fields, extra), info, _slots(spec, info, cuda)
@@ -258,7 +309,7 @@ def failed(ordinal: int, error: str) -> None:
 
 def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
           root: int, reduce_op: int, async_op: bool, in_split: list[int] | None,
-          out_split: list[int] | None, file: str | None, line: int | None
+          out_split: list[int] | None, file: str | None, line: int | None, origin: int = 0
           ) -> list[Any] | None:
     """The boundary kernel calls this before torch's kernel runs, with the call site it found
     (``callsite``'s rule, walked in C++), for calls ``shape`` does not cover; None: nothing
@@ -296,7 +347,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     in_s = "[]" if in_split is None else str(in_split)
     out_s = "[]" if out_split is None else str(out_split)
     return open_record(op, spec.kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
-                       in_s, out_s, async_op, extra, (file, line), seq)
+                       in_s, out_s, async_op, extra, (file, line), seq, origin=origin)
 
 
 def _coalescing_block(info: md.GroupInfo) -> list[Any] | None:

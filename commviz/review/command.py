@@ -11,13 +11,14 @@ import argparse
 import sys
 
 from commviz.merge import instances
+from commviz.review.origins import BY
 from commviz.review.report import FORMATS, TOP, write_report
 
 
 def handler(args: argparse.Namespace) -> int:
     result = write_report(
         args.run_dir, fmt=args.format, plots_dir=args.plots, out=args.out,
-        plots=not args.no_plots, top=args.top,
+        plots=not args.no_plots, top=args.top, by=args.by,
         straggler_min_ns=int(args.straggler_ms * 1e6))
     if args.out is None:                       # with -o the file is the output
         sys.stdout.write(result.text)
@@ -47,6 +48,10 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="smallest arrival skew that names a straggler, in ms (default "
                         f"{instances.STRAGGLER_MIN_NS / 1e6:g}; it must also be "
                         f"{instances.STRAGGLER_FACTOR:g}x the group's median skew)")
+    p.add_argument("--by", choices=BY, default=None,
+                   help="also roll comm time and wait time up per origin (the code or framework "
+                        "unit each collective comes from) or per unit (FSDP module, DDP bucket, "
+                        "pipeline stage)")
     p.add_argument("--fail-on-desync", action="store_true",
                    help="exit with status 1 when a desync is found")
     p.set_defaults(func=handler)

@@ -67,6 +67,7 @@ class Seen(Span):
     expected: int                   # ranks that should hold it
     bandwidth: bw.Bandwidth | None
     straggler: int | None
+    origin: str | None = None       # md.ORIGIN as its first rank recorded it
 
     @property
     def label(self) -> str:
@@ -185,6 +186,7 @@ class Fold:
         self.names = Names()
         self.keys = KeyIndex(self.names)
         self.pg, self.op, self.ctype = array("i"), array("i"), array("i")   # ``names`` ids
+        self.origin = array("i")            # ``names`` id of md.ORIGIN; -1: none
         self.first_start, self.last_start, self.last_end = array("q"), array("q"), array("q")
         self.late_rank, self.count = array("i"), array("i")
         self.flags = array("B")             # ``Flag`` bits of any rank
@@ -228,7 +230,8 @@ class Fold:
                               (self.ctype, name(row.ctype)), (self.first_start, row.start_ns),
                               (self.last_start, row.start_ns), (self.last_end, row.end_ns),
                               (self.late_rank, rank), (self.count, 0), (self.flags, 0),
-                              (self.size, -1), (self.straggler, -1)):
+                              (self.size, -1), (self.straggler, -1),
+                              (self.origin, -1 if row.origin is None else name(row.origin))):
             column.append(value)
         return i
 
@@ -264,7 +267,8 @@ class Fold:
                     bool(self.flags[i] & Flag.FAILED),
                     self.size[i] if self.size[i] >= 0 else None,
                     len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None}))
-                    or count, None, self.straggler[i] if self.straggler[i] >= 0 else None)
+                    or count, None, self.straggler[i] if self.straggler[i] >= 0 else None,
+                    self.names.names[self.origin[i]] if self.origin[i] >= 0 else None)
         seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns,
                                       bandwidth_ranks(key, seen.expected))
         return seen
@@ -279,6 +283,8 @@ def slice_args(seen: Seen) -> dict[str, Any]:
     }
     if seen.straggler is not None:
         args["commviz.straggler"] = seen.straggler
+    if seen.origin is not None:
+        args[md.ORIGIN] = seen.origin
     comm_args(args, seen, algbw=False)
     return args
 
@@ -318,7 +324,8 @@ def _write_cross(f: BinaryIO, fold: Fold) -> None:
         events = [{"name": f"rank {s.straggler} late · {lane_name(s.pg, pgs.get(s.pg))}",
                    "cat": "commviz.straggler",
                    "args": {"commviz.straggler": s.straggler, "commviz.skew_ns": s.skew_ns,
-                            "commviz.instance": instance_text(s.key), "commviz.op": s.op}}
+                            "commviz.instance": instance_text(s.key), "commviz.op": s.op,
+                            **({md.ORIGIN: s.origin} if s.origin is not None else {})}}
                   for s in late]
         items = sorted((s.first_start_ns, -s.last_start_ns, i) for i, s in enumerate(late))
         for back in split(items):
@@ -351,6 +358,8 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
         args: dict[str, Any] = {md.SEQ: row.key.seq} if row.key.kind is KeyKind.COLLECTIVE else {}
         args[md.PG_NAME] = row.pg
         args["commviz.instance"] = instance_text(row.key)
+        if row.origin is not None:
+            args[md.ORIGIN] = row.origin
         if row.size_bytes is not None:
             args["commviz.size_bytes"] = row.size_bytes
         if not fold.flags[i] & Flag.LAUNCH_ONLY:

@@ -24,6 +24,7 @@ from commviz.merge import instances as inst_mod
 from commviz.merge.instances import Instance, build_instances
 from commviz.merge.select import suggestion
 from commviz.review.desync import Desync, find_desyncs
+from commviz.review.origins import OriginRow, event_origin, instance_origin, rollup
 from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
@@ -52,6 +53,8 @@ class Review:
     streams: list[StreamRow]
     overlap: list[RankOverlap]
     problems: list[str]
+    by: str | None = None            # the rollup asked for (``origins.BY``), if any
+    origins: list[OriginRow] = field(default_factory=list)
 
 
 @dataclass
@@ -94,11 +97,15 @@ def analyse(events: list[CommEvent], ops: list[GpuOp], *, present: set[int] | No
         overlap=overlap_table(ops), problems=list(problems or []))
 
 
-def review_run(run_dir: str | Path, **thresholds: Any) -> Review:
-    """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``)."""
+def review_run(run_dir: str | Path, by: str | None = None, **thresholds: Any) -> Review:
+    """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``;
+    ``by``: also roll communication up per origin or unit, ``origins.BY``)."""
     events, ops, present, problems = load_inputs(run_dir)
-    return analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
-                   **thresholds)
+    review = analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
+                     **thresholds)
+    if by is not None:
+        review.by, review.origins = by, rollup(review.instances, by)
+    return review
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -143,15 +150,32 @@ class Section:
     note: str = ""
 
 
+def desync_origins(review: Review, d: Desync) -> str:
+    """Where each side of a desync made its call at that sequence number."""
+    at = {r: o for i in review.instances if i.pg == d.pg and i.seq == d.seq
+          for r, ev in i.events.items() if (o := event_origin(ev)) is not None}
+    return "; ".join(f"{list(s.ranks)}: {at.get(s.ranks[0], '-')}" for s in d.sides)
+
+
 def sections(review: Review, top: int = TOP) -> list[Section]:
     """The report's tables, most costly rows first, each cut at ``top`` rows."""
     out = []
     if review.desyncs:
         out.append(Section("Desyncs (first mismatch per process group)",
-                           ["group", "seq", "kind", "sides", "why"],
+                           ["group", "seq", "kind", "sides", "origin", "why"],
                            [[f"{d.pg} ({d.pg_desc})", str(d.seq), d.kind,
                              "; ".join(f"{list(s.ranks)}: {s.signature or 'nothing'}"
-                                       for s in d.sides), d.detail] for d in review.desyncs]))
+                                       for s in d.sides), desync_origins(review, d), d.detail]
+                            for d in review.desyncs]))
+    if review.by is not None:
+        out.append(Section(
+            f"Communication by {review.by} (most time first)",
+            [review.by, "instances", "comm time", "wait time", "ops"],
+            [[r.origin, str(r.count), fmt_ns(r.comm_ns), fmt_ns(r.wait_ns),
+              ", ".join(f"{op} x{n}" for op, n in r.ops.most_common())]
+             for r in review.origins[:top]],
+            "comm time: sum over instances (launch-only ones add none); wait time: the time "
+            "ranks waited for the last one to arrive"))
     out.append(Section(
         "Process groups (most waiting first)",
         ["group", "ranks", "collectives", "comm time", "wait time", "median skew", "max skew",
@@ -180,9 +204,10 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
                    key=lambda i: (not i.failed, -i.total_wait_ns, -i.skew_ns))[:top]
     out.append(Section(
         "Collective instances (failed, then most waiting first)",
-        ["group", "collective", "size", "skew", "late rank", "straggler", "total wait",
-         "comm time", "busbw GB/s", "missing ranks"],
-        [[i.pg, i.label + (" (FAILED)" if i.failed else ""), fmt_bytes(i.size_bytes),
+        ["group", "collective", "origin", "size", "skew", "late rank", "straggler",
+         "total wait", "comm time", "busbw GB/s", "missing ranks"],
+        [[i.pg, i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
+          fmt_bytes(i.size_bytes),
           fmt_ns(i.skew_ns), str(i.late_rank),
           "-" if i.straggler is None else f"rank {i.straggler}", fmt_ns(i.total_wait_ns),
           instance_comm(i), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
@@ -260,7 +285,7 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
 def _instance_json(i: Instance) -> dict[str, Any]:
     return {
         "pg": i.pg, "seq": i.seq, "key": list(i.key.wire()), "op": i.op, "type": i.ctype,
-        "kind": i.kind,
+        "kind": i.kind, "origin": instance_origin(i),
         "ranks": sorted(i.events), "missing": list(i.missing),
         "start_ns": {str(r): e.start_ns for r, e in sorted(i.events.items())},
         "end_ns": {str(r): e.end_ns for r, e in sorted(i.events.items())},
@@ -279,6 +304,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
         return [dataclasses.asdict(x) for x in items]
 
     desyncs = [{"pg": d.pg, "pg_desc": d.pg_desc, "seq": d.seq, "kind": d.kind,
+                "origin": desync_origins(review, d),
                 "sides": [{"ranks": list(s.ranks),
                            "collective": None if s.signature is None else
                            dataclasses.asdict(s.signature)} for s in d.sides],
@@ -294,6 +320,8 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
             "rank_summaries": rows(review.rank_rows), "collectives": rows(review.collectives),
             "streams": streams, "overlap": overlap,
             "instances": [_instance_json(i) for i in review.instances],
+            **({"by_" + review.by: [{**dataclasses.asdict(r), "ops": dict(r.ops)}
+                                    for r in review.origins]} if review.by else {}),
             "plots": [str(p) for p in plots or []]}
 
 
@@ -310,13 +338,13 @@ def render(review: Review, fmt: str, *, top: int = TOP, plots: list[Path] | None
 
 def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Path | None = None,
                  out: str | Path | None = None, plots: bool = True, top: int = TOP,
-                 **thresholds: Any) -> ReportResult:
+                 by: str | None = None, **thresholds: Any) -> ReportResult:
     """Review ``run_dir`` and write the report (default ``RUN_DIR/report.{txt,md,json}``) and,
     unless ``plots`` is False, the PNGs (default ``RUN_DIR/plots``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r} (one of {', '.join(FORMATS)})")
     run_dir = Path(run_dir)
-    review = review_run(run_dir, **thresholds)
+    review = review_run(run_dir, by=by, **thresholds)
     written: list[Path] = []
     if plots:
         from commviz.review.plots import write_plots

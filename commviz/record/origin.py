@@ -1,0 +1,390 @@
+"""Where a recorded call comes from: ``commviz.origin``, one short string, and its parts.
+
+The user's call site says where a call was made; for communication a framework issues it says
+little (``model(x)``, ``loss.backward()``) or nothing (DDP's reducer on an autograd thread).
+So a record also names the unit of the model the call serves, in torch's own words:
+
+- FSDP2: the module's fully qualified name and the phase, from the ``FSDP::...`` profiler
+  ranges FSDP2 opens whether or not a profiler runs (``FSDP::all_gather (layers.0)`` inside
+  ``FSDP::pre_forward`` / ``FSDP::pre_backward``, ``FSDP::post_backward_reduce``);
+- DDP: the reducer's bucket (``GradBucket.index()``): from the comm hook's ``bucket`` where a
+  hook runs, else in the reducer's own order (it reduces bucket 0, 1, ... after each forward);
+- DTensor: the module and the source -> target placements of the redistribute;
+- pipelining: the stage, the action and micro-batch (``PP:0F1`` ranges of the multi-stage
+  schedules, ``Forward 1`` / ``Backward 1`` of GPipe, the batch's ``desc`` elsewhere);
+- compiled code: the compiled function and its ``file:line`` (a ``Torch-Compiled Region``);
+- any call made during a backward pass: the user's line that called ``backward()``.
+
+The boundary kernel keeps the chain of such ranges open on each thread as an id (a RecordFunction
+callback on ``USER_SCOPE``, ``boundary.cpp``); a call's origin is worked out from that chain and
+the live Python frames once per call shape (what a call site repeats, with its origin id), so
+natively recorded calls pay nothing per call for it. Two kinds resolve per call, through
+Python: DDP's buckets (buckets may share a size; without a hook they are numbered in the
+reducer's order) and DTensor redistributes inside a module call (layers called in a loop
+share call site and sizes).
+``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that costs and loses).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import weakref
+from types import CodeType, FrameType
+from typing import Any, Callable, NamedTuple
+
+from commviz import metadata as md
+
+# Profiler ranges torch opens around its frameworks' communication (names as torch writes them)
+FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD = (
+    "FSDP::", "PP:", "Forward ", "Backward ", "DistributedDataParallel.forward")
+PREFIXES = (FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD)
+
+
+def prefixes() -> tuple[str, ...]:
+    """The range prefixes the boundary kernel follows; none with ``COMMVIZ_ORIGIN_RANGES=off``.
+
+    Following them costs every collective a few microseconds, not in commviz: once any
+    ``USER_SCOPE`` RecordFunction callback exists, gloo and NCCL build their own
+    ``gloo:all_reduce`` / ``nccl:all_reduce`` profiler ranges on each call. Off, origins come
+    from the frames alone (FSDP modules, DDP buckets without a hook and GPipe micro-batches
+    are then not named)."""
+    return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
+
+_FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
+_SEP = os.sep
+
+
+class Origin(NamedTuple):
+    """What a record says of where it comes from (``as_keys``: its metadata keys)."""
+
+    text: str
+    kind: md.OriginKind
+    unit: str | None = None       # FSDP module, DDP bucket, pipeline stage, compiled function
+    phase: str | None = None      # FSDP phase, pipeline action, DTensor placements
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def as_keys(self, backward_site: str | None) -> dict[str, Any]:
+        keys = {md.ORIGIN: self.text, md.ORIGIN_KIND: str(self.kind)}
+        if self.unit is not None:
+            keys[md.ORIGIN_UNIT] = self.unit
+        if self.phase is not None:
+            keys[md.ORIGIN_PHASE] = self.phase
+        if backward_site is not None:
+            keys[md.BACKWARD_CALLSITE] = backward_site
+        keys.update(self.extra)
+        return keys
+
+
+def _torch_path(*parts: str) -> str:
+    import torch
+
+    return os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), *parts)
+
+
+class _Places(NamedTuple):
+    """torch's files whose frames say what a call serves."""
+
+    engine: str          # autograd's _engine_run_backward: a backward pass
+    redistribute: str    # DTensor's redistribute_local_tensor
+    schedules: str       # pipelining's schedules
+    stage: str           # pipelining's stages
+    compilers: tuple[str, ...]   # dynamo, AOTAutograd, inductor: compiled code runs here
+    module: str          # nn.Module's _call_impl
+
+
+_places: _Places | None = None
+
+
+def _where() -> _Places:
+    global _places
+    if _places is None:
+        _places = _Places(
+            _torch_path("autograd", "graph.py"),
+            _torch_path("distributed", "tensor", "_redistribute.py"),
+            _torch_path("distributed", "pipelining", "schedules.py"),
+            _torch_path("distributed", "pipelining", "stage.py"),
+            tuple(_torch_path(d) + _SEP for d in ("_dynamo", "_functorch", "_inductor")),
+            _torch_path("nn", "modules", "module.py"))
+    return _places
+
+
+# -- the frames: one walk, reading only the frames that name a unit -----------------------------
+
+class Frames(NamedTuple):
+    """What the live Python frames of a call say (``read``)."""
+
+    user: FrameType | None          # the call site's frame (the first outside torch/commviz)
+    backward: str | None            # "file:line" of the user's backward() call
+    compiled: FrameType | None      # the compiled function's frame, under compiled code
+    redistribute: FrameType | None  # DTensor's redistribute_local_tensor
+    modules: tuple[Any, ...]        # nn.Modules being called, innermost first
+    stage: Any                      # the pipeline stage whose schedule or setup is running
+    batch: str | None               # pipelining's batch label (``desc``: "fwd_send", ...)
+    bucket: Any                     # the DDP comm hook's GradBucket
+    from_cpp: bool                  # no Python between the engine (or nothing) and the call
+
+
+def _site(frame: FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
+    """Walk the frames from ``frame`` (the caller of the c10d op) outwards."""
+    places = _where()
+    user = compiled = redistribute = stage = None
+    backward = batch = bucket = None
+    modules: list[Any] = []
+    seen_compiler = False
+    from_cpp = frame is None or (frame.f_code.co_name == "_engine_run_backward"
+                                 and frame.f_code.co_filename == places.engine)
+    if frame is None:
+        backward = _backward_elsewhere(own)
+    while frame is not None:
+        code = frame.f_code
+        name, file = code.co_name, code.co_filename
+        if bucket is None and "bucket" in code.co_varnames:
+            bucket = _grad_bucket(frame.f_locals.get("bucket"))
+        if not own(code):
+            if file.startswith("<eval_with_key>"):
+                seen_compiler = True
+            elif user is None:
+                user = frame
+                compiled = frame if seen_compiler else None
+        elif file == places.engine and name == "_engine_run_backward":
+            if backward is None:
+                backward = _user_site(frame.f_back, own)
+        elif file == places.redistribute and name == "redistribute_local_tensor":
+            redistribute = redistribute or frame
+        elif file == places.module and name == "_call_impl":
+            mod = frame.f_locals.get("self")
+            if mod is not None:
+                modules.append(mod)
+        elif file == places.schedules and name in ("_batch_p2p", "_sorted_batch_p2p"):
+            batch = batch or frame.f_locals.get("desc")
+        elif file == places.schedules and name == "_step_microbatches" and stage is None:
+            stage = getattr(frame.f_locals.get("self"), "_stage", None)
+        elif file == places.stage and name == "_shape_inference" and stage is None:
+            stage = frame.f_locals.get("self")
+        elif file.startswith(places.compilers):
+            seen_compiler = True
+        frame = frame.f_back
+    return Frames(user, backward, compiled, redistribute, tuple(modules), stage, batch, bucket,
+                  from_cpp)
+
+
+def _user_site(frame: FrameType | None, own: Callable[[CodeType], bool]) -> str | None:
+    while frame is not None and own(frame.f_code):
+        frame = frame.f_back
+    return None if frame is None else _site(frame)
+
+
+def _backward_elsewhere(own: Callable[[CodeType], bool]) -> str | None:
+    """On an autograd device thread (no Python frame): the line of the thread blocked in a
+    backward pass (it waits in ``_engine_run_backward``, its frames still; the GIL is held)."""
+    engine = _where().engine
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "_engine_run_backward" and code.co_filename == engine:
+                return _user_site(frame.f_back, own)
+            frame = frame.f_back
+    return None
+
+
+def _grad_bucket(value: Any) -> Any:
+    import torch.distributed as dist
+
+    return value if isinstance(value, dist.GradBucket) else None
+
+
+# -- names of things ---------------------------------------------------------------------------
+
+_module_names: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+
+
+def module_name(modules: tuple[Any, ...]) -> str | None:
+    """The fully qualified name of the innermost module being called, in the outermost one
+    (``named_modules()``'s names); None outside any module call."""
+    if not modules:
+        return None
+    root = modules[-1]
+    names = _module_names.get(root)
+    if names is None or id(modules[0]) not in names:
+        names = _module_names[root] = {id(m): n for n, m in root.named_modules()}
+    return names.get(id(modules[0]), type(modules[0]).__name__)
+
+
+_param_names: dict[int, str] = {}
+
+
+def param_name(param: Any) -> str | None:
+    """A DDP parameter's name in its module (``DistributedDataParallel.module``); the
+    DDP instances are found once, and again when a parameter is new to them."""
+    name = _param_names.get(id(param))
+    if name is None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        for obj in gc.get_objects():
+            if isinstance(obj, DistributedDataParallel):
+                _param_names.update((id(p), n) for n, p in obj.module.named_parameters())
+        name = _param_names.get(id(param))
+    return name
+
+
+def placements(spec: Any) -> str:
+    return ", ".join(str(p) for p in getattr(spec, "placements", ()))
+
+
+# -- the origin of a call ----------------------------------------------------------------------
+
+class DdpCount:
+    """The reducer's bucket order: it reduces bucket 0, 1, ... after each DDP forward
+    (``prepare_for_backward``), so the n-th reducer all_reduce since the last forward is
+    bucket n. Forwards are counted by the boundary kernel (``DistributedDataParallel.forward``
+    ranges entered)."""
+
+    def __init__(self) -> None:
+        self.forwards = -1
+        self.next = 0
+
+    def take(self, forwards: int, count: bool) -> int:
+        """The bucket of this call (``count``: False to look without taking it)."""
+        if forwards != self.forwards:
+            self.forwards, self.next = forwards, 0
+        self.next += count
+        return self.next - count
+
+
+NATIVE: Any = None          # the boundary kernel's module (origin_path, origin_count)
+DDP_ORDER = DdpCount()
+
+
+def ranges(origin_id: int) -> list[str]:
+    return NATIVE.origin_path(origin_id) if origin_id and NATIVE is not None else []
+
+
+def _fsdp(names: list[str], op: str) -> Origin | None:
+    parsed = [m.groups() for n in names if (m := _FSDP_RANGE.match(n))]
+    if not parsed:
+        return None
+    labels = [label for label, _, _ in parsed]
+    backward = any("backward" in label for label in labels)
+    for label, fqn, target in reversed(parsed):
+        if label in ("post_backward_reduce", "post_backward_rs_wait"):
+            phase = "reduce-scatter" if op.startswith("reduce_scatter") else op.replace("_", "-")
+            break
+        if label == "all_gather":
+            phase = ("backward" if backward else "forward") + " all-gather"
+            break
+    else:
+        label, fqn, target = parsed[-1]
+        phase = label.replace("_", " ")
+    unit = fqn if fqn is not None else (target or "")
+    return Origin(f"FSDP {phase} ({unit or '<root>'})", md.OriginKind.FSDP, unit, phase)
+
+
+def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | None:
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    stage = getattr(frames.stage, "stage_index", None)
+    action = None
+    for name in reversed(names):
+        if name.startswith(PP):
+            try:
+                action = _Action.from_str(name[len(PP):])
+            except (RuntimeError, ValueError, KeyError):
+                continue
+            break
+        if name.startswith((FORWARD, BACKWARD)) and name.split(" ")[-1].isdigit() and                 stage is not None:
+            forward = name.startswith(FORWARD)
+            if kind == "p2p":
+                sent = op in ("send", "isend")
+                ctype = _ComputationType.from_str(("SEND_" if sent else "RECV_") +
+                                                  ("F" if forward else "B"))
+            else:
+                ctype = _ComputationType.FORWARD if forward else _ComputationType.FULL_BACKWARD
+            action = _Action(stage, ctype, int(name.split(" ")[-1]))
+            break
+    if action is not None:
+        text = PP + str(action)
+        return Origin(text, md.OriginKind.PIPELINE, f"stage {action.stage_index}",
+                      action.computation_type.value,
+                      ((md.ORIGIN_MICROBATCH, action.microbatch_index),)
+                      if action.microbatch_index is not None else ())
+    if stage is None:
+        return None
+    if frames.batch is not None and kind == "p2p":
+        sent = op in ("send", "isend")
+        part = next((p for p in re.findall(r"(fwd|bwd)_(send|recv)", frames.batch)
+                     if (p[1] == "send") == sent), None)
+        if part is not None:
+            phase = ("SEND_" if sent else "RECV_") + ("F" if part[0] == "fwd" else "B")
+            return Origin(f"{PP}{stage}{phase} ({frames.batch})", md.OriginKind.PIPELINE,
+                          f"stage {stage}", phase)
+    phase = "shape inference" if frames.batch is None else frames.batch
+    return Origin(f"{PP}{stage} {phase}", md.OriginKind.PIPELINE, f"stage {stage}", phase)
+
+
+def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
+    extra: list[tuple[str, Any]] = [(md.DDP_BUCKET, index), (md.DDP_BUCKET_BYTES, nbytes)]
+    if bucket is not None:
+        params = bucket.parameters()
+        extra += [(md.DDP_BUCKET_PARAMS, len(params)),
+                  (md.DDP_BUCKET_BYTES, bucket.buffer().numel() * bucket.buffer().element_size())]
+        if params:
+            extra += [(md.DDP_BUCKET_FIRST, param_name(params[0])),
+                      (md.DDP_BUCKET_LAST, param_name(params[-1]))]
+    else:
+        extra.append((md.DDP_BUCKET_NUMEL, numel))
+    return Origin(f"DDP bucket {index}", md.OriginKind.DDP, f"bucket {index}", "all-reduce",
+                  tuple(dict(extra).items()))
+
+
+def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
+            frame: FrameType | None, own: Callable[[CodeType], bool], count: bool = True
+            ) -> tuple[dict[str, Any], bool]:
+    """A call's origin keys, and whether they hold for this call only (a DDP bucket, a
+    DTensor redistribute in a module: the caller must resolve each such call; ``count``:
+    False where the call is only being looked at, not recorded)."""
+    names = ranges(origin_id)
+    frames = read(frame, own)
+    per_call = False
+    origin = _fsdp(names, op)
+    if origin is None and (frames.stage is not None or any(
+            n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
+        origin = _pipeline(names, frames, op, kind)
+    if origin is None and frames.bucket is not None:    # buckets may share a size: per call
+        origin, per_call = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes), True
+    if origin is None and frames.from_cpp and op == "all_reduce" and NATIVE is not None:
+        forwards = NATIVE.origin_count(DDP_FORWARD)
+        if forwards:
+            origin, per_call = _bucket(None, DDP_ORDER.take(forwards, count), numel, nbytes), True
+    if origin is None and frames.redistribute is not None:
+        loc = frames.redistribute.f_locals
+        moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
+        unit = module_name(frames.modules)
+        origin = Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
+                        unit, moved)
+        # layers called in a loop share their call site and sizes: the module is per call
+        per_call = unit is not None
+    if origin is None and any(n == DDP_FORWARD for n in names):
+        origin = Origin("DDP forward", md.OriginKind.DDP, None, "forward")
+    if origin is None and frames.compiled is not None:
+        code = frames.compiled.f_code
+        at = f"{code.co_filename}:{code.co_firstlineno}"
+        qualname = getattr(code, "co_qualname", code.co_name)
+        origin = Origin(f"Torch-Compiled Region: {qualname} ({os.path.basename(at)})",
+                        md.OriginKind.COMPILED, qualname, None, ((md.COMPILED_AT, at),))
+    if origin is None and frames.user is not None:
+        code = frames.user.f_code
+        origin = Origin(f"{os.path.basename(code.co_filename)}:{frames.user.f_lineno}",
+                        md.OriginKind.USER)
+    if origin is None and frames.backward is not None:
+        origin = Origin(f"backward ({os.path.basename(frames.backward)})", md.OriginKind.BACKWARD)
+    if origin is None:
+        origin = Origin(f"c10d {op} (no Python caller)", md.OriginKind.UNKNOWN)
+    return origin.as_keys(frames.backward), per_call

@@ -1,0 +1,322 @@
+"""Every record names where it comes from (``commviz.origin``), in torch's own terms.
+
+Real programs on real gloo processes; what each record should say comes from torch's objects:
+the DDP reducer's buckets (``GradBucket`` in a comm hook, ``Reducer._get_zeros_like_grad_buckets``),
+``named_modules()`` and ``FSDPModule``, the pipelining schedule's own action order
+(``pipeline_order``). One job per world size runs several programs in turn,
+and the records each made are told apart by their order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.slow
+
+ORIGIN, KIND, UNIT, PHASE = ("commviz.origin", "commviz.origin_kind", "commviz.origin_unit",
+                             "commviz.origin_phase")
+MB, BUCKET = "commviz.origin_microbatch", "commviz.ddp_bucket"
+
+
+def _records() -> list[dict[str, Any]]:
+    import commviz
+
+    return [{k: v for k, v in r.items() if isinstance(v, (str, int, float, bool, type(None)))}
+            for r in commviz.RECORDER.records()]
+
+
+def _since(mark: int) -> list[dict[str, Any]]:
+    return _records()[mark:]
+
+
+# -- the programs, one after another in one job ------------------------------------------------
+
+def _ddp(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
+                                   *[torch.nn.Linear(128, 128) for _ in range(3)],
+                                   torch.nn.Linear(128, 4))
+
+    out: dict[str, Any] = {}
+    # no hook: the reducer's own all_reduces, numbered in its order
+    plain = DDP(model(), bucket_cap_mb=0.1)
+    for _ in range(3):
+        mark = len(_records())
+        plain(torch.randn(8, 32)).sum().backward()
+    out["plain"] = _since(mark)                       # the last step, buckets rebuilt
+    out["plain_buckets"] = [b.buffer().numel()
+                            for b in plain.reducer._get_zeros_like_grad_buckets()]
+    # a comm hook: what torch hands it is the truth
+    hooked = DDP(model(), bucket_cap_mb=0.1)
+    names = {id(p): n for n, p in hooked.module.named_parameters()}
+    seen: list[tuple[int, int, str, str]] = []
+
+    def hook(state, bucket):  # noqa: ANN001,ANN202 - DDP checks real annotations, not strings
+        params = bucket.parameters()
+        seen.append((bucket.index(), len(params), names[id(params[0])], names[id(params[-1])]))
+        return default_hooks.allreduce_hook(state, bucket)
+
+    hooked.register_comm_hook(None, hook)
+    mark = len(_records())
+    for _ in range(2):
+        hooked(torch.randn(8, 32)).sum().backward()
+    out["hooked"] = [r for r in _since(mark) if r["commviz.op"] == "all_reduce"]
+    out["hook_saw"] = seen
+    return out
+
+
+def _fsdp_tp_compiled(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    out: dict[str, Any] = {}
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    mark = len(_records())
+    for _ in range(2):
+        model(torch.randn(4, 16)).sum().backward()
+    out["fsdp"] = _since(mark)
+    out["fsdp_modules"] = {n for n, m in model.named_modules() if isinstance(m, FSDPModule)
+                           and any(True for _ in m.parameters(recurse=False))}
+
+    tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    tp = parallelize_module(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                                torch.nn.Linear(16, 8)),
+                            tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    mark = len(_records())
+    tp(torch.randn(4, 8)).sum().backward()
+    out["tp"] = _since(mark)
+    out["tp_modules"] = {n for n, _ in tp.named_modules()}
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+    compiled = torch.compile(step, backend="aot_eager")
+    mark = len(_records())
+    compiled(torch.ones(4))
+    out["compiled"] = _since(mark)
+    out["compiled_fn"] = (step.__code__.co_qualname,
+                          f"{step.__code__.co_filename}:{step.__code__.co_firstlineno}")
+    return out
+
+
+def _pipelines(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    out: dict[str, Any] = {}
+    for name, kind in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+        torch.manual_seed(0)
+        stage = PipelineStage(torch.nn.Linear(8, 8), rank, world, torch.device("cpu"))
+        schedule = kind(stage, n_microbatches=4, loss_fn=lambda out, target: out.sum())
+        schedule.step(torch.randn(8, 8)) if rank == 0 else schedule.step(
+            target=torch.zeros(8, 8))                     # the first step infers shapes
+        mark = len(_records())
+        schedule.step(torch.randn(8, 8)) if rank == 0 else schedule.step(
+            target=torch.zeros(8, 8))
+        out[name] = _since(mark)
+        # the schedule's own compute actions for this rank, each with the transfers it needs
+        # (the rule of torch's _add_send_recv: a forward receives from the stage before and
+        # sends to the one after, a backward the other way)
+        order = []
+        for a in schedule.pipeline_order[rank]:
+            kind_ = getattr(a, "computation_type", None)
+            if kind_ is None or kind_.value not in ("F", "B"):
+                continue
+            first, last = a.stage_index == 0, a.stage_index == world - 1
+            recv, send = (first, last) if kind_.value == "F" else (last, first)
+            order += [(f"RECV_{kind_.value}", a.stage_index, a.microbatch_index)] * (not recv)
+            order += [(f"SEND_{kind_.value}", a.stage_index, a.microbatch_index)] * (not send)
+        out[name + "_order"] = order
+    return out
+
+
+def _job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    import commviz
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir, flush_interval=None)
+    out = {"ddp": _ddp(rank, world), "fsdp_tp_compiled": _fsdp_tp_compiled(rank, world),
+           "pipelines": _pipelines(rank, world)}
+    out["all"] = _records()
+    commviz.flush()
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    run_dir = tmp_path_factory.mktemp("origin")
+    return run_dir, run_ranks(_job, 2, str(run_dir), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ranks(job: tuple[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return job[1]
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+def test_no_record_without_an_origin(ranks: list[dict[str, Any]]) -> None:
+    for snap in ranks:
+        assert snap["all"]
+        missing = [r["commviz.op"] for r in snap["all"]
+                   if not r.get(ORIGIN) or r.get(KIND) in (None, "unknown")]
+        assert missing == []
+
+
+def test_ddp_buckets_as_the_reducer_reports_them(ranks: list[dict[str, Any]]) -> None:
+    for snap in ranks:
+        ddp = snap["ddp"]
+        # no hook: one all_reduce per reducer bucket, in the reducer's bucket order, each
+        # the size of the bucket torch keeps under that index
+        reduced = [r for r in ddp["plain"] if r["commviz.op"] == "all_reduce"]
+        assert [r[BUCKET] for r in reduced] == list(range(len(ddp["plain_buckets"])))
+        assert [r["commviz.ddp_bucket_numel"] for r in reduced] == ddp["plain_buckets"]
+        assert all(r[KIND] == "DDP" and r[ORIGIN] == f"DDP bucket {r[BUCKET]}"
+                   for r in reduced)
+        assert all(r["commviz.backward_callsite"].endswith(
+            f"test_origin.py:{_line_of('plain(torch.randn(8, 32)).sum().backward()')}")
+            for r in reduced)
+        # a comm hook: the bucket torch handed it, its parameters named as the module names them
+        got = [(r[BUCKET], r["commviz.ddp_bucket_params"], r["commviz.ddp_bucket_first"],
+                r["commviz.ddp_bucket_last"]) for r in ddp["hooked"]]
+        assert got == [tuple(s) for s in ddp["hook_saw"]] and len(got) >= 2
+
+
+def test_fsdp2_modules_and_phases(ranks: list[dict[str, Any]]) -> None:
+    for snap in ranks:
+        out = snap["fsdp_tp_compiled"]
+        recs = out["fsdp"]
+        assert all(r[KIND] == "FSDP" for r in recs), Counter(r[ORIGIN] for r in recs)
+        by_phase = Counter((r[PHASE], r[UNIT]) for r in recs)
+        modules = out["fsdp_modules"]
+        assert modules == {"0", "1", "2"}
+        # every sharded module: gathered in each forward, its gradients reduce-scattered
+        # in each backward (2 steps)
+        for name in modules:
+            assert by_phase[("forward all-gather", name)] == 2, by_phase
+            assert by_phase[("reduce-scatter", name)] == 2, by_phase
+        assert {u for _, u in by_phase} <= modules
+        gathers = [r for r in recs if r[PHASE].endswith("all-gather")]
+        assert all(r["commviz.op"] == "all_gather_into_tensor" for r in gathers)
+        assert all(("commviz.backward_callsite" in r) == r[PHASE].startswith(("backward",
+                                                                              "reduce"))
+                   for r in recs)
+
+
+def test_tensor_parallel_module_and_placements(ranks: list[dict[str, Any]]) -> None:
+    for snap in ranks:
+        out = snap["fsdp_tp_compiled"]
+        dtensor = [r for r in out["tp"] if r[KIND] == "DTensor"]
+        assert dtensor, Counter(r[ORIGIN] for r in out["tp"])
+        for r in dtensor:
+            assert r[UNIT] in out["tp_modules"]
+            src, dst = r[PHASE].split(" -> ")
+            assert src and dst and src != dst
+        # RowwiseParallel's output: partial sums made whole (torch's placement names)
+        assert any(r[UNIT] == "2" and r[PHASE] == "P(sum) -> R" for r in dtensor)
+
+
+def test_compiled_code_names_the_compiled_function(ranks: list[dict[str, Any]]) -> None:
+    for snap in ranks:
+        out = snap["fsdp_tp_compiled"]
+        qualname, at = out["compiled_fn"]
+        assert out["compiled"] and all(
+            r[KIND] == "compiled" and r[UNIT] == qualname and r["commviz.compiled_at"] == at
+            for r in out["compiled"])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelining_actions_in_the_schedules_order(ranks: list[dict[str, Any]],
+                                                   schedule: str) -> None:
+    for rank, snap in enumerate(ranks):
+        out = snap["pipelines"]
+        recs = [r for r in out[schedule] if r["commviz.kind"] == "p2p"]
+        assert recs and all(r[KIND] == "pipelining" and r[UNIT] == f"stage {rank}"
+                            for r in recs)
+        want = out[schedule + "_order"]
+        got = [(r[PHASE], rank, r.get(MB)) for r in recs]
+        for action in {a for a, _, _ in want} | {a for a, _, _ in got}:
+            mine = [g for g in got if g[0] == action]
+            theirs = [w for w in want if w[0] == action]
+            if schedule == "gpipe":   # "Forward i" / "Backward i": the micro-batch too
+                assert mine == theirs
+            else:                     # 1F1B opens no range: the action, as often, in order
+                assert mine == [(a, s, None) for a, s, _ in theirs]
+
+
+def _line_of(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+# -- where a person looks: the merged trace, the overview, the report ---------------------------
+
+def test_origins_in_the_trace_the_overview_and_the_report(
+        job: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    import json
+
+    from commviz.merge import merge_run, write_shard
+    from commviz.merge.table import write_table
+    from commviz.review.overview import write_overview
+    from commviz.review.report import write_report
+    from commviz.write.read import read_pftrace, slices
+
+    run_dir, snaps = job
+    recorded = {(rank, r["commviz.pg_name"] if "commviz.pg_name" in r else
+                 r["Process Group Name"], r.get("commviz.seq"), r.get("commviz.p2p_seq"),
+                 r["commviz.op"]): r[ORIGIN] for rank, snap in enumerate(snaps)
+                for r in snap["all"]}
+    merged = merge_run(run_dir, tmp_path / "m.pftrace", workers=1, progress=False).out
+    got = [s for s in slices(read_pftrace(merged))[0] if s.args.get("commviz.rank") is not None
+           and s.args.get("commviz.op")]
+    assert got
+    for s in got:                     # each rank's slice: its record's origin
+        key = (s.args["commviz.rank"], s.args["Process Group Name"], s.args.get("commviz.seq"),
+               s.args.get("commviz.p2p_seq"), s.args["commviz.op"])
+        assert s.args[ORIGIN] == recorded[key]
+    summary = [s for s in slices(read_pftrace(merged))[0] if "commviz.skew_ns" in s.args]
+    assert summary and all(s.args.get(ORIGIN) in recorded.values() for s in summary)
+
+    for rank in range(len(snaps)):   # on each rank's node, as a launch does
+        write_shard(run_dir, rank)
+        write_table(run_dir, rank)
+    overview = write_overview(run_dir, tmp_path / "o.pftrace", progress=False).out
+    over = [s for s in slices(read_pftrace(overview))[0] if "commviz.instance" in s.args]
+    assert over and [s for s in over if s.args.get(ORIGIN) not in recorded.values()] == []
+
+    # rolled up per unit: every FSDP module, DDP bucket and pipeline stage torch names
+    report = json.loads(write_report(run_dir, fmt="json", plots=False, by="unit",
+                                     out=tmp_path / "r.json").text)
+    units = {row["origin"] for row in report["by_unit"]}
+    fsdp = snaps[0]["fsdp_tp_compiled"]["fsdp_modules"]
+    buckets = len(snaps[0]["ddp"]["plain_buckets"])
+    assert {f"FSDP {m}" for m in fsdp} | {f"DDP bucket {b}" for b in range(buckets)} | {
+        f"pipelining stage {r}" for r in range(len(snaps))} <= units, units
+    # each rank's wait counted once, under its own unit
+    assert sum(row["wait_ns"] for row in report["by_unit"]) == sum(
+        sum(i["wait_ns"].values()) for i in report["instances"])
+    assert all(i["origin"] != "-" for i in report["instances"])
+    table = write_report(run_dir, fmt="table", plots=False, by="origin",
+                         out=tmp_path / "r.txt").text
+    assert "Communication by origin" in table and "FSDP forward all-gather (1)" in table
