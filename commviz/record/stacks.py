@@ -46,6 +46,7 @@ _HEADER_RE = re.compile(r"# commviz stacks: rank (\d+) pid (\d+) main (0x[0-9a-f
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? "
                         r"\(most recent call first\):")
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_TB_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+), in (.*)$', re.M)
 _FATAL_RE = re.compile(r"^Fatal Python error: (.*)$")
 
 _files: dict[str, IO[str]] = {}            # kept open: faulthandler writes to their fds
@@ -149,13 +150,20 @@ class Stacks:
             return self.threads[self.main]
         return next(iter(self.threads.values()), None)
 
+    def raised_at(self) -> Frame | None:
+        """The innermost frame of the program's own code in the uncaught exception's
+        traceback: the line that raised (or called what raised)."""
+        frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
+                  for m in _TB_FRAME_RE.finditer(self.traceback or "")]
+        return next((f for f in reversed(frames) if is_user(f.file)), None)
+
     def user_frame(self) -> Frame | None:
         """The innermost frame of the main thread in the program's own code (not the standard
         library, an installed package or commviz): the line it was stuck on."""
         main = self.main_thread
         if main is None:
             return None
-        return next((f for f in main.frames if _is_user(f.file)), None)
+        return next((f for f in main.frames if is_user(f.file)), None)
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -165,7 +173,9 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
 
 
-def _is_user(file: str) -> bool:
+def is_user(file: str) -> bool:
+    """Whether ``file`` is the program's own code (not the standard library, an installed
+    package or commviz)."""
     return not (file.startswith("<") or "/site-packages/" in file or "/dist-packages/" in file
                 or file.startswith(_library_dirs()))
 

@@ -26,6 +26,7 @@ from commviz.review.desync import Desync, find_desyncs
 from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
+from commviz.review.verdict import Verdict, build_verdict, verdict_json
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.kernels import KERNEL_CLASSES
@@ -51,6 +52,7 @@ class Review:
     streams: list[StreamRow]
     overlap: list[RankOverlap]
     problems: list[str]
+    verdict: Verdict | None = None       # why the job hung or died; None when it did not
 
 
 @dataclass
@@ -96,8 +98,10 @@ def analyse(events: list[CommEvent], ops: list[GpuOp], *, present: set[int] | No
 def review_run(run_dir: str | Path, **thresholds: Any) -> Review:
     """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``)."""
     events, ops, present, problems = load_inputs(run_dir)
-    return analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
-                   **thresholds)
+    review = analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
+                     **thresholds)
+    review.verdict = build_verdict(run_dir)
+    return review
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -228,6 +232,8 @@ def render_table(review: Review, top: int = TOP, width: int = TABLE_WIDTH) -> st
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    if review.verdict is not None:
+        console.print(review.verdict.render(), markup=False, highlight=False, soft_wrap=True)
     console.print(_headline(review))
     for problem in review.problems:
         console.print(f"problem: {problem}")
@@ -249,6 +255,8 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
                     base: Path | None = None) -> str:
     """Markdown; plot links are relative to ``base`` (the report's folder) when given."""
     lines = [f"# {_headline(review)}", ""]
+    if review.verdict is not None:
+        lines = ["# Verdict", "", "```", review.verdict.render().rstrip("\n"), "```", ""] + lines
     if review.problems:
         lines += ["## Problems", "", *[f"- {_md_cell(p)}" for p in review.problems], ""]
     for sec in sections(review, top):
@@ -298,6 +306,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
                 "graphed": s.graphed} for s in review.streams]
     overlap = [{**dataclasses.asdict(o), "overlap_pct": o.overlap_pct} for o in review.overlap]
     return {"run_dir": str(review.run_dir), "ranks": review.ranks, "events": review.events,
+            "verdict": None if review.verdict is None else verdict_json(review.verdict),
             "problems": review.problems, "desyncs": desyncs, "groups": groups,
             "rank_summaries": rows(review.rank_rows), "collectives": rows(review.collectives),
             "streams": streams, "overlap": overlap,

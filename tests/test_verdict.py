@@ -1,0 +1,121 @@
+"""Issue 23: the verdict on a hung or dead job, on real 3-rank gloo jobs (tests/jobs/broken_job.py).
+
+One torchrun job per scenario. What is expected comes from the scenario (which rank breaks,
+how, on which line) and from torch's Flight Recorder: its analyzer (``python -m
+torch.distributed.flight_recorder.fr_trace``) on the dumps every rank left, or, where the
+broken rank could leave none (SIGKILL, abort), the others' raw entries. Never from commviz.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fr_compare import FR_ENV
+from harness import torchrun
+
+from commviz.review.verdict import CallState, FailureKind, build_verdict
+
+JOB = Path(__file__).parent / "jobs" / "broken_job.py"
+BAD, WORLD = 1, 3                          # broken_job.py: rank 1 of 3 breaks
+AT_SEQ = 5                                 # ... at step 4 (0-based): each group's 5th collective
+GLOO_TIMEOUT_S = 3
+CASES = ("stuck", "type", "size", "raise", "kill", "skip")
+
+
+def fr_findings(fr_dir: Path, out: Path) -> dict[tuple[str, int], tuple[set[int], set[int]]]:
+    """Flight Recorder's analyzer on the dumps: (group desc, seq) -> (missing ranks, ranks
+    whose call mismatched), for every collective it did not pass."""
+    subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                    str(fr_dir), "-p", "fr_rank", "--allow-incomplete-ranks", "-o", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    _, db = pickle.loads(out.read_bytes())
+    return {(c.pg_desc.split(":", 1)[-1], c.collective_seq_id):
+            (set(c.missing_ranks or ()), set(c.mismatch_collectives or ()))
+            for c in db.collectives if c.missing_ranks or not c.pass_check}
+
+
+def fr_entries(fr_dir: Path) -> dict[int, list[dict]]:
+    """Each rank's raw Flight Recorder entries (ranks that left no dump are absent)."""
+    return {int(p.name.removeprefix("fr_rank")): pickle.loads(p.read_bytes())["entries"]
+            for p in fr_dir.glob("fr_rank*")}
+
+
+@pytest.fixture(scope="module", params=CASES)
+def scenario(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp(request.param)
+    run_dir, fr_dir = base / "run", base / "fr"
+    got = torchrun([str(JOB), str(run_dir), str(fr_dir), request.param], nproc=WORLD,
+                   env=FR_ENV, timeout=240)
+    assert got.returncode != 0, got.stdout + got.stderr      # every scenario breaks the job
+    return request.param, run_dir, fr_dir, base
+
+
+def test_verdict_agrees_with_flight_recorder(scenario) -> None:
+    case, run_dir, fr_dir, base = scenario
+    verdict = build_verdict(run_dir)
+    assert verdict is not None and verdict.root is not None
+    root = verdict.root
+    assert verdict.culprits == (BAD,), verdict.render()
+    expected_kind = {"stuck": FailureKind.HANG, "type": FailureKind.TYPE_MISMATCH,
+                     "size": FailureKind.SIZE_MISMATCH, "raise": FailureKind.CRASH,
+                     "kill": FailureKind.KILLED, "skip": FailureKind.NEVER_ARRIVED}[case]
+    assert verdict.kind is expected_kind, verdict.render()
+    assert root.seq == AT_SEQ
+    # the scenario's group: the subgroup's collective for a skip, the world's otherwise
+    assert root.pg_desc == ("sub" if case == "skip" else "default_pg"), verdict.render()
+
+    entries = fr_entries(fr_dir)
+    if case in ("size", "kill"):               # rank 1 aborted / was killed: it left no dump
+        assert BAD not in entries and set(entries) == {0, 2}
+        for r, es in entries.items():          # the others' last world entry: seq 5, not done
+            last = [e for e in es if e["process_group"][1] == "default_pg"][-1]
+            assert last["collective_seq_id"] == root.seq and last["state"] != "completed"
+            assert root.calls[r].state is not CallState.COMPLETED
+        if case == "size":                     # what rank 1 called: t[:8] of 16 elements
+            assert {c.signature.in_nelems for c in root.calls.values()} == {8, 16}
+            assert root.calls[BAD].signature.in_nelems == 8
+    else:
+        findings = fr_findings(fr_dir, base / "db.pkl")
+        missing, mismatched = findings[(root.pg_desc, root.seq)]
+        assert set(root.missing) == missing
+        if case == "type":
+            assert mismatched == {BAD} and not root.missing
+            assert {c.signature.op for c in root.calls.values()} == {"all_reduce", "broadcast"}
+        else:
+            assert missing == {BAD}
+        # FR lists every failing collective; the verdict has each, root first, the rest under it
+        others = {(i.pg_desc, i.seq): set(i.missing) for i in verdict.consequences}
+        assert others == {k: m for k, (m, _) in findings.items() if k != (root.pg_desc, root.seq)}
+    if case == "skip":                         # rank 0 waits in sub#5: world#5 follows from it
+        (then,) = verdict.consequences
+        assert then.cause is root and then.missing == (0,)
+
+    # the others waited in the root collective for the gloo timeout (or until the peer died)
+    waiters = [r for r, c in root.calls.items() if r != BAD]
+    assert waiters and all(root.calls[r].state is not CallState.COMPLETED for r in waiters)
+    if case in ("stuck", "raise", "type"):
+        for r in waiters:
+            assert verdict.ranks[r].waited_ns(root.calls[r]) >= 0.9 * GLOO_TIMEOUT_S * 1e9
+    # where the culprit was: the scenario's line in broken_job.py
+    line = {"stuck": "time.sleep(", "raise": "raise RuntimeError(", "size": "t[:8]",
+            "type": "dist.broadcast(", "skip": "dist.all_reduce(t)"}
+    stopped = verdict.ranks[BAD].stopped_at
+    if case == "kill":                         # SIGKILL: nothing could be written
+        assert stopped is None and verdict.ranks[BAD].stacks is None
+    else:
+        assert stopped is not None and Path(stopped.file) == JOB, verdict.render()
+        assert line[case] in stopped.source(), verdict.render()
+    text = verdict.render()
+    assert text.startswith(f"VERDICT: {expected_kind} - culprit rank(s) {BAD}")
+
+    if case == "stuck":                       # commviz report opens with it
+        got = subprocess.run([sys.executable, "-m", "commviz", "report", str(run_dir),
+                              "--no-plots"], capture_output=True, text=True, timeout=240)
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert got.stdout.startswith(text.splitlines()[0]), got.stdout[:2000]
+        assert "time.sleep(120)" in got.stdout
