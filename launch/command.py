@@ -241,6 +241,7 @@ def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
         out.write(f"  traceback: {first.detail}\n")
     for f in rest:
         out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
+    out.write(outcome.verdict(run_dir, found) or "")
 
 
 def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, held: int,

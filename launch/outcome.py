@@ -8,6 +8,9 @@ without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the 
 failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
 (which stops the others only after the first failure) is the culprit, not the peer that then
 lost its connection. Every other rank stopped because of it.
+
+``verdict`` then says why, from the records and stacks in the run dir
+(``commviz.review.verdict``), with these failures as each rank's exit.
 """
 
 from __future__ import annotations
@@ -122,6 +125,29 @@ def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
             return (2, words[f.rank][0], f.rank)
         return (3, 0, f.rank)
     return sorted(merged.values(), key=order)
+
+
+def _traceback(f: Failure) -> str | None:
+    if f.detail is None:
+        return None
+    try:
+        return str(json.loads(f.detail.read_text()).get("traceback") or "") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def verdict(run_dir: Path, found: list[Failure]) -> str | None:
+    """The verdict on the failed job (``commviz.review.verdict``), rendered; None when the run
+    dir holds nothing to judge."""
+    from commviz.errors import CommvizError
+    from commviz.review.verdict import Exit, build_verdict
+
+    exits = {f.rank: Exit(f.reason, f.stopped, _traceback(f)) for f in found}
+    try:
+        judged = build_verdict(run_dir, exits)
+    except CommvizError:
+        return None
+    return None if judged is None else judged.render()
 
 
 @dataclass

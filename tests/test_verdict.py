@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import subprocess
+import textwrap
 import sys
 from pathlib import Path
 
@@ -119,3 +120,30 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
         assert got.returncode == 0, got.stdout + got.stderr
         assert got.stdout.startswith(text.splitlines()[0]), got.stdout[:2000]
         assert "time.sleep(120)" in got.stdout
+
+
+def test_launch_prints_the_verdict_of_a_stuck_rank(tmp_path: Path) -> None:
+    """``commviz launch``: rank 1 of 2 sleeps before the all_reduce of its 3rd call (2
+    collectives per call: the world group's 5th); rank 0 times out after 3 s, torchrun stops
+    rank 1. The verdict names rank 1 and the sleep, not rank 0, whose failure came first."""
+    (tmp_path / "stuck.yaml").write_text(textwrap.dedent(f"""
+        name: stuck
+        job: {{nproc_per_node: 2, timeout_s: {GLOO_TIMEOUT_S}}}
+        workload:
+          steps: 3
+          entrypoint: failing_job:build
+          args: {{rank: 1, at: 3, how: stuck, sleep_s: 120}}
+          pythonpath: ["{JOB.parent}"]
+        output: {{dir: "{tmp_path / 'out'}", run_name: run, merge: false, report: false}}
+        """))
+    got = subprocess.run([sys.executable, "-m", "commviz", "launch", str(tmp_path / "stuck.yaml")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = got.stdout
+    assert got.returncode == 1, out + got.stderr
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("VERDICT:"))
+    assert lines[head] == "VERDICT: hang - culprit rank(s) 1", out
+    assert lines[head + 1].startswith("  at group 0 (default_pg) seq 5 all_reduce("), out
+    assert "rank 0 waited 3" in lines[head + 2], out
+    stopped = next(line for line in lines[head:] if line.strip().startswith("stopped at"))
+    assert "failing_job.py" in stopped and "time.sleep(" in stopped, out

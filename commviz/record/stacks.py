@@ -22,6 +22,7 @@ keeps that rank's records.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import linecache
 import os
 import re
@@ -151,11 +152,8 @@ class Stacks:
         return next(iter(self.threads.values()), None)
 
     def raised_at(self) -> Frame | None:
-        """The innermost frame of the program's own code in the uncaught exception's
-        traceback: the line that raised (or called what raised)."""
-        frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
-                  for m in _TB_FRAME_RE.finditer(self.traceback or "")]
-        return next((f for f in reversed(frames) if is_user(f.file)), None)
+        """Where the uncaught exception was raised (``raised_at``)."""
+        return raised_at(self.traceback or "")
 
     def user_frame(self) -> Frame | None:
         """The innermost frame of the main thread in the program's own code (not the standard
@@ -166,10 +164,14 @@ class Stacks:
         return next((f for f in main.frames if is_user(f.file)), None)
 
 
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.add(str(Path(__file__).resolve().parents[1]))          # commviz itself
+    package = Path(__file__).resolve().parents[1]
+    dirs.add(str(package))                                      # commviz itself
+    if (package.parent / "launch" / "worker.py").is_file():     # commviz.launch in a checkout
+        dirs.add(str(package.parent / "launch"))                # (pyproject's package-dir)
     return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
 
 
@@ -178,6 +180,14 @@ def is_user(file: str) -> bool:
     package or commviz)."""
     return not (file.startswith("<") or "/site-packages/" in file or "/dist-packages/" in file
                 or file.startswith(_library_dirs()))
+
+
+def raised_at(traceback_text: str) -> Frame | None:
+    """The innermost frame of the program's own code in a formatted traceback: the line that
+    raised (or called what raised)."""
+    frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
+              for m in _TB_FRAME_RE.finditer(traceback_text)]
+    return next((f for f in reversed(frames) if is_user(f.file)), None)
 
 
 def read_stacks(path: Path) -> Stacks | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from commviz import metadata as md
 from commviz.merge.select import format_ranks
@@ -90,6 +90,14 @@ class Call:
         return f"{self.pg_desc or self.pg}#{self.seq} {self.signature}"
 
 
+class Exit(NamedTuple):
+    """How the launcher saw a rank end (``commviz launch``: torchrun's and the worker's word)."""
+
+    reason: str                          # "RuntimeError: ...", "exit code -9", ...
+    stopped: bool = False                # told to stop after another rank failed
+    traceback: str | None = None
+
+
 @dataclass
 class RankState:
     """Where one rank stopped."""
@@ -98,15 +106,27 @@ class RankState:
     last: Call | None                    # its last numbered collective
     exit: str | None                     # its record's exit ("journal": rebuilt, it was killed)
     stacks: st.Stacks | None
-    launch_exit: str | None = None       # what the launcher saw (exit code, reason), if given
+    launch_exit: Exit | None = None      # what the launcher saw, if it ran the job
     seen_ns: int | None = None           # the last time it was known alive (record written)
 
     @property
     def stopped_at(self) -> st.Frame | None:
         """The line of the program's own code it was on when its stacks were taken."""
-        if self.stacks is None:
-            return None
-        return self.stacks.raised_at() or self.stacks.user_frame()
+        raised = self.launch_exit.traceback if self.launch_exit is not None else None
+        return ((self.stacks.raised_at() if self.stacks is not None else None)
+                or (st.raised_at(raised) if raised else None)
+                or (self.stacks.user_frame() if self.stacks is not None else None))
+
+    @property
+    def raised(self) -> bool:
+        """It raised or died of a fatal signal (not: was told to stop)."""
+        s, e = self.stacks, self.launch_exit
+        return bool(s is not None and (s.fatal or s.exception)) or (e is not None and not e.stopped)
+
+    @property
+    def killed(self) -> bool:
+        """It vanished without running any handler (its record rebuilt from its journal)."""
+        return self.exit == JOURNAL_EXIT and (self.stacks is None or not self.stacks.threads)
 
     def waited_ns(self, call: Call) -> int | None:
         """How long it was inside ``call`` (to its end, or to its last sign of life)."""
@@ -122,8 +142,8 @@ class RankState:
             return f"died: {s.fatal}"
         if s is not None and s.exception:
             return f"raised {s.exception}"
-        if self.launch_exit:
-            return self.launch_exit
+        if self.launch_exit is not None:
+            return self.launch_exit.reason
         if self.exit == JOURNAL_EXIT:
             return "killed without a word (its record rebuilt from its journal)"
         if s is not None and s.threads:
@@ -276,8 +296,8 @@ def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Cal
         return
     # everyone arrived with the same call, and it failed or never returned on some
     waiting = [r for r, c in inc.calls.items() if c.state is CallState.WAITING]
-    died = [r for r in inc.calls if state[r].stacks is not None and state[r].stacks.fatal
-            or state[r].exit == JOURNAL_EXIT]
+    died = [r for r in inc.calls if state[r].killed
+            or state[r].stacks is not None and state[r].stacks.fatal]
     inc.culprits = tuple(sorted(died or waiting or inc.calls))
     inc.kind = FailureKind.CRASH if died else FailureKind.FAILED
     inc.why = "; ".join(f"rank {r} {state[r].how()}" for r in inc.culprits)
@@ -291,11 +311,11 @@ def _missing_kind(inc: Incident, state: dict[int, RankState], calls: dict[int, l
         here = [i for i, c in enumerate(calls[r]) if c.pg == inc.pg]
         later = calls[r][here[-1] + 1:] if here else calls[r]
         outside = s.last is None or s.last.state is CallState.COMPLETED
-        if s.stacks is not None and (s.stacks.fatal or s.stacks.exception) and outside:
-            kinds.append(FailureKind.CRASH)
-            why.append(f"rank {r} {s.how()}")
-        elif s.exit == JOURNAL_EXIT and (s.stacks is None or not s.stacks.threads):
+        if s.killed:
             kinds.append(FailureKind.KILLED)
+            why.append(f"rank {r} {s.how()}")
+        elif s.raised and outside:
+            kinds.append(FailureKind.CRASH)
             why.append(f"rank {r} {s.how()}")
         elif later and _broke_pattern(calls[r]):
             kinds.append(FailureKind.NEVER_ARRIVED)
@@ -350,17 +370,11 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
 
 def _failed_ranks(state: dict[int, RankState]) -> list[int]:
     """Ranks that ended badly on their own: raised or died outside a collective."""
-    out = []
-    for r, s in state.items():
-        inside = s.last is not None and s.last.state is not CallState.COMPLETED
-        if s.stacks is not None and (s.stacks.fatal or s.stacks.exception) and not inside:
-            out.append(r)
-        elif s.exit == JOURNAL_EXIT and not inside:
-            out.append(r)
-    return out
+    return [r for r, s in state.items() if (s.raised or s.killed)
+            and (s.last is None or s.last.state is CallState.COMPLETED)]
 
 
-def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, str] | None = None
+def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None
                   ) -> Verdict | None:
     """The verdict on ``run_dir``; None when every rank completed every collective it began
     and none died (``launch_exits``: rank -> how the launcher saw it end, for failed ranks)."""
@@ -391,11 +405,10 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, str] | None = 
         return Verdict(kind=root.kind, culprits=root.culprits, root=root,
                        consequences=[i for i in incidents if i.cause is not None],
                        ranks=state, run_dir=run_dir, others=others)
-    failed = _failed_ranks(state) or sorted(r for r in (launch_exits or {}) if r in state)
+    failed = _failed_ranks(state)
     if not failed:
         return None
-    kind = (FailureKind.KILLED if all(state[r].exit == JOURNAL_EXIT and state[r].stacks is None
-                                      for r in failed) else FailureKind.CRASH)
+    kind = FailureKind.KILLED if all(state[r].killed for r in failed) else FailureKind.CRASH
     return Verdict(kind=kind, culprits=tuple(failed), root=None, consequences=[], ranks=state,
                    run_dir=run_dir)
 
