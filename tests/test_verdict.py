@@ -147,3 +147,45 @@ def test_launch_prints_the_verdict_of_a_stuck_rank(tmp_path: Path) -> None:
     assert "rank 0 waited 3" in lines[head + 2], out
     stopped = next(line for line in lines[head:] if line.strip().startswith("stopped at"))
     assert "failing_job.py" in stopped and "time.sleep(" in stopped, out
+
+
+def _late_start_job(rank: int, world: int, run_dir: str) -> None:
+    import time
+
+    import torch
+
+    import commviz
+    import commviz.distributed as dist
+
+    commviz.start(run_dir, flush_interval=None)
+    if rank == 1:
+        time.sleep(START_SKEW_S)              # start-up: rank 1 arrives late at the first call
+    t = torch.ones(8)
+    for _ in range(CALLS):
+        dist.all_reduce(t)
+    commviz.flush()
+
+
+START_SKEW_S, CALLS = 0.5, 6
+
+
+def test_start_up_skew_is_warm_up_not_a_straggler(tmp_path: Path) -> None:
+    """Rank 1 starts 500 ms late, then every call is even: the first all_reduce's skew (well
+    over 100 ms: rank 0's own start-up eats into the sleep) is warm-up, and no rank is a
+    straggler."""
+    from harness import run_ranks
+
+    from commviz.review.report import review_run
+
+    run = tmp_path / "run"
+    run_ranks(_late_start_job, 2, str(run), timeout=120)
+    review = review_run(run)
+    world = sorted((i for i in review.instances if i.pg_desc == "default_pg"),
+                   key=lambda i: i.seq)
+    assert [i.seq for i in world] == list(range(1, CALLS + 1))
+    first, *rest = world
+    assert first.late_rank == 1 and first.skew_ns >= 100_000_000
+    assert first.warmup and first.straggler is None
+    assert not any(i.warmup for i in rest)
+    assert all(i.straggler is None for i in review.instances)
+    assert review.verdict is None                  # nothing failed

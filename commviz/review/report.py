@@ -196,7 +196,8 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
          "comm time", "busbw GB/s", "missing ranks"],
         [[i.pg, i.label + (" (FAILED)" if i.failed else ""), fmt_bytes(i.size_bytes),
           fmt_ns(i.skew_ns), str(i.late_rank),
-          "-" if i.straggler is None else f"rank {i.straggler}", fmt_ns(i.total_wait_ns),
+          "warm-up" if i.warmup else "-" if i.straggler is None else f"rank {i.straggler}",
+          fmt_ns(i.total_wait_ns),
           instance_comm(i), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
           ",".join(map(str, i.missing)) or "-"] for i in worst]))
     if review.streams:
@@ -282,7 +283,7 @@ def _instance_json(i: Instance) -> dict[str, Any]:
         "end_ns": {str(r): e.end_ns for r, e in sorted(i.events.items())},
         "first_start_ns": i.first_start_ns, "last_start_ns": i.last_start_ns,
         "last_end_ns": i.last_end_ns, "skew_ns": i.skew_ns, "late_rank": i.late_rank,
-        "straggler": i.straggler, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
+        "straggler": i.straggler, "warmup": i.warmup, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
         "comm_ns": i.comm_ns, "launch_only": i.launch_only, "failed": i.failed,
         "size_bytes": i.size_bytes,
         "algbw_GBps": i.bandwidth.algbw_gbps if i.bandwidth else None,

@@ -23,7 +23,7 @@ as Flight Recorder's analyzer does, but
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
@@ -299,7 +299,8 @@ def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Cal
     died = [r for r in inc.calls if state[r].killed
             or state[r].stacks is not None and state[r].stacks.fatal]
     inc.culprits = tuple(sorted(died or waiting or inc.calls))
-    inc.kind = FailureKind.CRASH if died else FailureKind.FAILED
+    inc.kind = (FailureKind.KILLED if died and all(state[r].killed for r in died)
+                else FailureKind.CRASH if died else FailureKind.FAILED)
     inc.why = "; ".join(f"rank {r} {state[r].how()}" for r in inc.culprits)
 
 
@@ -374,6 +375,21 @@ def _failed_ranks(state: dict[int, RankState]) -> list[int]:
             and (s.last is None or s.last.state is CallState.COMPLETED)]
 
 
+def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState]) -> None:
+    """A killed rank's journal stores a call's end up to 0.1 s late (``journal.TICK_S``): its
+    last call reads "never returned" though every peer completed it. Such a call is taken
+    as completed when the peers' was (ending with the last of theirs)."""
+    for r, s in state.items():
+        last = s.last
+        if not s.killed or last is None or last.state is CallState.COMPLETED:
+            continue
+        peers = [c for q, cs in calls.items() if q != r for c in cs
+                 if (c.pg, c.seq) == (last.pg, last.seq)]
+        if peers and all(c.state is CallState.COMPLETED for c in peers):
+            done = replace(last, end_ns=max(c.end_ns or 0 for c in peers), error=None)
+            calls[r][-1] = s.last = done
+
+
 def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None
                   ) -> Verdict | None:
     """The verdict on ``run_dir``; None when every rank completed every collective it began
@@ -396,6 +412,7 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
                                 exit=exit_, stacks=_stacks(run_dir, rank),
                                 launch_exit=(launch_exits or {}).get(rank),
                                 seen_ns=None if exit_ == JOURNAL_EXIT else seen)
+    _settle_journal_lag(calls, state)
     incidents = _incidents(calls, members)
     for inc in incidents:
         _judge(inc, state, calls)
