@@ -13,6 +13,7 @@ import subprocess
 import textwrap
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,12 +115,39 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
     text = verdict.render()
     assert text.startswith(f"VERDICT: {expected_kind} - culprit rank(s) {BAD}")
 
+    if case == "stuck":                       # the merged trace marks where each rank stopped
+        _assert_stop_markers(run_dir, {BAD: "time.sleep(120)"},
+                             {r: "failed" for r in range(WORLD) if r != BAD})
+
     if case == "stuck":                       # commviz report opens with it
         got = subprocess.run([sys.executable, "-m", "commviz", "report", str(run_dir),
                               "--no-plots"], capture_output=True, text=True, timeout=240)
         assert got.returncode == 0, got.stdout + got.stderr
         assert got.stdout.startswith(text.splitlines()[0]), got.stdout[:2000]
         assert "time.sleep(120)" in got.stdout
+
+
+def _stop_markers(run_dir: Path) -> dict[int, Any]:
+    """Merge the run; the "where each rank stopped" instants of the merged trace, by rank."""
+    from commviz.merge import merge_run
+    from commviz.verify import read_slices
+
+    result = merge_run(run_dir)
+    slices, report = read_slices(result.out)
+    assert report.ok, report.errors[:5]
+    return {int(s.track.split()[1]): s for s in slices if "commviz.stop" in s.categories}
+
+
+def _assert_stop_markers(run_dir: Path, lines: dict[int, str], states: dict[int, str]) -> None:
+    """One instant per rank; ``lines``: rank -> the source line its stack names; ``states``:
+    rank -> whether its last call failed or returned."""
+    marks = _stop_markers(run_dir)
+    assert sorted(marks) == list(range(WORLD)), marks
+    for rank, text in lines.items():
+        assert marks[rank].instant and text in marks[rank].args["commviz.stopped_at"]
+        assert text in marks[rank].args["commviz.stack"]
+    for rank, state in states.items():
+        assert marks[rank].args["commviz.state"] == state
 
 
 def test_launch_prints_the_verdict_of_a_stuck_rank(tmp_path: Path) -> None:
@@ -189,3 +217,4 @@ def test_start_up_skew_is_warm_up_not_a_straggler(tmp_path: Path) -> None:
     assert not any(i.warmup for i in rest)
     assert all(i.straggler is None for i in review.instances)
     assert review.verdict is None                  # nothing failed
+    assert _stop_markers(run) == {}                # and the merged trace marks no stop
