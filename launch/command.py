@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
-from commviz.launch import groups, outcome, torchrun
+from commviz.launch import groups, outcome, torchrun, watch
 from commviz.launch.echo import Echo, rank_logs
 from commviz.launch.schema import Config
 from commviz.record import journal, schema
@@ -54,6 +54,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="check the config and print each node's torchrun command; run nothing")
     p.add_argument("--node-rank", type=int, default=0, metavar="N",
                    help="this node's rank in a multi-node job (run one launch per node)")
+    p.add_argument("--hang-after", type=float, default=watch.DEFAULT_AFTER_S, metavar="S",
+                   help="while the job runs, print the verdict when its ranks disagree and "
+                        "nothing moved for S seconds (default 60; 0: off)")
     p.set_defaults(func=handle)
 
 
@@ -324,9 +327,15 @@ def handle(args: argparse.Namespace) -> int:
     log_path = run_dir / log_name(cfg, node_rank)
     echo = Echo(out)
     log = LaunchLog(log_path)
+    hangs = watch.HangWatch(run_dir, args.hang_after, lambda text: (
+        out.write(text), out.flush(), log.write(text))) if args.hang_after else None
+    if hangs is not None:
+        hangs.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=echo)
     finally:
+        if hangs is not None:
+            hangs.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import IO, Any
 
 STACKS = "stacks_rank{rank}.txt"
-LIVE = "stacks_rank{rank}.live.txt"
+LIVE_SUFFIX = ".live.txt"
+LIVE = "stacks_rank{rank}" + LIVE_SUFFIX
 LIVE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
 TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HEADER = "# commviz stacks: rank {rank} pid {pid} main {main} live-signal {sig}\n"
@@ -108,6 +109,47 @@ def request(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def live_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of every rank that armed its live dump in ``run_dir`` (its file's header)."""
+    out = {}
+    for path in Path(run_dir).glob(LIVE.format(rank="*")):
+        try:
+            with open(path) as f:
+                m = _HEADER_RE.match(f.readline())
+        except OSError:
+            continue
+        if m and m.group(4) != "-":
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+def _holds(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open: it is that rank, not a later process that
+    reuses its pid (a real-time signal's default action would end it)."""
+    target = str(Path(path).resolve())
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def request_all(run_dir: Path, wait_s: float = 1.0) -> list[int]:
+    """Ask every rank of ``run_dir`` running on this host for its stacks, then give them
+    ``wait_s`` to write; the ranks asked."""
+    asked = [rank for rank, pid in sorted(live_pids(run_dir).items())
+             if _holds(pid, stacks_path(run_dir, rank, live=True)) and request(pid)]
+    if asked:
+        time.sleep(wait_s)
+    return asked
 
 
 # -- reading back -------------------------------------------------------------------------------

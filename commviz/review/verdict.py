@@ -31,7 +31,7 @@ from commviz import metadata as md
 from commviz.merge.select import format_ranks
 from commviz.metadata import StrEnum
 from commviz.record import stacks as st
-from commviz.record.journal import EXIT as JOURNAL_EXIT
+from commviz.record.journal import EXIT as JOURNAL_EXIT, NEVER_RETURNED
 from commviz.review.desync import DesyncKind, Signature, first_diff, signature_of
 from commviz.trace.run import load_run
 
@@ -82,7 +82,7 @@ class Call:
 
     @property
     def state(self) -> CallState:
-        if self.error is not None and self.end_ns is not None:
+        if self.error is not None and self.end_ns is not None and self.error != NEVER_RETURNED:
             return CallState.FAILED
         return CallState.WAITING if self.end_ns is None or self.error else CallState.COMPLETED
 
@@ -147,7 +147,8 @@ class RankState:
         if self.exit == JOURNAL_EXIT:
             return "killed without a word (its record rebuilt from its journal)"
         if s is not None and s.threads:
-            return "torn down (signal)"
+            live = s.path.name.endswith(st.LIVE_SUFFIX)
+            return "alive (its stacks taken while it runs)" if live else "torn down (signal)"
         return f"exit: {self.exit}" if self.exit else "no record"
 
 
@@ -390,10 +391,11 @@ def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState
             calls[r][-1] = s.last = done
 
 
-def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None
-                  ) -> Verdict | None:
+def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None, *,
+                  live: bool = False) -> Verdict | None:
     """The verdict on ``run_dir``; None when every rank completed every collective it began
-    and none died (``launch_exits``: rank -> how the launcher saw it end, for failed ranks)."""
+    and none died (``launch_exits``: rank -> how the launcher saw it end, for failed ranks).
+    ``live``: the job still runs (its records are its journals: no rank was killed)."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     calls: dict[int, list[Call]] = {}
@@ -407,7 +409,7 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
             if g.get("desc") != md.SIDE_GROUP_DESC:
                 members.setdefault(str(g["name"]), tuple(int(x) for x in g.get("ranks") or []))
         seen = (ri.record.get("clock") or {}).get("wall_ns")
-        exit_ = ri.record.get("exit")
+        exit_ = "running" if live else ri.record.get("exit")
         state[rank] = RankState(rank=rank, last=calls[rank][-1] if calls[rank] else None,
                                 exit=exit_, stacks=_stacks(run_dir, rank),
                                 launch_exit=(launch_exits or {}).get(rank),

@@ -12,8 +12,9 @@ runs ``STEPS`` steps of an all_reduce on the world group (3 ranks: also one on t
 - ``skip``: skips the subgroup's all_reduce (it is a member) and goes on to the world's.
 
 Each rank leaves torch's own Flight Recorder dump in FR_DIR/fr_rank{R} when it stops (the
-test's independent expectation; a SIGKILLed rank leaves none). The gloo timeout is 3 s, so a
-waiting rank raises after 3 s and torchrun then SIGTERMs the others.
+test's independent expectation; a SIGKILLed rank leaves none). The gloo timeout is 3 s (or
+``$BROKEN_TIMEOUT_S``), so a waiting rank raises then and torchrun SIGTERMs the others.
+``$BROKEN_SLEEP_S`` (default 120) is how long the stuck rank sleeps.
 """
 
 import datetime
@@ -32,7 +33,8 @@ import commviz.distributed as dist
 
 STEPS, AT, BAD = 6, 4, 1
 run_dir, fr_dir, case = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-td.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+td.init_process_group("gloo", timeout=datetime.timedelta(
+    seconds=float(os.environ.get("BROKEN_TIMEOUT_S", 3))))
 rank, world = td.get_rank(), td.get_world_size()
 fr_dir.mkdir(parents=True, exist_ok=True)
 
@@ -62,7 +64,7 @@ try:
         if sub is not None and rank in (0, 1) and not (bad and case == "skip"):
             dist.all_reduce(t, group=sub)
         if bad and case == "stuck":
-            time.sleep(120)
+            time.sleep(float(os.environ.get("BROKEN_SLEEP_S", 120)))
         elif bad and case == "raise":
             raise RuntimeError(f"injected failure at step {step}")
         elif bad and case == "kill":
