@@ -280,3 +280,21 @@ def test_status_and_launch_see_a_live_hang(tmp_path: Path) -> None:
     assert lines[head + 1] == "VERDICT: hang - culprit rank(s) 1", got.stdout
     assert lines[head + 2].startswith("  at group 0 (default_pg) seq 5 all_reduce("), got.stdout
     assert any("time.sleep(" in line for line in lines[head:]), got.stdout
+
+
+def test_first_rank_can_be_the_culprit(tmp_path: Path) -> None:
+    """Rank 0 calls a broadcast where ranks 1 and 2 call the all_reduce (world seq 5).
+    Flight Recorder's analyzer takes the first rank's entry as the reference, so it blames the
+    two others (its finding is checked as it stands); the verdict blames rank 0, as the
+    scenario is."""
+    run_dir, fr_dir = tmp_path / "run", tmp_path / "fr"
+    got = torchrun([str(JOB), str(run_dir), str(fr_dir), "type"], nproc=WORLD,
+                   env={**FR_ENV, "BROKEN_RANK": "0"}, timeout=240)
+    assert got.returncode != 0, got.stdout + got.stderr
+    findings = fr_findings(fr_dir, tmp_path / "db.pkl")
+    assert findings == {("default_pg", AT_SEQ): (set(), {1, 2})}
+    verdict = build_verdict(run_dir)
+    assert verdict is not None and verdict.root is not None
+    assert verdict.kind is FailureKind.TYPE_MISMATCH and verdict.culprits == (0,)
+    assert (verdict.root.pg_desc, verdict.root.seq) == ("default_pg", AT_SEQ)
+    assert verdict.root.calls[0].signature.op == "broadcast"

@@ -2,7 +2,7 @@
 
 ``python broken_job.py RUN_DIR FR_DIR CASE``: every rank records with commviz into RUN_DIR and
 runs ``STEPS`` steps of an all_reduce on the world group (3 ranks: also one on the subgroup
-[0, 1] before it). At step ``AT`` the rank ``BAD`` breaks:
+[0, 1] before it). At step ``AT`` the rank ``BAD`` (1, or ``$BROKEN_RANK``) breaks:
 
 - ``stuck``: sleeps in Python before its collective (its data loader, say);
 - ``type``: calls a broadcast where the others call the all_reduce;
@@ -31,7 +31,8 @@ import torch.distributed as td
 import commviz
 import commviz.distributed as dist
 
-STEPS, AT, BAD = 6, 4, 1
+STEPS, AT = 6, 4
+BAD = int(os.environ.get("BROKEN_RANK", 1))
 run_dir, fr_dir, case = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 td.init_process_group("gloo", timeout=datetime.timedelta(
     seconds=float(os.environ.get("BROKEN_TIMEOUT_S", 3))))
