@@ -52,6 +52,8 @@ _TB_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+), in (.*)$', re.M)
 _FATAL_RE = re.compile(r"^Fatal Python error: (.*)$")
 
 _files: dict[str, IO[str]] = {}            # kept open: faulthandler writes to their fds
+_teardown: IO[str] | None = None           # this rank's teardown file
+_fatal_ours = False                        # faulthandler.enable was commviz's call
 
 
 def stacks_path(run_dir: Path, rank: int, live: bool = False) -> Path:
@@ -75,28 +77,33 @@ def _open(path: Path, rank: int) -> IO[str]:
 
 def install(run_dir: Path, rank: int) -> None:
     """Arm the stack dumps of this rank into ``run_dir`` (main thread only: signal handlers
-    can only be set there). Called by ``commviz.start``."""
+    can only be set there). Called by ``commviz.start``; a later call moves the dumps to its
+    run dir (the exception hook is chained once)."""
+    global _teardown, _fatal_ours
     if threading.current_thread() is not threading.main_thread():
         return
-    teardown = _open(stacks_path(run_dir, rank), rank)
-    if not faulthandler.is_enabled():           # the program's own fatal-signal dump stays
-        faulthandler.enable(teardown, all_threads=True)
+    _teardown = _open(stacks_path(run_dir, rank), rank)
+    if _fatal_ours or not faulthandler.is_enabled():   # the program's own fatal dump stays
+        faulthandler.enable(_teardown, all_threads=True)
+        _fatal_ours = True
     for sig in TEARDOWN_SIGNALS:
-        faulthandler.register(sig, teardown, all_threads=True, chain=True)
+        faulthandler.register(sig, _teardown, all_threads=True, chain=True)
     if LIVE_SIGNAL is not None and signal.getsignal(LIVE_SIGNAL) in (signal.SIG_DFL, None):
         faulthandler.register(LIVE_SIGNAL, _open(stacks_path(run_dir, rank, True), rank),
                               all_threads=True, chain=False)
-    previous = sys.excepthook
+    if getattr(sys.excepthook, "__module__", None) != __name__:
+        previous = sys.excepthook
 
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        try:
-            teardown.write(f"{EXCEPTION} ({time.time_ns()}):\n"
-                           + "".join(traceback.format_exception(kind, exc, tb)) + "\n")
-            teardown.flush()
-        except (OSError, ValueError):
-            pass
-        previous(kind, exc, tb)
-    sys.excepthook = excepthook
+        def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            try:
+                if _teardown is not None:
+                    _teardown.write(f"{EXCEPTION} ({time.time_ns()}):\n"
+                                    + "".join(traceback.format_exception(kind, exc, tb)) + "\n")
+                    _teardown.flush()
+            except (OSError, ValueError):
+                pass
+            previous(kind, exc, tb)
+        sys.excepthook = excepthook
 
 
 def request(pid: int) -> bool:
