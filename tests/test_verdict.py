@@ -8,6 +8,7 @@ broken rank could leave none (SIGKILL, abort), the others' raw entries. Never fr
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import textwrap
@@ -125,6 +126,17 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
         assert got.returncode == 0, got.stdout + got.stderr
         assert got.stdout.startswith(text.splitlines()[0]), got.stdout[:2000]
         assert "time.sleep(" in got.stdout
+        from commviz.review.report import write_report
+
+        md_text = write_report(run_dir, fmt="markdown", plots=False, out=base / "r.md").text
+        assert md_text.startswith("# Verdict\n\n```\nVERDICT: hang - culprit rank(s) 1")
+        doc = json.loads(write_report(run_dir, fmt="json", plots=False, out=base / "r.json").text)
+        assert (doc["verdict"]["kind"], doc["verdict"]["culprits"]) == ("hang", [BAD])
+        root_json = doc["verdict"]["root"]
+        assert (root_json["pg_desc"], root_json["seq"], root_json["missing"]) == \
+            ("default_pg", AT_SEQ, [BAD])
+        assert all(root_json["waited_ns"][str(r)] >= 0.9 * GLOO_TIMEOUT_S * 1e9
+                   for r in range(WORLD) if r != BAD)
 
 
 def _stop_markers(run_dir: Path) -> dict[int, Any]:

@@ -70,7 +70,6 @@ class Call:
     """One rank's numbered collective, as its record has it."""
 
     rank: int
-    index: int                           # its place in the rank's record
     pg: str
     pg_desc: str
     seq: int
@@ -169,10 +168,6 @@ class Incident:
     cause: "Incident | None" = None      # the incident this one follows from
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.pg, self.seq)
-
-    @property
     def first_begin_ns(self) -> int | None:
         times = [c.begin_ns for c in self.calls.values() if c.begin_ns is not None]
         return min(times) if times else None
@@ -207,13 +202,13 @@ class Verdict:
 def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
     offset = int((record.get("clock") or {}).get("offset_ns") or 0)
     out = []
-    for i, meta in enumerate(record.get("collectives") or []):
+    for meta in record.get("collectives") or []:
         if meta.get(md.KIND, "collective") != "collective" or meta.get(md.SEQ) is None:
             continue
         if meta.get(md.PG_DESC) == md.SIDE_GROUP_DESC:
             continue
         begin, end = meta.get(md.T_BEGIN), meta.get(md.T_END)
-        out.append(Call(rank=rank, index=i, pg=str(meta.get(md.PG_NAME)),
+        out.append(Call(rank=rank, pg=str(meta.get(md.PG_NAME)),
                         pg_desc=str(meta.get(md.PG_DESC) or ""), seq=int(meta[md.SEQ]),
                         signature=signature_of(str(meta.get(md.OP)), meta),
                         callsite=meta.get(md.CALLSITE),
