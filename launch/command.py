@@ -233,18 +233,20 @@ def _recover_journals(run_dir: Path, out: TextIO) -> None:
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
                      out: TextIO) -> None:
     found = outcome.failures(torchrun_log_dir(run_dir), log_text)
+    judged = outcome.judge(run_dir, found)
+    found = outcome.culprits_first(found, judged)
     if not found:
         out.write(f"FAILED: torchrun exited with code {code} and no rank reported why; see "
                   f"{log_path}\n")
-        return
-    first, *rest = found
-    where = f" on {first.host}" if first.host else ""
-    out.write(f"FAILED: rank {first.rank}{where}: {first.reason}\n")
-    if first.detail is not None:
-        out.write(f"  traceback: {first.detail}\n")
-    for f in rest:
-        out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
-    out.write(outcome.verdict(run_dir, found) or "")
+    else:
+        first, *rest = found
+        where = f" on {first.host}" if first.host else ""
+        out.write(f"FAILED: rank {first.rank}{where}: {first.reason}\n")
+        if first.detail is not None:
+            out.write(f"  traceback: {first.detail}\n")
+        for f in rest:
+            out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
+    out.write(judged.render() if judged is not None else "")
 
 
 def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, held: int,

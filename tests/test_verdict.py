@@ -165,7 +165,8 @@ def _assert_stop_markers(run_dir: Path, lines: dict[int, str], states: dict[int,
 def test_launch_prints_the_verdict_of_a_stuck_rank(tmp_path: Path) -> None:
     """``commviz launch``: rank 1 of 2 sleeps before the all_reduce of its 3rd call (2
     collectives per call: the world group's 5th); rank 0 times out after 3 s, torchrun stops
-    rank 1. The verdict names rank 1 and the sleep, not rank 0, whose failure came first."""
+    rank 1. The launch names rank 1 first, and its verdict the sleep, not rank 0, whose
+    failure came first."""
     (tmp_path / "stuck.yaml").write_text(textwrap.dedent(f"""
         name: stuck
         job: {{nproc_per_node: 2, timeout_s: {GLOO_TIMEOUT_S}}}
@@ -181,6 +182,10 @@ def test_launch_prints_the_verdict_of_a_stuck_rank(tmp_path: Path) -> None:
     out = got.stdout
     assert got.returncode == 1, out + got.stderr
     lines = out.splitlines()
+    # rank 0 failed first (its timeout), but only because it waited for rank 1
+    failed = next(line for line in lines if line.startswith("FAILED:"))
+    assert failed.startswith("FAILED: rank 1") and "stopped by SIGTERM" in failed, out
+    assert "rank 0 stopped because rank 1 failed: RuntimeError" in out, out
     head = next(i for i, line in enumerate(lines) if line.startswith("VERDICT:"))
     assert lines[head] == "VERDICT: hang - culprit rank(s) 1", out
     assert lines[head + 1].startswith("  at group 0 (default_pg) seq 5 all_reduce("), out
