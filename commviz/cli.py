@@ -1,4 +1,5 @@
-"""The ``commviz`` command line: launch, merge, annotate, verify, report, status, overview.
+"""The ``commviz`` command line: launch, merge, annotate, verify, report, status, overview,
+preview.
 
 Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
 adds its arguments and description and sets ``func``; this file only puts them together. Only
@@ -37,6 +38,8 @@ COMMANDS = (
             "while a job runs: which rank holds the others up, and where (stacks taken live)"),
     Command("overview", "commviz.review.overview",
             "one small trace of every rank's collectives, from the comm tables"),
+    Command("preview", "commviz.review.preview",
+            "draw a merged trace as a PNG timeline (ranks, comm lanes, cross-rank links)"),
 )
 
 

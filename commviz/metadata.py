@@ -51,6 +51,8 @@ OP = "commviz.op"                # torch.distributed function name: "all_reduce"
 KIND = "commviz.kind"            # "collective" | "p2p" | "batch"
 SEQ = "commviz.seq"              # collectives: per-process-group sequence number (1-based)
 P2P_SEQ = "commviz.p2p_seq"      # p2p: per (group, src, dst) sequence number (1-based)
+FR_P2P_SEQ = "commviz.fr_p2p_seq"  # p2p: NCCL's number, Flight Recorder's p2p_seq_id (per group)
+P2P_OPS = "commviz.p2p_ops"      # a SendRecv kernel's p2p ops: "send→1 4 KiB, recv←1 4 KiB"
 USER_SEQ = "commviz.user_seq"    # annotate_collective blocks with no c10d call inside, per group
 RANK = "commviz.rank"            # global rank of the caller
 ROOT = "commviz.root"            # global rank of the root (broadcast/reduce/gather/scatter)
@@ -175,6 +177,16 @@ def lane_id(pg_name: str) -> int:
     return LANE_BASE + zlib.crc32(pg_name.encode()) % LANE_BASE
 
 
+def fmt_bytes(n: int | None) -> str:
+    """A size as people read it: "512 B", "8 KiB", "1.5 MiB"."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
 # Bytes per element of the c10 ScalarType names the profiler writes in "dtype".
 DTYPE_BYTES = {
     "Bool": 1, "Byte": 1, "Char": 1, "UInt8": 1, "Int8": 1, "Short": 2, "UInt16": 2,
@@ -239,6 +251,8 @@ class GroupInfo:
     last_seq: int = 0                # the group's last collective sequence number taken
     last_user_seq: int = 0           # annotations of communication outside c10d
     p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
+    last_fr_p2p_seq: int = 0         # NCCL's p2p numbering (take_fr_p2p_seq)
+    p2p_block: Any = None            # the coalescing block that took the last p2p number
 
     def __post_init__(self) -> None:
         self.ranks_str = str(self.ranks)
@@ -267,6 +281,18 @@ class GroupInfo:
         if counter is None:
             counter = self.p2p_seq.setdefault((src, dst), itertools.count(1))
         return next(counter)
+
+    def take_fr_p2p_seq(self, block: Any) -> int:
+        """NCCL's number of a p2p op, as ProcessGroupNCCL::pointToPoint counts ``seqP2P_`` and
+        Flight Recorder writes it (``p2p_seq_id``): one per group, taken by each p2p op outside
+        a coalescing block and once by each block (``batch_isend_irecv``: its ops share it and
+        NCCL runs them as one kernel). ``block``: the op list torch keeps for the group's open
+        ``_coalescing_manager`` (``_world.pg_coalesce_state``), None outside one; it is held
+        here, so its identity cannot be reused by a later block."""
+        if block is None or block is not self.p2p_block:
+            self.last_fr_p2p_seq += 1
+        self.p2p_block = block
+        return self.last_fr_p2p_seq
 
     def table_row(self) -> dict[str, Any]:
         return {"name": self.name, "desc": self.desc, "ranks": list(self.ranks),

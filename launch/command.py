@@ -3,7 +3,11 @@
 Loads and checks the config (one clear error before any process starts), writes the resolved
 config to ``RUN_DIR/config.yaml``, runs this node's torchrun, then on the node that holds
 rank 0's files merges the run (``commviz.merge.merge_run``) and writes the report
-(``commviz.review.report.write_report``), and prints a short summary. After a tables-only
+(``commviz.review.report.write_report``), and prints a short summary. In a multi-node job torch
+decides which node holds rank 0; each launch learns it from its own workers
+(``commviz.launch.placement``), shows the rendezvous while it waits
+(``commviz.launch.rendezvous``) and under srun takes the job's shape from Slurm
+(``commviz.launch.slurm``); the nodes without rank 0 say where the run is and merge nothing. After a tables-only
 gather (``output.gather``) it writes the overview (``commviz.review.overview``) instead of the
 merge, and the report only where every rank's matched run is visible (a shared run dir). A failed rank makes the
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
@@ -18,16 +22,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
 from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
-from commviz.launch import groups, outcome, torchrun, watch
-from commviz.launch.echo import Echo, rank_logs
+from commviz.launch import groups, outcome, placement, rendezvous, slurm, torchrun
+from commviz.launch.echo import Echo
+from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
 from commviz.launch.schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
@@ -52,9 +59,11 @@ def register(p: argparse.ArgumentParser) -> None:
                         "--set workload.collectives[0].size=1MiB); repeatable")
     p.add_argument("--dry-run", action="store_true",
                    help="check the config and print each node's torchrun command; run nothing")
-    p.add_argument("--node-rank", type=int, default=0, metavar="N",
-                   help="this node's rank in a multi-node job (run one launch per node)")
-    p.add_argument("--hang-after", type=float, default=watch.DEFAULT_AFTER_S, metavar="S",
+    p.add_argument("--node-rank", type=int, default=None, metavar="N",
+                   help="this node's launch in a multi-node job, 0 to nnodes-1 (run one launch "
+                        "per node; under srun: SLURM_NODEID). With the c10d rendezvous torch, "
+                        "not N, decides which node gets rank 0: that node merges")
+    p.add_argument("--hang-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
                    help="while the job runs, print the verdict when its ranks disagree and "
                         "nothing moved for S seconds (default 60; 0: off)")
     p.set_defaults(func=handle)
@@ -160,18 +169,6 @@ def _report(run_dir: Path, out: TextIO) -> bool:
     return True
 
 
-def _merges_here(run_dir: Path, cfg: Config, node_rank: int) -> bool:
-    """Merge on the node whose run dir received the gather (rank 0's node)."""
-    marker = torchrun_log_dir(run_dir) / "rank0_node"
-    try:
-        written = marker.read_text().strip()
-    except OSError:
-        written = ""
-    if written.isdigit():                # a full disk can leave it empty: then the default
-        return written == str(node_rank)
-    return cfg.job.nnodes == 1 or node_rank == 0
-
-
 def torchrun_log_dir(run_dir: Path) -> Path:
     return run_dir / torchrun.LOG_DIR
 
@@ -218,6 +215,21 @@ class LaunchLog:
         return "".join(self.lines)
 
 
+class _Say:
+    """Where the launch's own progress lines go while torchrun runs: the log and the terminal."""
+
+    def __init__(self, *sinks: TextIO) -> None:
+        self.sinks = sinks
+
+    def write(self, text: str) -> None:
+        for sink in self.sinks:
+            sink.write(text)
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            sink.flush()
+
+
 def _recover_journals(run_dir: Path, out: TextIO) -> None:
     """Killed ranks' records, rebuilt from their journals into the run dir."""
     try:
@@ -249,16 +261,41 @@ def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
     out.write(judged.render() if judged is not None else "")
 
 
-def _point_at_logs(run_dir: Path, cfg: Config, node_rank: int, log_path: Path, held: int,
+def _point_at_logs(placed: list[placement.Placement], log_path: Path, held: int,
                    out: TextIO) -> None:
-    """After the verdict: where the tracebacks kept off the terminal are."""
-    first = node_rank * cfg.job.nproc_per_node
-    for local, path in enumerate(rank_logs(torchrun_log_dir(run_dir), node_rank,
-                                           cfg.job.nproc_per_node)):
-        out.write(f"  rank {first + local} log: {path}\n")
+    """After the verdict: where the tracebacks kept off the terminal are (torch's ranks)."""
+    for p in placed:
+        if p.stderr is not None and p.stderr.exists():
+            out.write(f"  rank {p.rank} log: {p.stderr}\n")
     if held:
         out.write(f"  ({held} lines of tracebacks and torchrun errors not shown here: they are "
                   f"in {log_path})\n")
+
+
+def _rendezvous_failed(log_text: str, watch: rendezvous.Watch | None, cfg: Config,
+                       out: TextIO) -> bool:
+    """One line for a rendezvous that never completed (no rank ran); False: it completed."""
+    if rendezvous.TIMEOUT_ERROR in log_text and watch is not None:
+        out.write(f"FAILED: {watch.timed_out(cfg.job.join_timeout_s)}\n")
+        return True
+    if rendezvous.CONNECTION_ERROR in log_text:
+        out.write(f"FAILED: the rendezvous store at {cfg.job.rdzv_endpoint} could not be reached "
+                  f"(it runs in the torchrun of the node at that address: is its launch "
+                  f"started, and the address right?)\n")
+        return True
+    return False
+
+
+def _elsewhere(placed: list[placement.Placement], run_dir: Path, out: TextIO) -> None:
+    """On a node without rank 0: where the run is gathered, merged and reported."""
+    p = next((p for p in placed if p.rank0_host), None)
+    if p is not None:
+        out.write(f"rank 0 ran on {p.rank0_host}: the run is gathered, merged and reported "
+                  f"there, in {p.rank0_host}:{p.rank0_run_dir}\n")
+    elif placed:
+        out.write(f"rank 0 ran on the node at {placed[0].master_addr}: it merges and reports "
+                  "what was gathered\n")
+    out.write(f"this node's files: {run_dir}\n")
 
 
 def gather_line(summary: dict) -> str:
@@ -273,11 +310,10 @@ def gather_line(summary: dict) -> str:
                    f"per rank in {Path(summary['run_dir']) / SUMMARY_NAME}")
 
 
-def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: bool,
-             out: TextIO) -> None:
+def _summary(run_dir: Path, cfg: Config, merged: Path | None, out: TextIO) -> None:
     have = outcome.contents(run_dir)
     world = cfg.world_size
-    gathered = load_summary(run_dir) if gathered_here else None
+    gathered = load_summary(run_dir)
     tables = gathered is not None and gathered["mode"] == Mode.TABLES.value
     out.write(f"run dir: {run_dir}\n")
     if gathered is not None:
@@ -287,7 +323,7 @@ def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: boo
               f"collectives; traces: {sum(have.traces.values())} from {len(have.traces)} "
               "rank(s)\n")
     missing = gathered["missing"] if tables else sorted(set(range(world)) - set(have.records))
-    if missing and gathered_here:
+    if missing:
         out.write(f"missing {'ranks' if tables else 'records: ranks'} {missing}\n")
     for bad in have.unreadable:
         out.write(f"unreadable: {bad}\n")
@@ -295,10 +331,37 @@ def _summary(run_dir: Path, cfg: Config, merged: Path | None, gathered_here: boo
         out.write(f"merged:  {merged}  (open it in https://ui.perfetto.dev)\n")
 
 
+def _node_rank(args: argparse.Namespace, step: slurm.Step | None) -> int:
+    if args.node_rank is not None:
+        return args.node_rank
+    return step.node_rank[0] if step is not None else 0
+
+
+def _slurm_step() -> slurm.Step | None:
+    try:
+        step = slurm.step(os.environ)
+    except ValueError as exc:
+        raise ConfigError("Slurm environment", str(exc)) from None
+    if step is not None and step.tasks is not None and step.tasks != step.nnodes[0]:
+        raise ConfigError("Slurm environment", f"srun started {step.tasks} tasks on "
+                          f"{step.nnodes[0]} nodes: run one `commviz launch` per node (srun "
+                          "--ntasks-per-node=1); torchrun starts the ranks")
+    return step
+
+
+def _placed_line(placed: list[placement.Placement], out: TextIO) -> None:
+    """Which ranks ran here, as torch numbered them."""
+    if placed:
+        out.write(f"this node ({placed[0].host}, torch's node rank {placed[0].group_rank}) ran "
+                  f"ranks {[p.rank for p in placed]}\n")
+
+
 def handle(args: argparse.Namespace) -> int:
-    loaded = C.load(args.config, args.overrides)
+    step = _slurm_step()
+    loaded = C.load(args.config, args.overrides,
+                    slurm.defaults(step) if step is not None else None)
     cfg = resolve(loaded)
-    node_rank = args.node_rank
+    node_rank = _node_rank(args, step)
     if not 0 <= node_rank < cfg.job.nnodes:
         raise ConfigError("--node-rank", f"{node_rank} is not a node of this job (job.nnodes is "
                           f"{cfg.job.nnodes}: 0-{cfg.job.nnodes - 1})")
@@ -316,9 +379,10 @@ def handle(args: argparse.Namespace) -> int:
         write_atomic(run_dir / CONFIG_NAME, C.dump(cfg).encode())
     except OSError as exc:       # read-only or full: nothing can run without the config file
         raise cannot_write(exc, run_dir) from None
+    multi = cfg.job.nnodes > 1
     out.write(f"commviz launch: {cfg.name}: {cfg.world_size} ranks ({cfg.job.nnodes} × "
-              f"{cfg.job.nproc_per_node}, {cfg.job.backend}), node {node_rank}, run dir "
-              f"{run_dir}\n")
+              f"{cfg.job.nproc_per_node}, {cfg.job.backend}), "
+              f"{f'launch {node_rank}, ' if multi else ''}run dir {run_dir}\n")
     out.flush()
     from commviz.record import boundary   # torch: only a launch that runs something needs it
 
@@ -329,37 +393,53 @@ def handle(args: argparse.Namespace) -> int:
     log_path = run_dir / log_name(cfg, node_rank)
     echo = Echo(out)
     log = LaunchLog(log_path)
-    hangs = watch.HangWatch(run_dir, args.hang_after, lambda text: (
+    launch_id = uuid.uuid4().hex
+    watch = None
+    if multi:
+        watch = rendezvous.Watch(str(cfg.job.rdzv_endpoint), cfg.job.rdzv_id, cfg.job.nnodes,
+                                 node_rank, _Say(log, echo))
+        watch.start()
+    hangs = HangWatch(run_dir, args.hang_after, lambda text: (
         out.write(text), out.flush(), log.write(text))) if args.hang_after else None
     if hangs is not None:
         hangs.start()
     try:
-        code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, echo=echo)
+        code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
+                            echo=echo)
     finally:
+        if watch is not None:
+            watch.stop()
         if hangs is not None:
             hangs.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:
         out.write(f"launch.log: {log.error}; torchrun's output was kept in memory\n")
+    placed = placement.of_launch(torchrun_log_dir(run_dir), launch_id)
+    if multi:
+        _placed_line(placed, out)
+    if code != 0 and multi and not placed and _rendezvous_failed(log_text, watch, cfg, out):
+        out.write(f"  (torchrun's own account: {log_path})\n")
+        return 1
     _recover_journals(run_dir, out)
     if code != 0:
         _report_failures(run_dir, code, log_path, log_text, out)
-        _point_at_logs(run_dir, cfg, node_rank, log_path, echo.held, out)
-    merged, ok = None, True
-    here = _merges_here(run_dir, cfg, node_rank)
-    tables = Mode.resolve(cfg.output.gather, cfg.world_size) is Mode.TABLES
+        _point_at_logs(placed, log_path, echo.held, out)
+    here = not multi or any(p.rank == 0 for p in placed)
     if not here:
-        out.write("rank 0 ran on another node: the run is gathered (and merged) there\n")
-    elif tables:
+        _elsewhere(placed, run_dir, out)
+        return 1 if code != 0 else 0
+    merged, ok = None, True
+    tables = Mode.resolve(cfg.output.gather, cfg.world_size) is Mode.TABLES
+    if tables:
         ok = _overview(run_dir, cfg.world_size, out)[1]
     elif cfg.output.merge:
         merged, ok = _merge(run_dir, cfg, out)
-    if here and cfg.output.report:
+    if cfg.output.report:
         if not tables or _all_matched(run_dir, cfg.world_size):
             ok = _report(run_dir, out) and ok
         else:
             out.write("report:  skipped: the other ranks' matched runs stayed on their nodes "
                       "(tables-only gather); the overview names the stragglers\n")
-    _summary(run_dir, cfg, merged, here, out)
+    _summary(run_dir, cfg, merged, out)
     return 1 if code != 0 or not ok else 0

@@ -19,7 +19,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence, Union, get_args, get_origin
+from typing import Any, Iterator, Mapping, Sequence, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -35,8 +35,16 @@ DEFAULT_SOURCE = "<embedded default.yaml>"
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 RUN_NAME_FIELDS = ("name", "time", "rdzv_id", "world")
+MULTINODE_RUN_NAME = "{name}-{rdzv_id}"   # the same on every node: the default with nnodes > 1
 
 Loc = tuple[Any, ...]
+
+
+def _given(source: str, lines: dict[Loc, int], overridden: dict[Loc, str], loc: Loc) -> bool:
+    """Whether the user's file, a --set or Slurm gave this key: the embedded default's keys
+    are defaults (its nnodes: 1 and {time} yield to Slurm and to a multi-node job)."""
+    return (any(loc[:len(k)] == k for k in overridden)
+            or (source != DEFAULT_SOURCE and loc in lines))
 
 
 @dataclass
@@ -48,11 +56,14 @@ class Loaded:
     base_dir: Path                   # relative paths in the config are relative to this
     overrides: list[str] = field(default_factory=list)
     lines: dict[Loc, int] = field(default_factory=dict, repr=False)   # key path -> line
-    overridden: dict[Loc, str] = field(default_factory=dict, repr=False)
+    overridden: dict[Loc, str] = field(default_factory=dict, repr=False)  # key -> "--set k=v"
 
     def where(self, loc: Loc) -> str:
         """``FILE:LINE key.path`` (or ``--set ... key.path``) of a key of this config."""
         return _Locator(self.source, self.lines, self.overridden)(loc)
+
+    def given(self, loc: Loc) -> bool:
+        return _given(self.source, self.lines, self.overridden, loc)
 
     def fail(self, problems: list[tuple[Loc, str]]) -> None:
         """Raise one ConfigError naming each problem's key and line (nothing if none)."""
@@ -113,16 +124,33 @@ def parse_key(path: str) -> Loc:
     return tuple(m.group(1) if m.group(1) else int(m.group(2)) for m in _PART_RE.finditer(path))
 
 
+def override_value(loc: Loc, raw: str) -> Any:
+    """A ``--set`` value as a person types it: read as YAML (numbers, booleans, flow lists),
+    except that a text key takes the text itself when YAML would make something else of it
+    (``{name}-{rdzv_id}``, ``host:29500``, ``007``); ValueError when YAML cannot read it."""
+    if not raw.strip():
+        return None
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        if _type_at(loc) is str:
+            return raw
+        raise ValueError(str(exc)) from None
+    if _type_at(loc) is str and value is not None and not isinstance(value, str):
+        return raw
+    return value
+
+
 def apply_override(data: dict[str, Any], text: str) -> Loc:
-    """Apply one ``key.path=value`` (value read as a YAML scalar or flow list) to ``data``."""
+    """Apply one ``key.path=value`` (``override_value``) to ``data``."""
     where = f"--set {text}"
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(where, "expected key.path=value, e.g. job.nproc_per_node=4")
     try:
         loc = parse_key(key.strip())
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except (ValueError, yaml.YAMLError) as exc:
+        value = override_value(loc, raw)
+    except ValueError as exc:
         raise ConfigError(where, f"cannot read it: {exc}") from None
     node: Any = data
     for i, part in enumerate(loc[:-1]):
@@ -236,7 +264,7 @@ class _Locator:
     def __call__(self, loc: Loc) -> str:
         text = self._override(loc)
         if text is not None:
-            return f"--set {text} {_dotted(loc)}"
+            return f"{text} {_dotted(loc)}"
         line = self.line(loc)
         return f"{self.source}:{line} {_dotted(loc)}" if line else f"{self.source} {_dotted(loc)}"
 
@@ -444,6 +472,11 @@ def _check_job(cfg: S.Config) -> Iterator[tuple[Loc, str]]:
         render_run_name(cfg, time="t")
     except ValueError as exc:
         yield ("output", "run_name"), str(exc)
+    if cfg.job.nnodes > 1 and "{time}" in cfg.output.run_name:
+        yield ("output", "run_name"), (
+            f"{cfg.output.run_name!r}: {{time}} is each node's own clock, so nodes that start a "
+            f"second apart would write two run dirs; name a multi-node run by its rendezvous id: "
+            f"--set 'output.run_name={MULTINODE_RUN_NAME}' (and a new job.rdzv_id per job)")
 
 
 def check(loaded: Loaded) -> list[tuple[Loc, str]]:
@@ -473,10 +506,16 @@ def default_text() -> str:
     return importlib.resources.files("commviz.launch").joinpath(DEFAULT_NAME).read_text()
 
 
-def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] = ()) -> Loaded:
-    """Parse, override, validate and check one config (raises ConfigError)."""
+def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] = (),
+              defaults: Mapping[Loc, tuple[Any, str]] | None = None) -> Loaded:
+    """Parse, override, validate and check one config (raises ConfigError). ``defaults``: key
+    -> (value, where it came from) for keys the file and the overrides leave out (Slurm's)."""
     data, lines = parse_yaml(text, source)
-    overridden = {apply_override(data, o): o for o in overrides}
+    overridden = {apply_override(data, o): f"--set {o}" for o in overrides}
+    for loc, (value, origin) in (defaults or {}).items():   # a key set to null is left out
+        if (not _given(source, lines, overridden, loc) or _value_at(data, loc) is None) \
+                and _set_default(data, loc, value):
+            overridden[loc] = origin
     locate = _Locator(source, lines, overridden)
     try:
         config = S.Config.model_validate(data)
@@ -492,8 +531,31 @@ def load_text(text: str, source: str, base_dir: Path, overrides: Sequence[str] =
         _raise(problems, locate)
         raise  # unreachable: _raise raised
     loaded = Loaded(config, source, base_dir, list(overrides), lines, overridden)
+    if config.job.nnodes > 1 and not loaded.given(("output", "run_name")):
+        config.output.run_name = MULTINODE_RUN_NAME
     loaded.fail(check(loaded))
     return loaded
+
+
+def _value_at(data: dict[str, Any], loc: Loc) -> Any:
+    node: Any = data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _set_default(data: dict[str, Any], loc: Loc, value: Any) -> bool:
+    """Put ``value`` at ``loc`` unless a section on the way is not a mapping (the schema then
+    reports that section)."""
+    node: Any = data
+    for part in loc[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if node is None:
+            return False
+    if not isinstance(node, dict):
+        return False
+    node[loc[-1]] = value
+    return True
 
 
 # Keys the world size comes from: with one of them invalid, the group checks would guess.
@@ -520,16 +582,17 @@ def _without(data: dict[str, Any], bad: list[Loc]) -> S.Config | None:
         return None
 
 
-def load(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Loaded:
+def load(path: str | Path | None = None, overrides: Sequence[str] = (),
+         defaults: Mapping[Loc, tuple[Any, str]] | None = None) -> Loaded:
     """Load ``path`` (None: the embedded default) with ``overrides`` applied."""
     if path is None:
-        return load_text(default_text(), DEFAULT_SOURCE, Path.cwd(), overrides)
+        return load_text(default_text(), DEFAULT_SOURCE, Path.cwd(), overrides, defaults)
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(str(p), f"cannot read the config: {exc.strerror or exc}") from None
-    return load_text(text, str(p), p.resolve().parent, overrides)
+    return load_text(text, str(p), p.resolve().parent, overrides, defaults)
 
 
 def run_dir(cfg: S.Config) -> Path:

@@ -10,7 +10,6 @@ the per-rank log files after its verdict.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TextIO
 
 NOISE = re.compile(r"USDT:.*\bprofiler_(start|stop)\b")
@@ -53,11 +52,3 @@ class Echo:
     def flush(self) -> None:
         self.out.flush()
 
-
-def rank_logs(log_dir: Path, node_rank: int, nproc: int) -> list[Path]:
-    """This node's per-rank stderr files of the latest attempt (torchrun --log_dir)."""
-    attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
-    if not attempts:
-        return []
-    files = [attempts[-1] / str(local) / "stderr.log" for local in range(nproc)]
-    return [f for f in files if f.exists()]

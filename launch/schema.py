@@ -62,7 +62,15 @@ class Job(Strict):
     rdzv_endpoint: str | None = Field(None, description="host:port of torchrun's c10d "
                                       "rendezvous; required with nnodes > 1; null: a free port "
                                       "on 127.0.0.1")
-    rdzv_id: str = Field("commviz", description="rendezvous id, the same on every node")
+    rdzv_id: str = Field("commviz", description="rendezvous id, the same on every node; a new "
+                         "one per job (under Slurm: the job id)")
+    join_timeout_s: int = Field(600, ge=1, description="how long the rendezvous waits for every "
+                                "node to join (torch's rdzv_conf join_timeout) before the launch "
+                                "fails naming the nodes that did not")
+    local_addr: str | None = Field(None, description="this node's address in the rendezvous "
+                                   "(torchrun --local-addr; set per node with --set); c10d gives "
+                                   "rank 0 to the node whose address sorts first; null: its "
+                                   "host name")
     timeout_s: float = Field(300.0, gt=0, description="process-group timeout: a collective "
                              "stuck this long fails the rank")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for "
@@ -188,7 +196,8 @@ class Output(Strict):
 
     dir: str = Field("runs", description="parent of run dirs, relative to the working directory")
     run_name: str = Field("{name}-{time}", description="run dir name; placeholders {name}, "
-                          "{time}, {rdzv_id}, {world}")
+                          "{time}, {rdzv_id}, {world}; with nnodes > 1 the default is "
+                          "{name}-{rdzv_id} (the same on every node) and {time} is refused")
     merge: bool = Field(True, description="merge the per-rank traces when the job ends")
     gather: Literal["auto", "full", "tables"] = Field(
         "auto", description="what reaches rank 0's run dir: full (records and traces: one "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from commviz.launch.config import MULTICAST_OFF
+from commviz.launch.placement import LAUNCH_ENV
 from commviz.launch.schema import Config
 
 WORKER = "commviz.launch.worker"
@@ -40,6 +41,8 @@ def command(config: Config, node_rank: int, config_path: Path, run_dir: Path) ->
         "--rdzv_backend", "c10d",
         "--rdzv_endpoint", str(job.rdzv_endpoint),
         "--rdzv_id", job.rdzv_id,
+        "--rdzv_conf", f"join_timeout={job.join_timeout_s}",
+        *(["--local_addr", job.local_addr] if job.local_addr else []),
         "--max_restarts", "0",
         "--log_dir", str(run_dir / LOG_DIR),
         "--tee", "3",
@@ -47,29 +50,29 @@ def command(config: Config, node_rank: int, config_path: Path, run_dir: Path) ->
     ]
 
 
-def environment(config: Config, node_rank: int) -> dict[str, str]:
+def environment(config: Config) -> dict[str, str]:
     """What the launcher adds to torchrun's environment (and so to every rank's)."""
-    env = {"OMP_NUM_THREADS": "1", **config.job.env, "COMMVIZ_NODE_RANK": str(node_rank),
-           "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": "1", **config.job.env, "PYTHONUNBUFFERED": "1"}
     env.update(MULTICAST_OFF)   # NVLink multicast stays off, whatever else is set
     return env
 
 
 def shell_line(config: Config, node_rank: int, config_path: Path, run_dir: Path) -> str:
     """One node's command as a shell line, its environment in front."""
-    env = environment(config, node_rank)
+    env = environment(config)
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()),
                      shlex.join(command(config, node_rank, config_path, run_dir))])
 
 
 def run(config: Config, node_rank: int, config_path: Path, run_dir: Path, log: TextIO,
-        echo: TextIO | None = None) -> int:
+        launch_id: str, echo: TextIO | None = None) -> int:
     """Run torchrun for this node; its output goes to ``log`` and ``echo``. Returns its exit code.
 
-    Ctrl-C reaches torchrun too (same process group); we wait for it to stop its workers.
+    ``launch_id`` tags this launch's workers (``commviz.launch.placement``). Ctrl-C reaches
+    torchrun too (same process group); we wait for it to stop its workers.
     """
     cmd = command(config, node_rank, config_path, run_dir)
-    env = dict(os.environ, **environment(config, node_rank))
+    env = dict(os.environ, **environment(config), **{LAUNCH_ENV: launch_id})
     log.write("$ " + shell_line(config, node_rank, config_path, run_dir) + "\n")
     log.flush()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

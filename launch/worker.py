@@ -27,8 +27,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from commviz.launch import placement
+
 FAILED = "failed_rank{rank}.json"
-RANK0_NODE = "rank0_node"                # which launcher's node hosts rank 0 (it merges)
 # what write_shard leaves beside the record: the shard and the rank's matched run, and the comm
 # table made from it (what ``commviz overview`` reads)
 SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json", "comm_rank{rank}.json")
@@ -98,11 +99,38 @@ def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> 
               "this rank's trace", file=sys.stderr)
     commviz.gather(run_dir, extra_patterns=SHARD_PATTERNS, measure_clock=False,
                    traces=gather_traces or problem is not None, mode=mode)
-    if rank == 0:
-        log_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        (log_dir(run_dir) / RANK0_NODE).write_text(os.environ.get("COMMVIZ_NODE_RANK", "0"))
     with commviz.unrecorded():
+        here = placement.from_env(os.environ)
+        here.rank0_host, here.rank0_run_dir = _rank0_where(run_dir, rank, group)
+        placement.write(log_dir(run_dir), here)    # a disk that refuses it fails the rank
         dist.barrier(group=group)
+
+
+def _place(run_dir: Path) -> None:
+    """This rank's placement file at its start (``commviz.launch.placement``); a disk that
+    refuses it here is reported and the job goes on (its end fails the rank, naming the disk)."""
+    here = placement.from_env(os.environ)
+    try:
+        placement.write(log_dir(run_dir), here)
+    except OSError as exc:
+        print(f"[commviz] rank {here.rank}: its placement file could not be written "
+              f"({_os_error(exc, log_dir(run_dir))})", file=sys.stderr)
+
+
+def _rank0_where(run_dir: Path, rank: int, group: Any) -> tuple[str, str]:
+    """Rank 0's host and run dir, sent to every rank (JSON bytes as a uint8 tensor): what the
+    other nodes' launches tell their users."""
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps({"host": socket.gethostname(), "run_dir": str(run_dir)}).encode()
+    size = torch.tensor([len(data) if rank == 0 else 0], dtype=torch.int64)
+    dist.broadcast(size, 0, group=group)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if rank == 0
+           else torch.empty(int(size.item()), dtype=torch.uint8))
+    dist.broadcast(buf, 0, group=group)
+    where = json.loads(buf.numpy().tobytes())
+    return where["host"], where["run_dir"]
 
 
 def run(config_path: str) -> None:
@@ -119,6 +147,7 @@ def run(config_path: str) -> None:
     sys.path[:0] = [p for p in cfg.workload.pythonpath if p not in sys.path]  # user code's imports
     run_dir = C.run_dir(cfg)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _place(run_dir)                                  # before anything can fail
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cpu")
     if C.uses_nccl(cfg):
@@ -174,7 +203,7 @@ def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
         (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
             "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-            "node_rank": int(os.environ.get("COMMVIZ_NODE_RANK", 0)),
+            "group_rank": int(os.environ.get("GROUP_RANK", 0)),
             "host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns(),
             "stopped": isinstance(exc, Stopped), "error": reason, "traceback": text,
         }, indent=1))

@@ -28,6 +28,7 @@ def snapshot() -> dict[str, Any]:
     dump = pickle.loads(c10d._dump_nccl_trace() if nccl else c10d._dump_fr_trace())
     entries = [{"group": e["process_group"][0], "desc": e["process_group"][1],
                 "seq": e["collective_seq_id"], "p2p": bool(e.get("is_p2p")),
+                "p2p_seq": e.get("p2p_seq_id"),
                 "name": e["profiling_name"],
                 "in": sum(_numel(s) for s in e["input_sizes"]),
                 "out": sum(_numel(s) for s in e["output_sizes"]),
@@ -132,6 +133,28 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
                  f"has no Flight Recorder entry" for r in extra]
     assert not problems, "\n".join(problems[:30])
     return counts
+
+
+def p2p_pairs(snap: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Per group, Flight Recorder's p2p entries beside commviz's p2p records, in order, after
+    checking that both list the same ops (direction and element count): the pairs whose
+    numbers a test compares (FR's ``p2p_seq_id``, commviz's ``commviz.fr_p2p_seq``)."""
+    entries: dict[str, list[dict[str, Any]]] = {}
+    for e in snap["fr"]:
+        if e["p2p"]:
+            entries.setdefault(e["group"], []).append(e)
+    recs: dict[str, list[dict[str, Any]]] = {}
+    for r in snap["records"]:
+        if r.get("commviz.kind") == "p2p" and not r.get("commviz.captured"):
+            recs.setdefault(r["Process Group Name"], []).append(r)
+    assert entries.keys() == recs.keys(), (sorted(entries), sorted(recs))
+    pairs = []
+    for group, group_entries in entries.items():
+        ops = [(_norm(e["name"].split(" ")[0]), e["in"]) for e in group_entries]
+        mine = [(r["commviz.op"], r["In msg nelems"]) for r in recs[group]]
+        assert ops == mine, (group, ops, mine)
+        pairs += zip(group_entries, recs[group])
+    return pairs
 
 
 def eval_ranks(text: str) -> list[int]:

@@ -5,6 +5,7 @@ No processes start here; the real launches are in test_launch.py.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import textwrap
 from pathlib import Path
@@ -370,7 +371,7 @@ def test_dry_run_prints_torchrun_for_both_nodes(tmp_path, capsys):
             commands[node] = shlex.split(lines[i + 1])
     assert sorted(commands) == [0, 1]
     for node, argv in commands.items():
-        env = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+        env = dict(a.split("=", 1) for a in itertools.takewhile(lambda a: "=" in a, argv))
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
         assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
         cmd = argv[len(env):]
@@ -380,6 +381,7 @@ def test_dry_run_prints_torchrun_for_both_nodes(tmp_path, capsys):
         assert opts["--node_rank"] == str(node) and opts["--rdzv_backend"] == "c10d"
         assert opts["--rdzv_endpoint"] == "node0.example.com:29500"
         assert opts["--rdzv_id"] == "multinode-001"
+        assert opts["--rdzv_conf"] == "join_timeout=600"     # job.join_timeout_s's default
         assert cmd[-4:] == ["-m", "commviz.launch.worker", "--config", str(run_dir / "config.yaml")]
 
 

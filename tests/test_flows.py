@@ -4,7 +4,9 @@ The input is the real 2 x H200 eager trace of rank 0 (tests/fixtures/gpu), with 
 traces also hold: a 0-µs ``cudaPeekAtLastError`` (its own correlation id) at the very
 timestamp of every runtime call that launched GPU work. Expected links come from the raw input
 (each GPU event's ``args.correlation`` and the runtime call carrying the same id); the merged
-.pftrace is parsed back with Perfetto's protos.
+.pftrace is parsed back with Perfetto's protos. Older Kineto wrote the same launch flows with
+category ``async_cpu_to_gpu`` and name ``async_gpu`` (libkineto's ``output_json.cpp``,
+``handleGenericLink``); the fixture's flows spelled that way must reach the same launches.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from commviz.verify import read_slices, verify_pftrace
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "eager"
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 PEEK_CORRELATION = 10_000_000        # above every id in the fixture
+OLD_KINETO_FLOW = ("async_cpu_to_gpu", "async_gpu")     # (cat, name) of older Kineto's flows
 
 
-def _with_peeks(out_dir: Path, *, keep_flows: bool) -> dict[int, str]:
-    """The fixture with a 0-µs peek beside each launch; returns correlation -> launch name."""
+def _with_peeks(out_dir: Path, *, keep_flows: bool,
+                spelling: tuple[str, str] | None = None) -> dict[int, str]:
+    """The fixture with a 0-µs peek beside each launch (its launch flows' category and name
+    rewritten to ``spelling`` when given); returns correlation -> launch name."""
     doc = json.loads(gzip.decompress((FIXTURE / "trace_rank0.json.gz").read_bytes()))
     events = doc["traceEvents"]
     gpu_corr = {e["args"]["correlation"] for e in events
@@ -42,6 +47,11 @@ def _with_peeks(out_dir: Path, *, keep_flows: bool) -> dict[int, str]:
              for n, e in enumerate(launches.values())]
     if not keep_flows:
         events = [e for e in events if e.get("ph") not in ("s", "t", "f")]
+    elif spelling is not None:
+        flows = [e for e in events if e.get("ph") in ("s", "f") and e.get("cat") == "ac2g"]
+        assert flows
+        for e in flows:
+            e["cat"], e["name"] = spelling
     doc["traceEvents"] = events + peeks
     out_dir.mkdir()
     (out_dir / "trace_rank0.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
@@ -69,11 +79,13 @@ def _links(out: Path) -> dict[int, list]:
     return reached
 
 
-@pytest.mark.parametrize("keep_flows", [True, False], ids=["profiler-flows", "no-flow-events"])
-def test_each_flow_reaches_the_launch_with_its_correlation(tmp_path: Path, keep_flows: bool
-                                                           ) -> None:
+@pytest.mark.parametrize("keep_flows,spelling", [(True, None), (True, OLD_KINETO_FLOW),
+                                                (False, None)],
+                         ids=["profiler-flows", "older-kineto-flows", "no-flow-events"])
+def test_each_flow_reaches_the_launch_with_its_correlation(tmp_path: Path, keep_flows: bool,
+                                                           spelling: tuple | None) -> None:
     run = tmp_path / "run"
-    launches = _with_peeks(run, keep_flows=keep_flows)
+    launches = _with_peeks(run, keep_flows=keep_flows, spelling=spelling)
     assert len(launches) >= 20
     result = merge_run(run, tmp_path / "m.pftrace", workers=1, progress=False)
     reached = _links(result.out)

@@ -178,37 +178,6 @@ def test_rank_killed_without_a_word(tmp_path):
     assert load_record(run_dir / "commviz_rank0.pkl")["collectives"]
 
 
-def test_two_nodes_on_one_host(tmp_path):
-    """Two launches, --node-rank 0 and 1, meet at one c10d rendezvous; rank 0's node merges."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "two.yaml").write_text(textwrap.dedent(f"""
-        name: two
-        job: {{nnodes: 2, nproc_per_node: 1, rdzv_endpoint: "127.0.0.1:{port}",
-               rdzv_id: two-{port}, timeout_s: 120}}
-        workload:
-          steps: 3
-          collectives: [{{op: all_reduce, size: 256}}, {{op: all_gather_into_tensor, size: 64}}]
-        output: {{dir: out, run_name: "{{name}}-{{rdzv_id}}"}}
-        """))
-    argv = [sys.executable, "-m", "commviz", "launch", "two.yaml", "--node-rank"]
-    nodes = [subprocess.Popen(argv + [str(n)], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
-    outs = [p.communicate(timeout=240)[0] for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], outs
-    run_dir = tmp_path / "out" / f"two-two-{port}"
-    assert (run_dir / "launch_node0.log").exists() and (run_dir / "launch_node1.log").exists()
-    rank0_node = int((run_dir / "logs" / "rank0_node").read_text())
-    assert "rank 0 ran on another node" in outs[1 - rank0_node]
-    assert "records: 2/2 ranks" in outs[rank0_node]
-    recs = records(run_dir, 2)
-    assert [len(by_group(r)[("default_pg", "all_reduce")]) for r in recs] == [4, 4]
-    check_merged(run_dir, outs[rank0_node])
-
-
 def test_tables_gather_writes_the_overview_instead_of_the_merge(tmp_path):
     """``output.gather: tables``: every rank's comm table, the overview made from them (it
     verifies and holds both ranks' lanes), and what travelled said; no merged trace."""

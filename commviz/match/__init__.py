@@ -1,7 +1,8 @@
 """Step 3 of the flow: put each rank's recorded collectives onto its profiler trace.
 
 ``match_rank`` joins one trace with one record: eager NCCL kernels keep the profiler's metadata
-and gain commviz's keys (``eager``), calls without kernels are their CPU range (``cpu``),
+and gain commviz's keys (``eager``), a SendRecv kernel NCCL launched for a group of coalesced
+sends and receives gets them all (``coalesced``), calls without kernels are their CPU range (``cpu``),
 graphed kernels go to the CUDA graph matcher (``graphed``), and without a record the profiler's
 own metadata is all there is (``derive``). Whatever is not certain is reported, not labelled.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from commviz.errors import RecordError, TraceError
-from commviz.match import cpu, derive, eager
+from commviz.match import coalesced, cpu, derive, eager
 from commviz.match.graphed import match_graphed
 from commviz.match.index import TraceIndex
 from commviz.match.model import (CommEvent, InstanceKey, KeyKind, Source, events_from_record,
@@ -58,6 +59,8 @@ def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
                             range_time_mismatch=pairing.time_mismatch)
         with_kernels, strays = eager.match_eager(index, collectives, pairing, eager_kernels,
                                                  result, rank=rank)
+        strays = coalesced.match_coalesced(index, collectives, pairing, eager_kernels, strays,
+                                           with_kernels, result, rank=rank)
         derive.derive(index, strays, result, rank=rank, recorded=True)
         cpu.match_cpu(index, record, pairing, with_kernels, result, rank=rank)
     result.absorb(match_graphed(trace, record))

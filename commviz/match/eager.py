@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from commviz import metadata as md
+from commviz.match.coalesced import with_ops
 from commviz.match.derive import has_metadata
 from commviz.match.index import Intervals, NcclSpan, Span, TraceIndex
 from commviz.match.model import CommEvent, Source, instance_key
@@ -122,12 +123,13 @@ def _emit(index: TraceIndex, pos: int, meta: dict[str, Any], kernels: list[NcclS
     first = min(kernels, key=lambda k: k.span.start)
     own = index.args(first.span.index)
     args = dict(meta)
+    label = with_ops(meta)                # the kernel reads like a coalesced p2p one
     for k in kernels:
         kargs = index.args(k.span.index)
         for key in md.EAGER_KEYS:
             if key in kargs and key in meta and not agrees(kargs[key], meta[key]):
                 result.conflicts.append(Conflict(k.span.index, key, kargs[key], meta[key]))
-        result.label(k.span.index, index.events[k.span.index], meta)
+        result.label(k.span.index, index.events[k.span.index], label)
         result.bump("eager_matched")
         if not has_metadata(kargs):
             result.bump("eager_filled")       # the profiler left this kernel bare

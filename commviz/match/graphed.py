@@ -17,6 +17,14 @@ Which kernel is which captured node:
   give different labels, the stream the same node ran on in other replays decides; failing that
   the kernel is reported, not guessed.
 
+Coalesced point-to-point calls (``batch_isend_irecv``, pipelining) captured into a graph have no
+node of their own: NCCL adds their one ``SendRecv`` kernel when the group ends, after every call
+of it returned. The record still holds each call, numbered as NCCL numbers its p2p groups
+(``commviz.fr_p2p_seq``: one number a group). So a replay's SendRecv kernels that no captured
+node names are the graph's node-less p2p groups, in call order: kernels taken by start time
+(one communicator runs its kernels one after another), where the counts agree and the groups
+all belong to one process group (``coalesced``); otherwise they are reported.
+
 Each assignment is then checked against the collective: the kernel's type must be able to carry
 the recorded collective, and its reduction and dtype must agree. Anything uncertain becomes an
 ``Unmatched`` with the reason; nothing is mislabelled.
@@ -30,6 +38,7 @@ from typing import Any
 
 from commviz import metadata as md
 from commviz.capture.names import kernel_key
+from commviz.match.coalesced import SENDRECV, batch_args, with_ops
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
@@ -130,6 +139,26 @@ def _dims(args: dict[str, Any]) -> tuple | None:
         return None
     dims = tuple(_int(v) for v in grid + block)
     return None if None in dims else dims
+
+
+def _p2p_blocks(metas: dict[tuple, dict], graphs: dict[int, "_Graph"]) -> dict[int, list[list]]:
+    """Per graph, its captured p2p calls that no node names, grouped as NCCL ran them (one
+    group a ``commviz.fr_p2p_seq``; a call without one alone), in call order."""
+    listed = {(g.gid, n.get("lane"), n.get("ordinal")) for g in graphs.values() for n in g.nodes}
+    blocks: dict[int, dict[tuple, list]] = defaultdict(dict)
+    for (gid, lane, ordinal), meta in sorted(metas.items(), key=lambda kv: (
+            kv[0][0], str(kv[0][1]), kv[0][2])):
+        if meta.get(md.KIND) != "p2p" or (gid, lane, ordinal) in listed:
+            continue
+        fr = meta.get(md.FR_P2P_SEQ)
+        group = (str(meta.get(md.PG_NAME)), fr) if fr is not None else ("call", lane, ordinal)
+        blocks[gid].setdefault(group, []).append(meta)
+    return {gid: list(groups.values()) for gid, groups in blocks.items()}
+
+
+def _is_sendrecv(k: "_Kernel") -> bool:
+    nk = parse_nccl(k.name)
+    return nk is not None and nk.collective == SENDRECV
 
 
 def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
@@ -234,6 +263,9 @@ class _Matcher:
                 for e in execs:
                     self.by_node_id[(int(e) << 32) | int(n["local"])] = (g, i)
         self.evidence: dict[tuple[int, int], set] = defaultdict(set)   # (gid, node) -> streams
+        self.p2p_blocks = _p2p_blocks(self.metas, self.graphs)
+        self.with_collectives = {gid for (gid, _, _), m in self.metas.items()
+                                 if m.get(md.KIND) != "p2p"}     # graphs with other calls
 
     # -- which graph ----------------------------------------------------------------------------
     def identify(self, rep: _Replay) -> None:
@@ -299,12 +331,17 @@ class _Matcher:
             got[k.index] = choice
         return got, why
 
-    def by_ids(self, kernels: list[_Kernel], number: _Number) -> None:
-        """Exact matching by CUPTI graph node id (traces of torch >= 2.12)."""
+    def by_ids(self, kernels: list[_Kernel], number: _Number,
+               graph: int | None = None) -> None:
+        """Exact matching by CUPTI graph node id (traces of torch >= 2.12); the SendRecv
+        kernels of no recorded node go to the coalesced p2p rule of the replay's ``graph``."""
+        nodeless = []
         for k in kernels:
             hit = self.by_node_id.get(k.node_id) if k.node_id else None
             if hit is None:
-                if parse_nccl(k.name) is not None:
+                if graph in self.p2p_blocks and _is_sendrecv(k):
+                    nodeless.append(k)
+                elif parse_nccl(k.name) is not None:
                     self.unmatched(k, f"graph node id {k.node_id} is not in the record")
                 continue
             g, i = hit
@@ -316,6 +353,8 @@ class _Matcher:
                                       f"in the record, not {k.key}")
                 continue
             self.apply(k, g, i, number, "graph node id")
+        if nodeless:
+            self.coalesced(self.graphs[graph], nodeless, number)
 
     # -- labels -------------------------------------------------------------------------------
     def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
@@ -342,11 +381,18 @@ class _Matcher:
         if bad is not None:
             self.unmatched(k, f"matched by {how}, but {bad}")
             return
-        args = {key: v for key, v in meta.items() if key not in _DROP}
+        args = {key: v for key, v in with_ops(meta).items() if key not in _DROP}
         args[REPLAY] = number.number
         args[MATCHED_BY] = how
         args[NODE] = node.get("node")
         self.out.kernel_args[k.index] = args
+        self.event(k, g, args, number)
+        self.out.bump("graph_matched")
+        self.out.bump("graph_matched_by_node_id" if how == "graph node id"
+                      else "graph_matched_by_order")
+
+    def event(self, k: _Kernel, g: _Graph, args: dict[str, Any], number: _Number) -> None:
+        """The CommEvent of one call a replayed kernel carried out (its key: the replay's)."""
         start = self.trace.ns(k.ts)
         base = instance_key(args)
         self.out.events.append(CommEvent(
@@ -356,9 +402,36 @@ class _Matcher:
             source=Source.KERNEL,
             stream=k.stream if isinstance(k.stream, int) else None, graphed=True,
             extra={"trace_index": k.index, "graph": g.gid, "replay": number.number}))
-        self.out.bump("graph_matched")
-        self.out.bump("graph_matched_by_node_id" if how == "graph node id"
-                      else "graph_matched_by_order")
+
+    def coalesced(self, g: _Graph, kernels: list[_Kernel], number: _Number) -> None:
+        """One replay's SendRecv kernels of no node: the graph's node-less p2p groups, in
+        call order (module docstring)."""
+        blocks = self.p2p_blocks.get(g.gid, [])
+        kernels = sorted(kernels, key=lambda k: (k.ts, k.index))
+        why = None
+        if len(blocks) != len(kernels):
+            why = (f"{len(kernels)} SendRecv kernels of no captured node in this replay, but "
+                   f"graph {g.gid} captured {len(blocks)} groups of p2p calls without one")
+        elif len({str(m.get(md.PG_NAME)) for b in blocks for m in b}) > 1:
+            why = (f"graph {g.gid}'s p2p groups belong to several process groups: the order "
+                   "of their kernels does not say which is which")
+        for k, metas in zip(kernels, blocks) if why is None else ():
+            bad = next((b for b in (check_kernel(k.name, m) for m in metas) if b), None)
+            if bad is not None:
+                self.unmatched(k, f"matched by coalesced order, but {bad}")
+                continue
+            label = {key: v for key, v in batch_args(metas).items() if key not in _DROP}
+            label.update({REPLAY: number.number, MATCHED_BY: "coalesced order"})
+            self.out.kernel_args[k.index] = label
+            self.out.bump("graph_matched")
+            self.out.bump("graph_matched_coalesced_p2p", len(metas))
+            for meta in metas:
+                args = {key: v for key, v in meta.items() if key not in _DROP}
+                args.update({REPLAY: number.number, MATCHED_BY: "coalesced order",
+                             md.P2P_OPS: label[md.P2P_OPS]})
+                self.event(k, g, args, number)
+        for k in kernels if why is not None else ():
+            self.unmatched(k, why)
 
     def unmatched(self, k: _Kernel, reason: str) -> None:
         self.out.unmatched.append(Unmatched(f"graphed kernel {k.name}", k.index, reason))
@@ -378,7 +451,7 @@ class _Matcher:
                 self.out.bump(f"graph_replays_by_{rep.how}")
             number = _Number(rep.number, per_graph[rep.graph] if rep.graph is not None else None)
             if any(k.node_id for k in rep.kernels):
-                self.by_ids(rep.kernels, number)
+                self.by_ids(rep.kernels, number, rep.graph)
                 continue
             if rep.graph is None:
                 self.out.bump("graph_replays_unidentified")
@@ -390,18 +463,29 @@ class _Matcher:
                 continue
             g = self.graphs[rep.graph]
             if not g.complete:            # no dependency order: kernel order proves nothing
+                # ... but for a graph of p2p calls alone (commviz reads graphs that hold
+                # collectives or marks), the SendRecv kernels are its p2p groups, in call order
+                alone = g.gid in self.p2p_blocks and g.gid not in self.with_collectives
+                nodeless = [k for k in rep.kernels if alone and _is_sendrecv(k)]
                 for k in rep.kernels:
-                    if parse_nccl(k.name) is not None:
+                    if parse_nccl(k.name) is not None and k not in nodeless:
                         self.unmatched(k, f"graph {g.gid} was not read at the end of its capture "
                                           "(no dependency order to match by)")
+                if nodeless:
+                    self.coalesced(g, nodeless, number)
                 continue
             seen = Counter(k.key for k in rep.kernels if k.key in g.by_key)
             if seen != g.counts:          # a kernel missing would shift every later label
+                why = (f"the trace shows {sum(seen.values())} of the {sum(g.counts.values())} "
+                       f"kernels graph {g.gid} has to match: replay incomplete in the trace")
+                if g.gid in self.p2p_blocks and any(_is_sendrecv(k) for k in rep.kernels
+                                                    if k.key in g.by_key):
+                    why = (f"graph {g.gid} has SendRecv kernels of coalesced p2p calls (no node "
+                           "of their own) beside SendRecv nodes of other calls: which is which "
+                           "is not known")
                 for k in rep.kernels:
                     if parse_nccl(k.name) is not None:
-                        self.unmatched(k, f"the trace shows {sum(seen.values())} of the "
-                                          f"{sum(g.counts.values())} kernels graph {g.gid} "
-                                          "has to match: replay incomplete in the trace")
+                        self.unmatched(k, why)
                 continue
             ordered.append((rep, g, number))
         for rep, g, _ in ordered:                        # pass 1: each node's stream
@@ -411,12 +495,17 @@ class _Matcher:
                 self.evidence[(g.gid, i)].add(streams[kidx])
         for rep, g, number in ordered:                   # pass 2: label, with that evidence
             got, why = self.by_order(g, rep, use_evidence=True)
+            nodeless = []
             for k in rep.kernels:
                 if k.index in got:
                     self.apply(k, g, got[k.index], number, "order")
+                elif g.gid in self.p2p_blocks and k.key not in g.by_key and _is_sendrecv(k):
+                    nodeless.append(k)
                 elif parse_nccl(k.name) is not None:
                     self.unmatched(k, why.get(k.index, "no annotated collective of graph "
                                                        f"{g.gid} ran this kernel"))
+            if nodeless:
+                self.coalesced(g, nodeless, number)
         if self.idx.node_kernels:                         # node ids without a launch in view
             self.by_ids(self.idx.node_kernels, _Number(None, None))
 

@@ -14,10 +14,12 @@ from typing import Any
 
 from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
-from commviz.trace.kernels import LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed, parse_nccl
+from commviz.trace.kernels import (GPU_CATS, LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed,
+                                   parse_nccl)
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
 PARAM_COMMS = "record_param_comms"
+COALESCED_RANGE = "nccl:coalesced"  # ProcessGroupNCCL's endCoalescing: a coalesced group's launch
 
 
 def is_other_range(name: str) -> bool:
@@ -79,6 +81,7 @@ class TraceIndex:
         self.param_comms: dict[Any, Span] = {}        # External id -> record_param_comms op
         self.launches: dict[Any, Span] = {}           # correlation -> CPU launch call
         self.graph_launches: set[Any] = set()         # correlations of cudaGraphLaunch calls
+        self.group_ends: dict[tuple[Any, Any], list[int]] = {}   # thread -> nccl:coalesced ends
         self.nccl: list[NcclSpan] = []
         self.kernels = 0
         ns = trace.ns
@@ -110,6 +113,10 @@ class TraceIndex:
                 self.ranges.append(span)
             elif name == PARAM_COMMS and args.get("External id") is not None:
                 self.param_comms[args["External id"]] = span
+            elif name == COALESCED_RANGE and cat not in GPU_CATS:
+                self.group_ends.setdefault(span.thread, []).append(t1)
+        for ends in self.group_ends.values():
+            ends.sort()
         for span, ev, nccl in kernels:
             args = ev.get("args") or {}
             self.nccl.append(NcclSpan(span, nccl, is_graphed(args, self.graph_launches)))

@@ -48,10 +48,13 @@ class MergeResult:
     stats: dict[str, Any] = field(default_factory=dict)   # totals, per rank and per lane
 
 
+MERGED_NAME = "merged.pftrace"          # a run's merged trace, where the review looks for it
+
+
 def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
     if per_rank:
         return run_dir / "merged_ranks"
-    return run_dir / ("merged.pftrace" if fmt == "pftrace" else "merged.json")
+    return run_dir / (MERGED_NAME if fmt == "pftrace" else "merged.json")
 
 
 def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,

@@ -1,10 +1,13 @@
 """Flows of one rank's piece: which slice each profiler flow starts and ends at.
 
 A profiler flow event names a time on a thread, not a slice; several slices can start at that
-time (a 0-µs ``cudaPeekAtLastError`` at the same microsecond as the ``cudaLaunchKernel`` before
-it). Kineto's launch flows (``ac2g``) carry the launch's correlation id as their id, and both
-the runtime call and its GPU work carry it as ``args.correlation``: those flows are bound by
-that id, so each reaches the call that launched the work. Other flows bind by time: the
+time (a 0-µs ``cudaPeekAtLastError`` or ``cudaFuncSetAttribute`` at the same microsecond as the
+``cudaLaunchKernel`` it precedes). Kineto's launch flows carry the launch's correlation id as
+their id, and both the runtime call and its GPU work carry it as ``args.correlation``: those
+flows are bound by that id, so each reaches the call that launched the work. Their category
+changed over Kineto's life (``ac2g`` now; ``async_cpu_to_gpu`` / ``async_gpu`` in older
+traces), so a flow of any category is a launch flow when its id is the correlation of a launch
+call at its start point and of GPU work at each end point. Other flows bind by time: the
 innermost slice of the track starting at the point's time, else the innermost holding it.
 A trace without launch flows (some exporters drop them) gets them from the correlation ids.
 """
@@ -60,6 +63,7 @@ class Binder:
         self.events, self.items, self.correlated = events, items, correlated
         self._starts: dict[tuple, dict[int, int]] = {}
         self.unbound = 0
+        self.launch_segments: set[int] = set()      # traces whose launch flows were bound
 
     def by_correlation(self, p: FlowPoint) -> int | None:
         """The slice of the point's track whose correlation id is the flow's id."""
@@ -80,23 +84,39 @@ class Binder:
         index = table.get(p.ns)
         return index if index is not None else holding(self.items.get(p.key, []), p.ns)
 
+    def is_launch(self, points: list[FlowPoint], found: list[int | None]) -> bool:
+        """Whether one flow's points (and the slices their correlation found) are a launch
+        flow: named so (``ac2g``), or a launch call at its start and GPU work at every end."""
+        if points[0].cat == LAUNCH_CAT:
+            return True
+        if None in found or not any(p.ph == "s" for p in points):
+            return False
+        return all(self.events[i].get("cat") in (LAUNCH_CATS if p.ph == "s" else GPU_CATS)
+                   for p, i in zip(points, found))
+
     def bind(self, points: list[FlowPoint]) -> list[Edge]:
         """The profiler's own flows. One edge per (source, target), so a launch with many
         kernels (a graph replay) fans out instead of chaining the kernels."""
         sources: dict[tuple, int] = {}
         targets: dict[tuple, list[int]] = defaultdict(list)
+        flows: dict[tuple, list[FlowPoint]] = defaultdict(list)
         for p in points:
-            index = self.by_correlation(p) if p.cat == LAUNCH_CAT else None
-            if index is None:
-                index = self.by_time(p)
-            if index is None:
-                self.unbound += 1
-                continue
-            ident = (p.seg, p.cat, p.fid)
-            if p.ph == "s":
-                sources.setdefault(ident, index)
+            flows[(p.seg, p.cat, p.fid)].append(p)
+        for ident, pts in flows.items():
+            found = [self.by_correlation(p) for p in pts]
+            if self.is_launch(pts, found):
+                self.launch_segments.add(ident[0])
             else:
-                targets[ident].append(index)
+                found = [None] * len(pts)
+            for p, index in zip(pts, found):
+                if index is None:
+                    index = self.by_time(p)
+                if index is None:
+                    self.unbound += 1
+                elif p.ph == "s":
+                    sources.setdefault(ident, index)
+                else:
+                    targets[ident].append(index)
         return [Edge(sources[ident], t) for ident, ends in targets.items() if ident in sources
                 for t in ends if t != sources[ident]]
 
@@ -120,6 +140,5 @@ def launch_edges(events: list[dict], items: dict[tuple, list], correlated: dict[
     have no launch flows, flow points bound to no slice)."""
     binder = Binder(events, items, correlated)
     bound = binder.bind(points)
-    flowed = {p.seg for p in points if p.cat == LAUNCH_CAT}
-    derived = binder.from_correlation(set(range(segments)) - flowed)
+    derived = binder.from_correlation(set(range(segments)) - binder.launch_segments)
     return bound, derived, binder.unbound

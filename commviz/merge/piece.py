@@ -48,6 +48,7 @@ _TIMED = frozenset({"s", "t", "f", "i", "I", "C"})      # converted phases other
 MAX_NS = (1 << 63) - 1                # Perfetto's timestamps: what trace processor can hold
 LANE_CAT = "commviz"
 INSTANCE = "commviz.instance"         # lane slice arg: the instance key, as JSON
+LANE_KEY = "lane "                    # comm lanes' sibling merge key: LANE_KEY + process group
 
 
 def cross_flow_id(key: InstanceKey) -> int:
@@ -443,7 +444,7 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
                 plan.append((uuid, back, events, extra, flows))
 
         for pg in r.lane_order():
-            add(lane_name(pg, r.pgs.get(pg)), ORDER_LANE + lane_order(pg), f"lane {pg}",
+            add(lane_name(pg, r.pgs.get(pg)), ORDER_LANE + lane_order(pg), f"{LANE_KEY}{pg}",
                 r.lane_items[pg], r.lanes, {}, lane_flows)
         for key, name, order in r.tracks():
             add(name, order, f"track {key[0]}:{key[1]}", r.layout.items[key], r.events,

@@ -102,10 +102,13 @@ def available_ops() -> dict[str, Positions]:
 # -- the compiled kernel ----------------------------------------------------------------------
 
 def build_directory() -> tuple[str, Path]:
-    """The extension's name (this source, this torch) and where torch builds and caches it."""
+    """The extension's name (this source file, its content, this torch) and where torch builds
+    and caches it. The path is part of the name because torch's build file names the source's
+    path: two checkouts sharing one build dir would rebuild it in turn, minutes each."""
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    key = SOURCE.read_bytes() + str(SOURCE.resolve()).encode() + torch.__version__.encode()
+    digest = hashlib.sha1(key).hexdigest()[:12]
     name = f"commviz_boundary_{digest}"
     return name, Path(cpp_extension._get_build_directory(name, verbose=False))
 

@@ -29,6 +29,7 @@ from types import CodeType
 from typing import Any
 
 import torch
+from torch.distributed import distributed_c10d as _c10d
 
 from commviz import metadata as md
 from commviz.capture import hooks as _hooks
@@ -288,13 +289,20 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
         me = info.my_rank
         peer = None if spec.any_source else info.global_rank(root)
         src, dst = (me, peer) if op == "send" else (peer, me)
-        extra = {md.PEER: peer, md.SRC: src, md.DST: dst}
+        extra = {md.PEER: peer, md.SRC: src, md.DST: dst,
+                 md.FR_P2P_SEQ: info.take_fr_p2p_seq(_coalescing_block(info))}
         if peer is not None:
             extra[md.P2P_SEQ] = info.next_p2p_seq(src, dst)
     in_s = "[]" if in_split is None else str(in_split)
     out_s = "[]" if out_split is None else str(out_split)
     return open_record(op, spec.kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
                        in_s, out_s, async_op, extra, (file, line), seq)
+
+
+def _coalescing_block(info: md.GroupInfo) -> list[Any] | None:
+    """The op list of the group's open ``_coalescing_manager`` block (``batch_isend_irecv`` on
+    a backend that coalesces), None outside one: torch's own state, read, never changed."""
+    return _c10d._world.pg_coalesce_state.get(info.pg) if info.pg is not None else None
 
 
 def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:

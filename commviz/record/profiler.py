@@ -30,15 +30,22 @@ def trace_handler(run_dir: str | os.PathLike[str] | None = None, *, stepped: boo
                   ) -> Callable[[Any], None]:
     """An ``on_trace_ready`` callback writing this rank's trace into ``run_dir`` (gzip JSON).
 
-    ``stepped``: name each trace by its profiler step (a schedule can produce several).
+    ``stepped``: name each trace by its profiler step (a schedule can produce several). A
+    repeating schedule hands the block's last, partial cycle over under the step number of the
+    trace before it; that one is written beside it (``_step{N}_end``), never over it.
     """
+    written: set[str] = set()
 
     def handler(prof: Any) -> None:
         target = Path(run_dir) if run_dir is not None else _rec.RECORDER.run_dir
         if target is None:
             raise RuntimeError("commviz.trace_handler: no run dir (pass one or call commviz.start)")
         target.mkdir(parents=True, exist_ok=True)
-        name = schema.trace_name(_rank(), prof.step_num if stepped else None)
+        step = prof.step_num if stepped else None
+        name = schema.trace_name(_rank(), step)
+        if name in written:
+            name = schema.trace_name(_rank(), step, end=True)
+        written.add(name)
         prof.export_chrome_trace(str(target / name))
         _rec.RECORDER.add_trace(name)
     return handler

@@ -41,8 +41,9 @@ def record_name(rank: int) -> str:
     return f"commviz_rank{rank}.pkl"
 
 
-def trace_name(rank: int, step: int | None = None) -> str:
-    suffix = "" if step is None else f"_step{step}"
+def trace_name(rank: int, step: int | None = None, *, end: bool = False) -> str:
+    """``end``: the profile block's closing partial cycle, exported at the same step number."""
+    suffix = ("" if step is None else f"_step{step}") + ("_end" if end else "")
     return f"trace_rank{rank}{suffix}.json.gz"
 
 

@@ -34,8 +34,8 @@ from commviz.match.artifact import PgInfo
 from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge.core import progress_bar
 from commviz.merge.cross import write_summary
-from commviz.merge.piece import (LANE_CAT, ORDER_LANE, PID_BASE, cross_flow_id, instance_text,
-                                 lane_name, lane_order)
+from commviz.merge.piece import (LANE_CAT, LANE_KEY, ORDER_LANE, PID_BASE, cross_flow_id,
+                                 instance_text, lane_name, lane_order)
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
                                      straggler_threshold)
@@ -368,7 +368,7 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
             uuid = piece.new_uuid()
             piece.descriptor(track_descriptor(uuid, name=lane_name(pg, table.pgs.get(pg)),
                                               parent=proc, order_rank=ORDER_LANE + lane_order(pg),
-                                              merge_key=f"lane {pg}"))
+                                              merge_key=f"{LANE_KEY}{pg}"))
             seq = piece.sequence(uuid)
             piece.buf += seq.start(back[0][0])
             emit_slices(seq, piece.buf, back, events, None, flows)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from commviz.errors import SourceError
+from commviz.metadata import fmt_bytes
 from commviz.match.model import CommEvent
 from commviz.merge import instances as inst_mod
 from commviz.merge.instances import Instance, build_instances
@@ -114,15 +115,6 @@ def fmt_ns(ns: int | float | None) -> str:
         if abs(ns) >= scale:
             return f"{ns / scale:.3g} {unit}" if abs(ns) < 100 * scale else f"{ns / scale:.0f} {unit}"
     return f"{ns:.0f} ns"
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
 
 
 def fmt_gbps(v: float | None) -> str:
@@ -338,9 +330,12 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     written: list[Path] = []
     if plots:
         from commviz.review.plots import write_plots
+        from commviz.review.preview import report_timeline
 
-        written = write_plots(review.instances, plots_dir if plots_dir is not None
-                              else run_dir / "plots")
+        plots_dir = Path(plots_dir) if plots_dir is not None else run_dir / "plots"
+        timeline, problems = report_timeline(run_dir, plots_dir)   # merged.pftrace drawn
+        review.problems += problems
+        written = timeline + write_plots(review.instances, plots_dir)
     target = Path(out) if out is not None else run_dir / REPORT_NAMES[fmt]
     target.parent.mkdir(parents=True, exist_ok=True)
     text = render(review, fmt, top=top, plots=written, base=target.parent)
