@@ -1,4 +1,5 @@
-"""The ``commviz`` command line: launch, merge, annotate, verify, report, overview, preview.
+"""The ``commviz`` command line: launch, merge, annotate, verify, report, status, overview,
+preview.
 
 Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
 adds its arguments and description and sets ``func``; this file only puts them together. Only
@@ -33,6 +34,8 @@ COMMANDS = (
             "check a .pftrace as Perfetto will read it (and against its inputs)"),
     Command("report", "commviz.review.command",
             "skew, stragglers, bandwidth, desyncs and streams of a run"),
+    Command("status", "commviz.review.status",
+            "while a job runs: which rank holds the others up, and where (stacks taken live)"),
     Command("overview", "commviz.review.overview",
             "one small trace of every rank's collectives, from the comm tables"),
     Command("preview", "commviz.review.preview",

@@ -34,6 +34,7 @@ from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, placement, rendezvous, slurm, torchrun
 from commviz.launch.echo import Echo
+from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
 from commviz.launch.schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
@@ -62,6 +63,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="this node's launch in a multi-node job, 0 to nnodes-1 (run one launch "
                         "per node; under srun: SLURM_NODEID). With the c10d rendezvous torch, "
                         "not N, decides which node gets rank 0: that node merges")
+    p.add_argument("--hang-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
+                   help="while the job runs, print the verdict when its ranks disagree and "
+                        "nothing moved for S seconds (default 60; 0: off)")
     p.set_defaults(func=handle)
 
 
@@ -241,17 +245,20 @@ def _recover_journals(run_dir: Path, out: TextIO) -> None:
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
                      out: TextIO) -> None:
     found = outcome.failures(torchrun_log_dir(run_dir), log_text)
+    judged = outcome.judge(run_dir, found)
+    found = outcome.culprits_first(found, judged)
     if not found:
         out.write(f"FAILED: torchrun exited with code {code} and no rank reported why; see "
                   f"{log_path}\n")
-        return
-    first, *rest = found
-    where = f" on {first.host}" if first.host else ""
-    out.write(f"FAILED: rank {first.rank}{where}: {first.reason}\n")
-    if first.detail is not None:
-        out.write(f"  traceback: {first.detail}\n")
-    for f in rest:
-        out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
+    else:
+        first, *rest = found
+        where = f" on {first.host}" if first.host else ""
+        out.write(f"FAILED: rank {first.rank}{where}: {first.reason}\n")
+        if first.detail is not None:
+            out.write(f"  traceback: {first.detail}\n")
+        for f in rest:
+            out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
+    out.write(judged.render() if judged is not None else "")
 
 
 def _point_at_logs(placed: list[placement.Placement], log_path: Path, held: int,
@@ -392,12 +399,18 @@ def handle(args: argparse.Namespace) -> int:
         watch = rendezvous.Watch(str(cfg.job.rdzv_endpoint), cfg.job.rdzv_id, cfg.job.nnodes,
                                  node_rank, _Say(log, echo))
         watch.start()
+    hangs = HangWatch(run_dir, args.hang_after, lambda text: (
+        out.write(text), out.flush(), log.write(text))) if args.hang_after else None
+    if hangs is not None:
+        hangs.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
                             echo=echo)
     finally:
         if watch is not None:
             watch.stop()
+        if hangs is not None:
+            hangs.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:

@@ -8,6 +8,10 @@ without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the 
 failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
 (which stops the others only after the first failure) is the culprit, not the peer that then
 lost its connection. Every other rank stopped because of it.
+
+``judge`` then says why, from the records and stacks in the run dir
+(``commviz.review.verdict``), with these failures as each rank's exit; its culprits are named
+first (``culprits_first``), before a rank that failed earlier only because it waited for them.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commviz.errors import CommvizError
 from commviz.record import schema
 from commviz.record.store import load_record
+from commviz.review.verdict import Exit, Verdict, build_verdict
 
 _BLOCK = re.compile(r"^\[\d+\]:\s*$")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
@@ -122,6 +128,33 @@ def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
             return (2, words[f.rank][0], f.rank)
         return (3, 0, f.rank)
     return sorted(merged.values(), key=order)
+
+
+def _traceback(f: Failure) -> str | None:
+    if f.detail is None:
+        return None
+    try:
+        return str(json.loads(f.detail.read_text()).get("traceback") or "") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def judge(run_dir: Path, found: list[Failure]) -> Verdict | None:
+    """The verdict on the failed job (``commviz.review.verdict``), these failures as each
+    rank's exit; None when the run dir holds nothing to judge."""
+    exits = {f.rank: Exit(f.reason, f.stopped, _traceback(f)) for f in found}
+    try:
+        return build_verdict(run_dir, exits)
+    except CommvizError:
+        return None
+
+
+def culprits_first(found: list[Failure], judged: Verdict | None) -> list[Failure]:
+    """The verdict's culprits first: the rank whose failure came first may only have waited
+    for one that held it up (a rank stuck in its own code is stopped last)."""
+    if judged is None:
+        return found
+    return sorted(found, key=lambda f: f.rank not in judged.culprits)
 
 
 @dataclass

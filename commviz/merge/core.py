@@ -32,6 +32,7 @@ from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_ra
 from commviz.merge.keep import Keep, run_start_ns
 from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
+from commviz.merge.stops import stops
 from commviz.trace.run import RankInput, Run, load_rank, load_run
 from commviz.write.chrome import join as join_json, write_rank_trace
 
@@ -257,7 +258,8 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                 if fmt == "pftrace":
                     events = [ev for res in results for ev in res.events]
                     cross = tmp / "cross.pftrace"
-                    stats.update(write_cross(cross, events, _pg_table(results)))
+                    stats.update(write_cross(cross, events, _pg_table(results),
+                                             stops(events, run.run_dir)))
                     lone = lone_flows(events)   # instances on one rank: no cross-rank flow
                     copy_piece(cross, f, set())
                     stats["lone_flow_ends_dropped"] = sum(

@@ -19,10 +19,11 @@ import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from commviz.match.model import CommEvent, InstanceKey
 from commviz.merge.piece import carries_cross_flow, cross_flow_id, lane_name, lane_order
+from commviz.merge.stops import STOP_CAT, Stop
 from commviz.merge.summary import SummaryTracks, summary_tracks
 from commviz.write.pftrace import Piece, counter_event, emit_slices, split, track_descriptor
 from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
@@ -37,10 +38,12 @@ _TRACK_EVENT_KEY = F.TRACK_EVENT << 3 | LEN
 _CROSS_FLOW_RE = re.compile(b"(?=" + re.escape(_FLOW_TAG) + rb"(.{7}[\x80-\xff]))", re.DOTALL)
 
 
-def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict]) -> dict[str, int]:
-    """Write the cross-rank piece to ``path``; return its counts."""
+def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict],
+                stops: Sequence[Stop] = ()) -> dict[str, int]:
+    """Write the cross-rank piece to ``path``; return its counts. ``stops``: where each rank
+    stopped (``commviz.merge.stops``), one track per rank above the summaries."""
     summary = summary_tracks(events) if events else None
-    stats = {"summary_slices": 0, "bandwidth_samples": 0}
+    stats = {"summary_slices": 0, "bandwidth_samples": 0, "stop_markers": 0}
     with open(path, "wb") as f:
         piece = Piece(f, 0)
         piece.descriptor(track_descriptor(0, explicit_children=True, explicit_processes=True))
@@ -49,8 +52,26 @@ def write_cross(path: Path, events: list[CommEvent], pgs: dict[str, dict]) -> di
             piece.descriptor(track_descriptor(group, name="collectives · all ranks",
                                               explicit_children=True, order_rank=-1))
             write_summary(piece, group, summary, pgs, stats)
+        if stops:
+            stats["stop_markers"] = write_stops(piece, stops)
         piece.flush()
     return stats
+
+
+def write_stops(piece: Piece, stops: Sequence[Stop]) -> int:
+    """A "where each rank stopped" group, first of all, with one instant per rank."""
+    group = piece.new_uuid()
+    piece.descriptor(track_descriptor(group, name="where each rank stopped",
+                                      explicit_children=True, order_rank=-2))
+    for stop in stops:
+        uuid = piece.new_uuid()
+        piece.descriptor(track_descriptor(uuid, name=f"rank {stop.rank} stopped", parent=group,
+                                          order_rank=stop.rank))
+        seq = piece.sequence(uuid)
+        piece.buf += seq.start(stop.ts_ns)
+        emit_slices(seq, piece.buf, [(stop.ts_ns, -stop.ts_ns, 0)],
+                    [{"name": stop.name, "cat": STOP_CAT, "args": stop.args}])
+    return len(stops)
 
 
 def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[str, dict],

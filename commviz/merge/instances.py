@@ -12,7 +12,10 @@ Times are ns on the merged clock. Per instance:
 - ``comm`` = last start -> last end: the time the collective ran with every rank present, the
   time the bandwidth is computed over (``bandwidth.py``), free of the waiting;
 - ``straggler``: the late rank, only when the skew stands out (``mark_stragglers``): some rank
-  always arrives last by a few microseconds, and that is noise, not a straggler.
+  always arrives last by a few microseconds, and that is noise, not a straggler;
+- ``warmup``: a group's first collective, whose skew is the ranks' start-up (process start,
+  imports, connecting the group), not anyone holding the others up: never a straggler, and
+  left out of the group's normal skew.
 
 A CPU span (the record or the profiler range, not a GPU kernel) covers only the launch
 (``launch_only``) when the call does not block: ``async_op=True``, or a group whose collectives
@@ -39,6 +42,8 @@ from commviz.merge import bandwidth as bw
 STRAGGLER_MIN_NS = 1_000_000
 # ... and at least this many times the group's median skew.
 STRAGGLER_FACTOR = 5.0
+# A group's first this many collectives are its warm-up (``Instance.warmup``).
+WARMUP = 1
 
 
 def parse_ranks(text: object) -> tuple[int, ...]:
@@ -99,6 +104,7 @@ class Instance(Span):
     size_bytes: int | None
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
+    warmup: bool = False                 # among its group's first WARMUP: start-up skew
 
     @property
     def span_ns(self) -> int:
@@ -217,12 +223,21 @@ def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS
 
     The median of a process group's skews is its normal jitter (launch noise, clock error);
     a late arrival that is many times that, and long in absolute terms, is a straggler.
-    Launch-only instances name none: nobody was measured waiting for them.
+    Launch-only instances name none: nobody was measured waiting for them; nor do a group's
+    warm-up collectives (``WARMUP``), whose skew is start-up.
     """
     by_pg: dict[str, list[Instance]] = defaultdict(list)
+    numbered: dict[str, list[Instance]] = defaultdict(list)
     for inst in instances:
         inst.straggler = None
-        if len(inst.events) > 1 and not inst.launch_only:
+        if inst.kind == "collective" and inst.seq is not None:
+            numbered[inst.pg].append(inst)
+    for insts in numbered.values():
+        first = sorted({i.seq for i in insts})[:WARMUP]
+        for inst in insts:
+            inst.warmup = inst.seq in first
+    for inst in instances:
+        if len(inst.events) > 1 and not inst.launch_only and not inst.warmup:
             by_pg[inst.pg].append(inst)
     for insts in by_pg.values():
         threshold = straggler_threshold([i.skew_ns for i in insts], min_ns, factor)

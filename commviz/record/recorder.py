@@ -327,7 +327,9 @@ def arm(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None =
 
     The record is written at normal interpreter exit, when SIGTERM/SIGINT arrive (the previous
     handlers still run afterwards) and every ``flush_interval`` seconds while new records come
-    in (None: never)."""
+    in (None: never). Call ``flush()`` yourself before ``os._exit``. With a run dir, every
+    thread's stack is left there when the rank is torn down (``commviz.record.stacks``).
+    """
     global _installed, _flusher
     run_dir = run_dir if run_dir is not None else os.environ.get("COMMVIZ_RUN_DIR")
     if run_dir is not None:
@@ -348,6 +350,11 @@ def arm(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None =
                 _previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, _on_signal)
         _installed = True
+    if run_dir is not None and handle_signals:         # after the handlers it chains to
+        from commviz.record import stacks
+
+        stacks.install(RECORDER.run_dir, dist.get_rank() if dist.is_available()
+                       and dist.is_initialized() else int(os.environ.get("RANK", 0)))
     if flush_interval and _flusher is None:
         _flusher = _PeriodicFlush(flush_interval)
         _flusher.start()

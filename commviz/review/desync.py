@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from commviz import metadata as md
 from commviz.metadata import StrEnum
@@ -52,10 +52,14 @@ class Signature:
 
 
 def signature(ev: CommEvent) -> Signature:
-    a = ev.args
+    return signature_of(ev.op, ev.args)
+
+
+def signature_of(op: str, a: Mapping[str, Any]) -> Signature:
+    """What must agree across the ranks of one collective, from its metadata (``a``)."""
     uneven = a.get(md.IN_SPLIT, "[]") not in ("[]", None) or a.get(md.OUT_SPLIT, "[]") not in (
         "[]", None)
-    return Signature(op=ev.op, in_nelems=None if uneven else a.get(md.IN_NELEMS),
+    return Signature(op=op, in_nelems=None if uneven else a.get(md.IN_NELEMS),
                      out_nelems=None if uneven else a.get(md.OUT_NELEMS), dtype=a.get(md.DTYPE),
                      root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP))
 
@@ -93,7 +97,8 @@ class Desync:
                 f"[{self.kind}]: {sides}. {self.detail}")
 
 
-def _first_diff(a: Signature, b: Signature) -> DesyncKind:
+def first_diff(a: Signature, b: Signature) -> DesyncKind:
+    """The first field in which two signatures differ."""
     if a.op != b.op:
         return DesyncKind.TYPE
     if (a.in_nelems, a.out_nelems) != (b.in_nelems, b.out_nelems):
@@ -129,7 +134,7 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
         return DesyncKind.MISSING, (f"ranks {gone} have no collective numbered {seq} in this "
                                     "group: they stopped, hung or skipped before it")
     if _agrees(ra, seq + 1, rb, seq + 1):
-        kind = _first_diff(a.signature, b.signature)
+        kind = first_diff(a.signature, b.signature)
         return kind, f"the {kind} differs; the collectives after it line up again"
     for k in range(1, LOOKAHEAD):
         window_a = [ra.get(seq + i) for i in range(k + 1)]
@@ -149,7 +154,7 @@ def _classify(seq: int, sides: list[Side], by_rank: dict[int, dict[int, Signatur
             return DesyncKind.MISSING, (f"ranks {la} skipped {d} collective(s) from seq {seq} "
                                         f"on ({b.signature} on ranks {lb}); their later ones "
                                         "line up")
-    kind = _first_diff(a.signature, b.signature)
+    kind = first_diff(a.signature, b.signature)
     return kind, f"the {kind} differs, and the collectives after it do not line up either"
 
 

@@ -28,6 +28,7 @@ from commviz.review.origins import OriginRow, event_origin, instance_origin, rol
 from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
+from commviz.review.verdict import Verdict, build_verdict, verdict_json
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.kernels import KERNEL_CLASSES
@@ -55,6 +56,7 @@ class Review:
     problems: list[str]
     by: str | None = None            # the rollup asked for (``origins.BY``), if any
     origins: list[OriginRow] = field(default_factory=list)
+    verdict: Verdict | None = None   # why the job hung or died; None when it did not
 
 
 @dataclass
@@ -105,6 +107,7 @@ def review_run(run_dir: str | Path, by: str | None = None, **thresholds: Any) ->
                      **thresholds)
     if by is not None:
         review.by, review.origins = by, rollup(review.instances, by)
+    review.verdict = build_verdict(run_dir)
     return review
 
 
@@ -209,7 +212,8 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         [[i.pg, i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
           fmt_bytes(i.size_bytes),
           fmt_ns(i.skew_ns), str(i.late_rank),
-          "-" if i.straggler is None else f"rank {i.straggler}", fmt_ns(i.total_wait_ns),
+          "warm-up" if i.warmup else "-" if i.straggler is None else f"rank {i.straggler}",
+          fmt_ns(i.total_wait_ns),
           instance_comm(i), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
           ",".join(map(str, i.missing)) or "-"] for i in worst]))
     if review.streams:
@@ -245,6 +249,8 @@ def render_table(review: Review, top: int = TOP, width: int = TABLE_WIDTH) -> st
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    if review.verdict is not None:
+        console.print(review.verdict.render(), markup=False, highlight=False, soft_wrap=True)
     console.print(_headline(review))
     for problem in review.problems:
         console.print(f"problem: {problem}")
@@ -266,6 +272,8 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
                     base: Path | None = None) -> str:
     """Markdown; plot links are relative to ``base`` (the report's folder) when given."""
     lines = [f"# {_headline(review)}", ""]
+    if review.verdict is not None:
+        lines = ["# Verdict", "", "```", review.verdict.render().rstrip("\n"), "```", ""] + lines
     if review.problems:
         lines += ["## Problems", "", *[f"- {_md_cell(p)}" for p in review.problems], ""]
     for sec in sections(review, top):
@@ -291,7 +299,7 @@ def _instance_json(i: Instance) -> dict[str, Any]:
         "end_ns": {str(r): e.end_ns for r, e in sorted(i.events.items())},
         "first_start_ns": i.first_start_ns, "last_start_ns": i.last_start_ns,
         "last_end_ns": i.last_end_ns, "skew_ns": i.skew_ns, "late_rank": i.late_rank,
-        "straggler": i.straggler, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
+        "straggler": i.straggler, "warmup": i.warmup, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
         "comm_ns": i.comm_ns, "launch_only": i.launch_only, "failed": i.failed,
         "size_bytes": i.size_bytes,
         "algbw_GBps": i.bandwidth.algbw_gbps if i.bandwidth else None,
@@ -316,6 +324,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
                 "graphed": s.graphed} for s in review.streams]
     overlap = [{**dataclasses.asdict(o), "overlap_pct": o.overlap_pct} for o in review.overlap]
     return {"run_dir": str(review.run_dir), "ranks": review.ranks, "events": review.events,
+            "verdict": None if review.verdict is None else verdict_json(review.verdict),
             "problems": review.problems, "desyncs": desyncs, "groups": groups,
             "rank_summaries": rows(review.rank_rows), "collectives": rows(review.collectives),
             "streams": streams, "overlap": overlap,

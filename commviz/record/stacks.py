@@ -1,0 +1,278 @@
+"""Every thread's Python stack, left in the run dir when a rank is torn down or asked for it.
+
+When a job hangs, the question is where the rank that never arrived *was*. Python-level signal
+handlers run only once the main thread is back in Python, so a rank blocked in a C++ collective
+would say nothing until the watchdog kills it. ``faulthandler`` writes the stacks from its own
+C-level handler at once, then hands the signal on (``chain=True``) to whatever handler torch,
+the program or commviz's flush installed before it. ``install`` arms it per rank:
+
+- ``stacks_rank{R}.txt`` (teardown): on SIGTERM/SIGINT (torchrun stopping the job), on a fatal
+  signal (SIGABRT from NCCL's watchdog, SIGSEGV, ...: ``faulthandler.enable``, unless the program
+  enabled it already), and an uncaught exception's traceback (``sys.excepthook``, chained);
+- ``stacks_rank{R}.live.txt`` (on request, the job goes on): ``LIVE_SIGNAL``, sent by ``commviz
+  status`` / ``commviz launch`` while a job hangs (``request``). A real-time signal, which no
+  launcher or program sends by default; if the program handles it already, it is left alone.
+
+Each file starts with one header line (rank, pid, the main thread's id, the live signal); the
+dumps follow in faulthandler's own format, which ``read_stacks`` parses (text only; the last
+dump of each thread wins). SIGKILL leaves nothing here (nothing can run): the journal still
+keeps that rank's records.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import linecache
+import os
+import re
+import signal
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+STACKS = "stacks_rank{rank}.txt"
+LIVE_SUFFIX = ".live.txt"
+LIVE = "stacks_rank{rank}" + LIVE_SUFFIX
+LIVE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
+TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HEADER = "# commviz stacks: rank {rank} pid {pid} main {main} live-signal {sig}\n"
+EXCEPTION = "Uncaught exception"           # how an uncaught exception's section starts
+_HEADER_RE = re.compile(r"# commviz stacks: rank (\d+) pid (\d+) main (0x[0-9a-f]+) "
+                        r"live-signal (\S+)")
+_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? "
+                        r"\(most recent call first\):")
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_TB_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+), in (.*)$', re.M)
+_FATAL_RE = re.compile(r"^Fatal Python error: (.*)$")
+
+_files: dict[str, IO[str]] = {}            # kept open: faulthandler writes to their fds
+_teardown: IO[str] | None = None           # this rank's teardown file
+_fatal_ours = False                        # faulthandler.enable was commviz's call
+
+
+def stacks_path(run_dir: Path, rank: int, live: bool = False) -> Path:
+    return Path(run_dir) / (LIVE if live else STACKS).format(rank=rank)
+
+
+def _thread_id(ident: int | None) -> str:
+    return f"0x{ident or 0:016x}"
+
+
+def _open(path: Path, rank: int) -> IO[str]:
+    old = _files.pop(str(path), None)
+    if old is not None:
+        old.close()
+    f = open(path, "w", buffering=1)
+    f.write(HEADER.format(rank=rank, pid=os.getpid(), main=_thread_id(threading.main_thread().ident),
+                          sig=LIVE_SIGNAL if LIVE_SIGNAL is not None else "-"))
+    _files[str(path)] = f
+    return f
+
+
+def install(run_dir: Path, rank: int) -> None:
+    """Arm the stack dumps of this rank into ``run_dir`` (main thread only: signal handlers
+    can only be set there). Called by ``commviz.start``; a later call moves the dumps to its
+    run dir (the exception hook is chained once)."""
+    global _teardown, _fatal_ours
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _teardown = _open(stacks_path(run_dir, rank), rank)
+    if _fatal_ours or not faulthandler.is_enabled():   # the program's own fatal dump stays
+        faulthandler.enable(_teardown, all_threads=True)
+        _fatal_ours = True
+    for sig in TEARDOWN_SIGNALS:
+        faulthandler.register(sig, _teardown, all_threads=True, chain=True)
+    if LIVE_SIGNAL is not None and signal.getsignal(LIVE_SIGNAL) in (signal.SIG_DFL, None):
+        faulthandler.register(LIVE_SIGNAL, _open(stacks_path(run_dir, rank, True), rank),
+                              all_threads=True, chain=False)
+    if getattr(sys.excepthook, "__module__", None) != __name__:
+        previous = sys.excepthook
+
+        def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            try:
+                if _teardown is not None:
+                    _teardown.write(f"{EXCEPTION} ({time.time_ns()}):\n"
+                                    + "".join(traceback.format_exception(kind, exc, tb)) + "\n")
+                    _teardown.flush()
+            except (OSError, ValueError):
+                pass
+            previous(kind, exc, tb)
+        sys.excepthook = excepthook
+
+
+def request(pid: int) -> bool:
+    """Ask the rank with ``pid`` (on this host) for its stacks now; False if it cannot be
+    asked (gone, not ours, no live signal)."""
+    if LIVE_SIGNAL is None:
+        return False
+    try:
+        os.kill(pid, LIVE_SIGNAL)
+    except OSError:
+        return False
+    return True
+
+
+def live_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of every rank that armed its live dump in ``run_dir`` (its file's header)."""
+    out = {}
+    for path in Path(run_dir).glob(LIVE.format(rank="*")):
+        try:
+            with open(path) as f:
+                m = _HEADER_RE.match(f.readline())
+        except OSError:
+            continue
+        if m and m.group(4) != "-":
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+def _holds(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open: it is that rank, not a later process that
+    reuses its pid (a real-time signal's default action would end it)."""
+    target = str(Path(path).resolve())
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def request_all(run_dir: Path, wait_s: float = 1.0) -> list[int]:
+    """Ask every rank of ``run_dir`` running on this host for its stacks, then give them
+    ``wait_s`` to write; the ranks asked."""
+    asked = [rank for rank, pid in sorted(live_pids(run_dir).items())
+             if _holds(pid, stacks_path(run_dir, rank, live=True)) and request(pid)]
+    if asked:
+        time.sleep(wait_s)
+    return asked
+
+
+# -- reading back -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    def source(self) -> str:
+        """The line's text, when the file is readable here."""
+        return linecache.getline(self.file, self.line).strip()
+
+    def __str__(self) -> str:
+        text = self.source()
+        return f"{self.file}:{self.line} in {self.func}" + (f": {text}" if text else "")
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    ident: str
+    frames: tuple[Frame, ...]              # innermost first, as faulthandler prints them
+
+
+@dataclass
+class Stacks:
+    """One rank's stacks file, parsed."""
+
+    path: Path
+    rank: int | None = None
+    pid: int | None = None
+    main: str | None = None                # the main thread's id, as faulthandler prints it
+    threads: dict[str, ThreadStack] = field(default_factory=dict)   # last dump of each
+    fatal: str | None = None               # "Aborted", "Segmentation fault", ...
+    exception: str | None = None           # an uncaught exception's last line
+    traceback: str | None = None
+
+    @property
+    def main_thread(self) -> ThreadStack | None:
+        if self.main in self.threads:
+            return self.threads[self.main]
+        return next(iter(self.threads.values()), None)
+
+    def raised_at(self) -> Frame | None:
+        """Where the uncaught exception was raised (``raised_at``)."""
+        return raised_at(self.traceback or "")
+
+    def user_frame(self) -> Frame | None:
+        """The innermost frame of the main thread in the program's own code (not the standard
+        library, an installed package or commviz): the line it was stuck on."""
+        main = self.main_thread
+        if main is None:
+            return None
+        return next((f for f in main.frames if is_user(f.file)), None)
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    package = Path(__file__).resolve().parents[1]
+    dirs.add(str(package))                                      # commviz itself
+    if (package.parent / "launch" / "worker.py").is_file():     # commviz.launch in a checkout
+        dirs.add(str(package.parent / "launch"))                # (pyproject's package-dir)
+    return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
+
+
+def is_user(file: str) -> bool:
+    """Whether ``file`` is the program's own code (not the standard library, an installed
+    package or commviz)."""
+    return not (file.startswith("<") or "/site-packages/" in file or "/dist-packages/" in file
+                or file.startswith(_library_dirs()))
+
+
+def raised_at(traceback_text: str) -> Frame | None:
+    """The innermost frame of the program's own code in a formatted traceback: the line that
+    raised (or called what raised)."""
+    frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
+              for m in _TB_FRAME_RE.finditer(traceback_text)]
+    return next((f for f in reversed(frames) if is_user(f.file)), None)
+
+
+def read_stacks(path: Path) -> Stacks | None:
+    """Parse a stacks file; None when it holds no dump (the rank was never torn down)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    out = Stacks(path=Path(path))
+    current: list[Frame] | None = None
+    ident = ""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if m := _HEADER_RE.match(line):
+            out.rank, out.pid, out.main = int(m.group(1)), int(m.group(2)), m.group(3)
+        elif m := _FATAL_RE.match(line):
+            out.fatal = m.group(1)
+        elif m := _THREAD_RE.match(line):
+            current, ident = [], m.group(2)
+            out.threads[ident] = ThreadStack(ident, ())
+        elif current is not None and (m := _FRAME_RE.match(line)):
+            current.append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+            out.threads[ident] = ThreadStack(ident, tuple(current))
+        elif line.startswith(EXCEPTION):
+            current = None
+            block = []
+            while i < len(lines) and lines[i].strip():
+                block.append(lines[i])
+                i += 1
+            out.traceback = "\n".join(block)
+            out.exception = block[-1].strip() if block else None
+        elif not line.strip():
+            current = None
+    if not out.threads and out.fatal is None and out.exception is None:
+        return None
+    return out

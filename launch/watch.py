@@ -1,0 +1,66 @@
+"""Noticing a hang while the job runs, long before a collective's timeout ends it.
+
+NCCL's watchdog waits 10 minutes by default. ``HangWatch`` reads the run dir's journals every
+few seconds; when the ranks disagree (some rank waits in a collective that another has not
+joined: ``commviz.review.verdict``) and nothing has moved for ``after_s`` seconds, it asks every
+rank on this host for its stacks (they go on running) and prints the verdict, once per hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from commviz.errors import CommvizError
+from commviz.record import stacks
+from commviz.review.verdict import Verdict, build_verdict
+
+DEFAULT_AFTER_S = 60.0
+
+
+def _progress(v: Verdict) -> tuple[Any, ...]:
+    """What changes while the job moves: each rank's last collective and its state."""
+    return tuple((r, s.last and (s.last.pg, s.last.seq, s.last.state))
+                 for r, s in sorted(v.ranks.items()))
+
+
+class HangWatch(threading.Thread):
+    def __init__(self, run_dir: Path, after_s: float, say: Callable[[str], None]) -> None:
+        super().__init__(name="commviz-hang-watch", daemon=True)
+        self.run_dir, self.after_s, self.say = run_dir, after_s, say
+        self.interval = min(5.0, max(0.5, after_s / 4))
+        self._stop_event = threading.Event()
+        self.reported: list[Verdict] = []
+
+    def run(self) -> None:
+        since: float | None = None
+        key: tuple[Any, ...] | None = None
+        told: tuple[Any, ...] | None = None
+        while not self._stop_event.wait(self.interval):
+            try:
+                v = build_verdict(self.run_dir, live=True)
+            except (CommvizError, OSError, ValueError):
+                continue                 # records not there yet, or a journal mid-write
+            now = time.monotonic()
+            new = None if v is None else _progress(v)
+            if new is None or new != key:
+                key, since = new, now
+                continue
+            if since is not None and now - since >= self.after_s and key != told:
+                told = key
+                self._report(now - since)
+
+    def _report(self, still_s: float) -> None:
+        asked = stacks.request_all(self.run_dir)
+        v = build_verdict(self.run_dir, live=True)
+        if v is None:
+            return
+        self.reported.append(v)
+        self.say(f"HANG? nothing has moved for {still_s:.0f} s while the ranks disagree "
+                 f"(stacks asked of ranks {asked}; the job goes on):\n{v.render()}")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
