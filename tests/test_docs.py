@@ -82,9 +82,9 @@ SHOWN = [s for page in PAGES for s in shown(page)]
 
 def test_the_pages_show_commands() -> None:
     """The collector finds the README's and the docs' commands (else every test below is
-    vacuous): the draft README shows its set-up command, reviewing.md its report."""
+    vacuous): the README shows its set-up command, reviewing.md its report."""
     pages = {s.page for s in SHOWN if s.whole}
-    assert {"docs/README-draft.md", "docs/reviewing.md"} <= pages, pages
+    assert {"README.md", "docs/reviewing.md"} <= pages, pages
     assert any(s.text == "commviz launch" and s.whole for s in SHOWN)
 
 
@@ -179,7 +179,7 @@ PENDING = {"docs/failures.md", "docs/multinode.md"}
 def test_relative_links_resolve(page: Path) -> None:
     """Links to files and images resolve; the draft README is read from the repository root,
     where it will live."""
-    base = REPO if page.name in ("README.md", "README-draft.md") else page.parent
+    base = REPO if page.name == "README.md" else page.parent
     broken = []
     for target in LINK.findall(page.read_text()):
         if re.match(r"^[a-z]+://", target):
