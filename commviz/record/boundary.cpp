@@ -283,11 +283,16 @@ void origin_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (origin != nullptr && t_origin == origin->id) t_origin = origin->prev;
 }
 
+// Following the ranges costs every collective a few microseconds (with any USER_SCOPE callback
+// in, c10d's Work builds its own profiling range per call), so the callback goes in only once
+// the job runs a framework that opens them (follow_ranges, from commviz.record.origin).
+std::atomic<bool> g_follow{false};
+
 // Recording on: the boundary kernel records and the origin callback follows the ranges; off:
 // neither runs (a range opened while off is not seen by calls inside it once on again).
 void set_active(bool on) {
   g_active.store(on);
-  if (on && !g_origin_callback.has_value() && !g_origin_prefixes->empty()) {
+  if (on && g_follow.load() && !g_origin_callback.has_value() && !g_origin_prefixes->empty()) {
     g_origin_callback = at::addGlobalCallback(
         at::RecordFunctionCallback(origin_enter, origin_exit)
             .scopes({at::RecordScope::USER_SCOPE}));
@@ -295,6 +300,11 @@ void set_active(bool on) {
     at::removeCallback(*g_origin_callback);
     g_origin_callback.reset();
   }
+}
+
+void follow_ranges() {
+  g_follow.store(true);
+  if (g_active.load()) set_active(true);
 }
 
 // The open ranges an origin id stands for, outermost first.
@@ -1232,6 +1242,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "put the boundary kernel in front of c10d's ops");
   m.def("uninstall", &uninstall, "give torch's own kernels back");
   m.def("set_active", &set_active, "recording (and following the origin ranges) on or off");
+  m.def("follow_ranges", &follow_ranges, "follow the frameworks' ranges from now on");
   m.def("installed", []() { return !g_registrations.empty(); });
   m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
   m.def("origin_count", &origin_count, "how often ranges of this name were opened");

@@ -48,10 +48,32 @@ def prefixes() -> tuple[str, ...]:
 
     Following them costs every collective a few microseconds, not in commviz: once any
     ``USER_SCOPE`` RecordFunction callback exists, gloo and NCCL build their own
-    ``gloo:all_reduce`` / ``nccl:all_reduce`` profiler ranges on each call. Off, origins come
+    ``gloo:all_reduce`` / ``nccl:all_reduce`` profiler ranges on each call. So they are
+    followed only once the job runs a framework that opens them (``follow``). Off, origins come
     from the frames alone (FSDP modules, DDP buckets without a hook and GPipe micro-batches
     are then not named)."""
     return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
+
+
+# Imported only by a job that uses FSDP2 or pipelining (torch.distributed imports neither)
+_FRAMEWORK_MODULES = ("torch.distributed.fsdp._fully_shard._fully_shard",
+                      "torch.distributed.pipelining.schedules")
+_following = False
+
+
+def follow(framework_frames: bool = False) -> None:
+    """Have the boundary kernel follow the frameworks' ranges from now on, once the job uses
+    one: FSDP2 or pipelining imported (checked at ``commviz.start`` and at each new call
+    site), or a call made from DDP's, FSDP's or pipelining's code (DDP's constructor checks
+    its parameters across ranks before its first forward). A range already open then is not
+    seen: a program that imports FSDP2 after ``commviz.start`` names its very first all-gather
+    by its call site."""
+    global _following
+    if _following or NATIVE is None or not prefixes():
+        return
+    if framework_frames or any(m in sys.modules for m in _FRAMEWORK_MODULES):
+        _following = True
+        NATIVE.follow_ranges()
 
 _FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _SEP = os.sep
@@ -93,6 +115,7 @@ class _Places(NamedTuple):
     stage: str           # pipelining's stages
     compilers: tuple[str, ...]   # dynamo, AOTAutograd, inductor: compiled code runs here
     module: str          # nn.Module's _call_impl
+    frameworks: tuple[str, ...]   # DDP's file, FSDP's and pipelining's packages
 
 
 _places: _Places | None = None
@@ -107,7 +130,9 @@ def _where() -> _Places:
             _torch_path("distributed", "pipelining", "schedules.py"),
             _torch_path("distributed", "pipelining", "stage.py"),
             tuple(_torch_path(d) + _SEP for d in ("_dynamo", "_functorch", "_inductor")),
-            _torch_path("nn", "modules", "module.py"))
+            _torch_path("nn", "modules", "module.py"),
+            (_torch_path("nn", "parallel", "distributed.py"),
+             *(_torch_path("distributed", d) + _SEP for d in ("fsdp", "pipelining"))))
     return _places
 
 
@@ -125,6 +150,7 @@ class Frames(NamedTuple):
     batch: str | None               # pipelining's batch label (``desc``: "fwd_send", ...)
     bucket: Any                     # the DDP comm hook's GradBucket
     from_cpp: bool                  # no Python between the engine (or nothing) and the call
+    framework: bool                 # DDP's, FSDP's or pipelining's code is on the stack
 
 
 def _site(frame: FrameType) -> str:
@@ -137,7 +163,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     user = compiled = redistribute = stage = None
     backward = batch = bucket = None
     modules: list[Any] = []
-    seen_compiler = False
+    seen_compiler = framework = False
     from_cpp = frame is None or (frame.f_code.co_name == "_engine_run_backward"
                                  and frame.f_code.co_filename == places.engine)
     if frame is None:
@@ -145,6 +171,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     while frame is not None:
         code = frame.f_code
         name, file = code.co_name, code.co_filename
+        framework = framework or file.startswith(places.frameworks)
         if bucket is None and "bucket" in code.co_varnames:
             bucket = _grad_bucket(frame.f_locals.get("bucket"))
         if not own(code):
@@ -172,7 +199,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
             seen_compiler = True
         frame = frame.f_back
     return Frames(user, backward, compiled, redistribute, tuple(modules), stage, batch, bucket,
-                  from_cpp)
+                  from_cpp, framework)
 
 
 def _user_site(frame: FrameType | None, own: Callable[[CodeType], bool]) -> str | None:
@@ -350,8 +377,9 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     """A call's origin keys, and whether they hold for this call only (a DDP bucket, a
     DTensor redistribute in a module: the caller must resolve each such call; ``count``:
     False where the call is only being looked at, not recorded)."""
-    names = ranges(origin_id)
     frames = read(frame, own)
+    follow(frames.framework)
+    names = ranges(origin_id)
     per_call = False
     origin = _fsdp(names, op)
     if origin is None and (frames.stage is not None or any(
