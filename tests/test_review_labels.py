@@ -41,10 +41,12 @@ def _job(rank: int, world: int, run_dir: str) -> None:
     commviz.flush()
 
 
-def _rows(text: str, section: str) -> list[list[str]]:
+def _rows(text: str, section: str) -> list[dict[str, str]]:
+    """A markdown table of the report, each row by its column headers."""
     lines = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0].splitlines()
-    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines
-            if ln.startswith("| ") and not ln.startswith("| group")]
+    cells = [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines
+             if ln.startswith("| ") and not ln.startswith("|---")]
+    return [dict(zip(cells[0], row)) for row in cells[1:]]
 
 
 def test_launch_only_failed_and_names(tmp_path: Path) -> None:
@@ -52,20 +54,22 @@ def test_launch_only_failed_and_names(tmp_path: Path) -> None:
     review = review_run(tmp_path)
     text = render_markdown(review)
     rows = _rows(text, "Collective instances")
-    by_name = {r[1]: r for r in rows}
-    assert not any("#None" in r[1] for r in rows)
-    failed = [r for r in rows if r[1].endswith("(FAILED)")]
-    assert [r[1].split(" #")[0] for r in failed] == ["all_reduce"]
-    assert failed[0][7] == "failed" and failed[0][8] == "-"
+    by_name = {r["collective"]: r for r in rows}
+    assert not any("#None" in r["collective"] for r in rows)
+    failed = [r for r in rows if r["collective"].endswith("(FAILED)")]
+    assert [r["collective"].split(" #")[0] for r in failed] == ["all_reduce"]
+    assert failed[0]["comm time"] == "failed" and failed[0]["busbw GB/s"] == "-"
     assert rows[0] is failed[0] or rows[0] == failed[0]        # failed calls are listed first
-    p2p = [r for r in rows if r[1].startswith(("send ", "recv "))]
-    assert len(p2p) == 2 and all(r[7] == "launch only" for r in p2p)
+    p2p = [r for r in rows if r["collective"].startswith(("send ", "recv "))]
+    assert len(p2p) == 2 and all(r["comm time"] == "launch only" for r in p2p)
     async_seq = next(i.seq for i in review.instances if i.events[0].args.get("commviz.async_op"))
-    assert by_name[f"all_reduce #{async_seq}"][7] == "launch only"
-    measured = [r for r in rows if r[1].startswith("all_reduce #") and r not in failed
-                and r[1] != f"all_reduce #{async_seq}"]
-    assert len(measured) == 6 and all(r[7].endswith(("ns", "µs", "ms", " s")) for r in measured)
-    per_type = {(r[0], r[1], r[3]): r[4] for r in _rows(text, "Collectives by group")}
+    assert by_name[f"all_reduce #{async_seq}"]["comm time"] == "launch only"
+    measured = [r for r in rows if r["collective"].startswith("all_reduce #") and r not in failed
+                and r["collective"] != f"all_reduce #{async_seq}"]
+    assert len(measured) == 6
+    assert all(r["comm time"].endswith(("ns", "µs", "ms", " s")) for r in measured)
+    per_type = {(r["group"], r["op"], r["count"]): r["comm time"]
+                for r in _rows(text, "Collectives by group")}
     assert per_type[("0", "send", "1")] == per_type[("0", "recv", "1")] == "launch only"
     assert per_type[("0", "all_reduce", "1")] == "1 failed"             # the 16-byte BAND one
     assert per_type[("0", "all_reduce", "7")].endswith("(+1 launch only)")
