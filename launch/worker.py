@@ -140,7 +140,7 @@ def run(config_path: str) -> None:
     import commviz
     from commviz.gathered import Mode
     from commviz.launch import config as C
-    from commviz.launch import groups, workloads
+    from commviz.launch import flight, groups, workloads
 
     loaded = C.load(config_path)
     cfg = loaded.config
@@ -153,6 +153,7 @@ def run(config_path: str) -> None:
     if C.uses_nccl(cfg):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    flight.point_dumps_at(run_dir)
     dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                             device_id=device if cfg.job.backend == "nccl" else None)
     commviz.start(run_dir, capacity=cfg.record.capacity)   # every collective, whoever calls it
@@ -163,6 +164,7 @@ def run(config_path: str) -> None:
                             seed=cfg.workload.seed)
     step = workloads.build(cfg.workload, ctx, C.pythonpath(loaded))
     workloads.run(step, cfg.workload, ctx, _profiler(cfg, run_dir))
+    flight.dump(run_dir, rank)
     _finish(run_dir, rank, Mode.resolve(cfg.output.gather, world), cfg.output.gather_traces)
 
 
@@ -235,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
             _fail(exc)
         except BaseException:  # reporting must not hide the original exit code
             traceback.print_exc()
+    from commviz.record import stacks
+
+    stacks.tidy()                   # os._exit runs no atexit hooks
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -26,6 +26,12 @@ def snapshot() -> dict[str, Any]:
     # in torch 2.11); gloo's is the generic one
     nccl = torch.distributed.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace")
     dump = pickle.loads(c10d._dump_nccl_trace() if nccl else c10d._dump_fr_trace())
+    return from_dump(dump, commviz.RECORDER.records())
+
+
+def from_dump(dump: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``snapshot()``'s shape from a Flight Recorder dump (torch's pickle, as written to
+    ``TORCH_FR_DUMP_TEMP_FILE``) and the same rank's commviz records."""
     entries = [{"group": e["process_group"][0], "desc": e["process_group"][1],
                 "seq": e["collective_seq_id"], "p2p": bool(e.get("is_p2p")),
                 "p2p_seq": e.get("p2p_seq_id"),
@@ -35,7 +41,7 @@ def snapshot() -> dict[str, Any]:
                 "dtypes": list(e["input_dtypes"])} for e in dump["entries"]]
     groups = {str(name): {"ranks": _ranks(cfg.get("ranks")), "desc": cfg.get("desc")}
               for name, cfg in dump.get("pg_config", {}).items()}
-    return {"fr": entries, "groups": groups, "records": commviz.RECORDER.records()}
+    return {"fr": entries, "groups": groups, "records": records}
 
 
 def _numel(shape: list[int]) -> int:
@@ -75,15 +81,25 @@ PER_RANK = {"reduce_scatter"}
 
 def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
             after: dict[str, int] | None = None) -> dict[str, Counter]:
-    """Assert that commviz recorded exactly the collectives Flight Recorder did.
+    """``differences`` that must be none; returns its confirmed ops."""
+    problems, counts = differences(snap, ignore_ops=ignore_ops, after=after)
+    assert not problems, "\n".join(problems[:30])
+    return counts
+
+
+def differences(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
+                after: dict[str, int] | None = None) -> tuple[list[str], dict[str, Counter]]:
+    """Where commviz's records and Flight Recorder's collectives differ (none: commviz recorded
+    exactly the collectives Flight Recorder did).
 
     Per Flight Recorder entry (group, collective_seq_id): one commviz record with that group and
     ``commviz.seq``, an op whose name starts with Flight Recorder's, the same element counts
     in and out and the same dtype, and the group's ranks. No commviz collective without an
     entry (ops in ``ignore_ops`` excepted: those Flight Recorder does not record on gloo, such
     as ``monitored_barrier``). ``after``: per group, the last number torch gave before
-    commviz started recording (those entries are not commviz's). Returns, per group, the commviz ops that Flight Recorder
-    confirmed, counted (for checks on what a program issued).
+    commviz started recording (those entries are not commviz's). Returns the differences and,
+    per group, the commviz ops that Flight Recorder confirmed, counted (for checks on what a
+    program issued).
     """
     recs = [r for r in snap["records"] if r.get("commviz.kind") == "collective"]
     by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -131,8 +147,7 @@ def compare(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
              and not (r.get("commviz.captured") and r.get("commviz.device") == "cuda")]
     problems += [f"commviz {r['Process Group Name']}#{r.get('commviz.seq')} {r['commviz.op']} "
                  f"has no Flight Recorder entry" for r in extra]
-    assert not problems, "\n".join(problems[:30])
-    return counts
+    return problems, counts
 
 
 def p2p_pairs(snap: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

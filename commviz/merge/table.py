@@ -10,14 +10,14 @@ trace. It is derived data: the matched run stays the source, and a table whose `
 clock no longer match the matched run beside it is rebuilt from it. Declared once
 (``TableFile``, a ``commviz.filetype.FileType``); schema, version ``VERSION``::
 
-    {"schema": "commviz.comm", "version": 1, "rank": int, "host": str | null,
+    {"schema": "commviz.comm", "version": 2, "rank": int, "host": str | null,
      "inputs": str, "clock": {"offset_ns": int, "source": str},
      "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
      "problems": [str],
      "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags, origin]]}  # by start
 
-``origin``: the call's ``commviz.origin`` (null: none recorded; tables without the column read
-as such).
+``origin``: the call's ``commviz.origin`` (null: none recorded). Version 1 had no origin: such
+a table is rebuilt from the matched run beside it, like any stale one.
 
 ``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
 across ranks can be said about them).
@@ -109,7 +109,8 @@ def from_artifact(art: RankArtifact) -> CommTable:
 
 
 Flags = Literal[0, 1, 2, 3]
-RowFile = tuple[str, str, WireKey, int, int, int | None, str, Flags]   # written before origins
+# pg, op, key, start, end, size, collective type, flags, origin
+RowFile = tuple[str, str, WireKey, int, int, int | None, str, Flags, str | None]
 
 
 class TableFile(TypedDict):
@@ -117,14 +118,14 @@ class TableFile(TypedDict):
 
     __pydantic_config__ = STRICT  # type: ignore[misc]
     schema: Literal["commviz.comm"]
-    version: Literal[1]
+    version: Literal[2]                                   # 2: rows gained the origin
     rank: int
     host: str | None
     inputs: str
     clock: ClockFile
     pgs: dict[str, PgFile]
     problems: list[str]
-    rows: list[RowFile | tuple[str, str, WireKey, int, int, int | None, str, Flags, str | None]]
+    rows: list[RowFile]
 
 
 FILE = FileType(TableFile, "comm table")
@@ -154,8 +155,8 @@ def load(path: Path) -> CommTable:
         clock=Clock(clock["offset_ns"], clock["source"]),
         pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
         problems=doc["problems"],
-        rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags], *origin)
-              for pg, op, key, start, end, size, ctype, flags, *origin in doc["rows"]])
+        rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags], origin)
+              for pg, op, key, start, end, size, ctype, flags, origin in doc["rows"]])
 
 
 def write_table(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -180,25 +181,25 @@ def rank_table(run_dir: Path, rank: int, problems: list[str]) -> CommTable | Non
     """Rank R's table: the saved one, unless the matched run beside it is newer (then rebuilt
     from it and saved when the run dir is writable). A rank with neither is a problem."""
     path, matched = table_path(run_dir, rank), artifact.matched_path(run_dir, rank)
-    table = None
+    table, unreadable = None, []
     if path.is_file():
         try:
             table = load(path)
-        except SourceError as exc:
-            problems.append(str(exc))
+        except SourceError as exc:          # a problem only if the matched run cannot stand in
+            unreadable.append(str(exc))
     if matched.is_file() and (table is None or matched.stat().st_mtime > path.stat().st_mtime):
         try:
             art = artifact.load(matched)
         except SourceError as exc:
-            problems.append(str(exc))
+            problems += [*unreadable, str(exc)]
             return table
         if table is None or (table.inputs, table.clock) != (art.inputs, art.clock):
             table = from_artifact(art)
             if os.access(run_dir, os.W_OK):
                 save(table, path)
     if table is None:
-        problems.append(f"rank {rank}: no comm table ({path.name}) and no matched run "
-                        f"({matched.name}) in {run_dir}")
+        problems += unreadable or [f"rank {rank}: no comm table ({path.name}) and no matched run "
+                        f"({matched.name}) in {run_dir}"]
     return table
 
 

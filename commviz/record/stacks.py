@@ -21,6 +21,7 @@ keeps that rank's records.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import functools
 import linecache
@@ -52,6 +53,7 @@ _TB_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+), in (.*)$', re.M)
 _FATAL_RE = re.compile(r"^Fatal Python error: (.*)$")
 
 _files: dict[str, IO[str]] = {}            # kept open: faulthandler writes to their fds
+_headers: dict[str, int] = {}              # each file's size before anything was dumped
 _teardown: IO[str] | None = None           # this rank's teardown file
 _fatal_ours = False                        # faulthandler.enable was commviz's call
 
@@ -71,8 +73,23 @@ def _open(path: Path, rank: int) -> IO[str]:
     f = open(path, "w", buffering=1)
     f.write(HEADER.format(rank=rank, pid=os.getpid(), main=_thread_id(threading.main_thread().ident),
                           sig=LIVE_SIGNAL if LIVE_SIGNAL is not None else "-"))
-    _files[str(path)] = f
+    f.flush()
+    if not _files and not _headers:
+        atexit.register(tidy)
+    _files[str(path)], _headers[str(path)] = f, f.tell()
     return f
+
+
+def tidy() -> None:
+    """Remove the files nothing was dumped into (a healthy run leaves none). Runs at a normal
+    exit; a process that ends with ``os._exit`` calls it first. A rank torn down by a signal
+    never gets here, and keeps its dump."""
+    for name, f in list(_files.items()):
+        try:
+            if os.fstat(f.fileno()).st_size == _headers.get(name):   # faulthandler writes the fd
+                os.unlink(name)     # the fd stays open: faulthandler may still hold it
+        except (OSError, ValueError):
+            pass
 
 
 def install(run_dir: Path, rank: int) -> None:

@@ -38,7 +38,7 @@ from commviz.merge.piece import (LANE_CAT, LANE_KEY, ORDER_LANE, PID_BASE, cross
                                  instance_text, lane_name, lane_order)
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
-                                     straggler_threshold)
+                                     straggler_thresholds)
 from commviz.merge.summary import SummaryTracks, comm_args, tracks_for
 from commviz.merge.table import CommTable, Flag, Row, iter_tables, table_ranks
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
@@ -251,9 +251,9 @@ class Fold:
             timed = [i for i in order
                      if self.count[i] > 1 and not self.flags[i] & Flag.LAUNCH_ONLY]
             if timed:
-                threshold = straggler_threshold([self.skew(i) for i in timed])
-                for i in timed:
-                    if self.skew(i) >= threshold:
+                skews = [self.skew(i) for i in timed]
+                for i, skew, threshold in zip(timed, skews, straggler_thresholds(skews)):
+                    if skew >= threshold:
                         self.straggler[i] = self.late_rank[i]
 
     def seen(self, i: int) -> Seen:

@@ -1,0 +1,180 @@
+"""The per-config proof of a launched GPU run: is every NCCL kernel named, rightly, and does
+every record agree with torch's own Flight Recorder?
+
+Usage: python scripts/gpu_proof.py RUN_DIR[=EAGER_RUN_DIR] ...
+
+Per run dir (a ``commviz launch`` run with ``TORCH_FR_BUFFER_SIZE`` set, so each rank left
+``flight_recorder/rank_{R}``), one row:
+- ``kernels``: NCCL kernels in the ranks' profiler traces (eager and graphed);
+- ``named``: those in ``merged.pftrace`` that carry commviz's metadata (``commviz.op`` and
+  every eager key), ``SendRecv`` included;
+- ``conflicts``: eager kernels whose profiler keys disagree with the record commviz matched
+  to them (the matcher's own conflict list);
+- ``graph_diff``: with ``=EAGER_RUN_DIR`` (the same config with ``cuda_graphs: false``),
+  graphed kernels whose metadata (the eager keys) is not the eager run's, per rank and group:
+  the graphed run's kernels per replay against the eager run's per step, as multisets;
+- ``fr_diff``: records that differ from the Flight Recorder dump (number, op, sizes, dtype,
+  ranks; ``tests/fr_compare.py``), ``p2p_diff``: p2p records whose ``commviz.fr_p2p_seq`` is
+  not the dump's ``p2p_seq_id`` (of ``p2p_checked`` compared: NCCL's recorder keeps p2p
+  entries, gloo's none);
+- ``no_origin``: records without ``commviz.origin``; ``verify``: ``commviz verify``'s verdict.
+Exits 1 when any count that must be 0 is not.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import fr_compare  # noqa: E402  (tests/: the Flight Recorder comparison the tests use)
+
+from commviz import metadata as md  # noqa: E402
+from commviz.launch import flight  # noqa: E402
+from commviz.match import match_run  # noqa: E402
+from commviz.trace.kernels import parse_nccl  # noqa: E402
+from commviz.trace.run import load_run  # noqa: E402
+from commviz.verify import read_slices  # noqa: E402
+
+MUST_BE_ZERO = ("missing", "conflicts", "graph_diff", "fr_diff", "p2p_diff", "no_origin")
+
+
+def _nccl_kernels(run: Any) -> int:
+    return sum(1 for item in run.ranks.values() for t in item.load_traces(run.problems)
+               for e in t.events if e.get("cat") == "kernel" and parse_nccl(e.get("name", "")))
+
+
+def _merged_kernels(run_dir: Path) -> tuple[list[Any], bool]:
+    """The NCCL kernel slices of the merged trace (not the comm lanes' copies), verify's ok."""
+    slices, report = read_slices(run_dir / "merged.pftrace")
+    return [s for s in slices if s.name and parse_nccl(s.name)
+            and not s.track.startswith(("PG ", "summary")) and not s.instant], report.ok
+
+
+def _named(s: Any) -> bool:
+    return md.OP in s.args and all(k in s.args for k in md.EAGER_KEYS)
+
+
+def _identity(s: Any) -> tuple:
+    return tuple(str(s.args.get(k)) for k in md.EAGER_KEYS)
+
+
+def _per_unit(kernels: list[Any], graphed: bool) -> dict[tuple[str, str], Counter]:
+    """Per (rank's process, group): the kernels' identities, per replay (graphed) or over
+    the whole profiled run (eager: ``_graph_diff`` divides by the profiled steps)."""
+    out: dict[tuple[str, str], Counter] = {}
+    units: dict[tuple[str, str], set] = {}
+    for s in kernels:
+        if (md.REPLAY in s.args) != graphed:
+            continue
+        key = (s.process, str(s.args.get(md.PG_NAME)))
+        out.setdefault(key, Counter())[_identity(s)] += 1
+        units.setdefault(key, set()).add(s.args.get(md.REPLAY))    # a step's replays share it
+    return {k: Counter({i: n / len(units[k]) for i, n in c.items()}) if graphed else c
+            for k, c in out.items()}
+
+
+def _graph_diff(graphed: list[Any], eager: list[Any], eager_steps: int) -> int:
+    """Graphed kernels whose identity the eager run lacks, or whose count per replay differs."""
+    g, e = _per_unit(graphed, True), _per_unit(eager, False)
+    bad = 0
+    for key, per_replay in g.items():
+        per_step = e.get(key, Counter())
+        for ident, n in per_replay.items():
+            if abs(n - per_step[ident] / eager_steps) > 1e-9:
+                bad += sum(1 for s in graphed if (s.process, str(s.args.get(md.PG_NAME))) == key
+                           and _identity(s) == ident and md.REPLAY in s.args)
+    return bad
+
+
+def _flight_recorder(run_dir: Path, run: Any) -> tuple[int, int, int, int]:
+    """(records differing from the dump, p2p numbers differing, p2p numbers compared, dumps
+    read). A dump without p2p entries (gloo's recorder keeps none) compares no p2p."""
+    fr_diff = p2p_diff = p2p_checked = dumps = 0
+    for rank, item in sorted(run.ranks.items()):
+        path = flight.folder(run_dir) / f"{flight.PREFIX}{rank}"
+        if not path.is_file() or item.record is None:
+            continue
+        dumps += 1
+        dump = pickle.loads(path.read_bytes())     # torch's own dump, written by this job
+        snap = fr_compare.from_dump(dump, item.record["collectives"])
+        problems, _ = fr_compare.differences(snap)
+        fr_diff += len(problems)
+        for p in problems[:5]:
+            print(f"  rank {rank}: {p}", file=sys.stderr)
+        if not any(e["p2p"] for e in snap["fr"]):
+            continue
+        try:
+            pairs = fr_compare.p2p_pairs(snap)
+        except AssertionError as exc:             # the p2p ops themselves differ
+            print(f"  rank {rank}: p2p ops differ from Flight Recorder: {exc}", file=sys.stderr)
+            p2p_diff += 1
+            continue
+        p2p_diff += sum(e["p2p_seq"] != r.get(md.FR_P2P_SEQ) for e, r in pairs)
+        p2p_checked += len(pairs)
+    return fr_diff, p2p_diff, p2p_checked, dumps
+
+
+def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
+    run = load_run(run_dir)
+    records = [r for item in run.ranks.values() if item.record is not None
+               for r in item.record["collectives"]]
+    matches = match_run(run)
+    kernels, ok = _merged_kernels(run_dir)
+    row: dict[str, Any] = {
+        "run": run_dir.name,
+        "kernels": _nccl_kernels(run),
+        "eager": sum(md.REPLAY not in s.args for s in kernels),
+        "graphed": sum(md.REPLAY in s.args for s in kernels),
+        "named": sum(_named(s) for s in kernels),
+        "sendrecv": sum("SendRecv" in s.name for s in kernels),
+        "sendrecv_named": sum("SendRecv" in s.name and _named(s) for s in kernels),
+        "conflicts": sum(len(m.conflicts) for m in matches.values()),
+        "records": len(records),
+        "no_origin": sum(not r.get(md.ORIGIN) for r in records),
+        "verify": "OK" if ok else "PROBLEMS",
+    }
+    row["missing"] = row["kernels"] - row["named"]
+    if eager_dir is not None:
+        eager_kernels, _ = _merged_kernels(eager_dir)
+        row["graph_diff"] = _graph_diff(kernels, eager_kernels, _active_steps(eager_dir))
+        row["eager_twin"] = eager_dir.name
+    row["fr_diff"], row["p2p_diff"], row["p2p_checked"], row["fr_dumps"] = \
+        _flight_recorder(run_dir, run)
+    row["p2p_records"] = sum(r.get(md.KIND) == "p2p" for r in records)
+    return row
+
+
+def _config(run_dir: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+def _active_steps(run_dir: Path) -> int:
+    p = _config(run_dir)["profile"]
+    return int(p["active"]) * max(1, int(p.get("repeat") or 1))
+
+
+def main(argv: list[str]) -> int:
+    rows = []
+    for arg in argv:
+        graphed, _, eager = arg.partition("=")
+        rows.append(prove(Path(graphed), Path(eager) if eager else None))
+        print(json.dumps(rows[-1]), flush=True)
+    bad = [(r["run"], k, r[k]) for r in rows for k in MUST_BE_ZERO if r.get(k)]
+    bad += [(r["run"], "verify", r["verify"]) for r in rows if r["verify"] != "OK"]
+    bad += [(r["run"], "fr_dumps", 0) for r in rows if not r["fr_dumps"]]
+    for b in bad:
+        print("NOT PROVEN:", *b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

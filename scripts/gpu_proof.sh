@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The 2-GPU proof on NCCL: every configs/gpu-2x-*.yaml launched as a user would, the graphed
+# ones beside their eager twins (cuda_graphs off), scripts/gpu_proof.py on each run (NCCL
+# kernels named, rightly; records against torch's Flight Recorder dumps; origins; verify), then
+# the GPU tests. The runs' inputs (traces, records, Flight Recorder dumps) are packed for
+# tests/fixtures. Logs and packs go to $OUT (the device tool's result folder) or /tmp/commviz-proof.
+# Wheels missing on the GPU image are taken from .whl/ (scripts/gpu_validate.sh says how).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/commviz-proof}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || true
+python3 -c "import torch, commviz; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())" | tee "$out/env.log"
+python3 -c "from commviz.record import boundary; print('boundary kernel build:', boundary.prebuild() or 'ok')" | tee -a "$out/env.log"
+runs=/tmp/cvproof
+rm -rf "$runs" && mkdir -p "$runs"
+launch() {  # NAME CONFIG [--set ...]: one run, its output in $runs/NAME.log
+  local name=$1 cfg=$2; shift 2
+  timeout "${LAUNCH_TIMEOUT:-200}" python3 -m commviz launch "configs/$cfg.yaml" --set "output.dir=$runs" \
+    --set "output.run_name=$name" "$@" >"$runs/$name.log" 2>&1
+  echo "launch $name: rc $?" | tee -a "$out/launch.log"
+}
+# four jobs at a time (each 2 ranks on the 2 GPUs): correctness, not timing
+launch ddp gpu-2x-ddp & launch ddp-hook gpu-2x-ddp-hook & launch fsdp2 gpu-2x-fsdp2 & launch tp gpu-2x-tp & wait
+launch pp-gpipe gpu-2x-pp-gpipe & launch pp-1f1b gpu-2x-pp-1f1b & launch p2p-ring gpu-2x-p2p-ring &
+launch compiled gpu-2x-compiled & wait
+launch p2p-graphed gpu-2x-p2p-graphed & launch p2p-graphed-eager gpu-2x-p2p-graphed --set workload.cuda_graphs=false &
+launch graphs gpu-2x-graphs & launch graphs-eager gpu-2x-graphs --set workload.cuda_graphs=false & wait
+echo "launches done at ${SECONDS}s" | tee -a "$out/launch.log"
+for f in "$runs"/*.log; do echo "== $f"; tail -6 "$f"; done >"$out/launch_tails.log"
+timeout 150 python3 scripts/gpu_proof.py "$runs"/{ddp,ddp-hook,fsdp2,tp,pp-gpipe,pp-1f1b,p2p-ring,compiled} \
+  "$runs/p2p-graphed=$runs/p2p-graphed-eager" "$runs/graphs=$runs/graphs-eager" \
+  "$runs/p2p-graphed-eager" "$runs/graphs-eager" 2>&1 | tee "$out/proof.log"
+(cd "$runs" && tar czf "$out/proof_runs.tgz" --exclude='*.pftrace' --exclude='matched_*' \
+  --exclude='comm_*' --exclude='plots' --exclude='*.png' */ *.log)
+echo "== GPU tests"
+rm -rf /tmp/keep
+COMMVIZ_GPU_KEEP=/tmp/keep timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  -o addopts= tests 2>&1 | tail -60 | tee "$out/gpu_tests.log"
+[ -d /tmp/keep ] && tar czf "$out/gpu_keep.tgz" -C /tmp/keep .
+if [ "${BENCH:-1}" = 1 ]; then
+  echo "== graph overhead (2 ranks, real NCCL kernels in the graph) at ${SECONDS}s"
+  timeout "${BENCH_TIMEOUT:-150}" python3 -m torch.distributed.run --nproc_per_node 2 scripts/bench_graph_overhead.py \
+    --out "$out/bench_graph_overhead.json" 2>&1 | tail -30 | tee "$out/bench_graph_overhead.log"
+fi
+echo "== done at ${SECONDS}s"
