@@ -39,14 +39,17 @@ timeout 150 python3 scripts/gpu_proof.py "$runs"/{ddp,ddp-hook,fsdp2,tp,pp-gpipe
   "$runs/p2p-graphed-eager" "$runs/graphs-eager" 2>&1 | tee "$out/proof.log"
 (cd "$runs" && tar czf "$out/proof_runs.tgz" --exclude='*.pftrace' --exclude='matched_*' \
   --exclude='comm_*' --exclude='plots' --exclude='*.png' */ *.log)
-echo "== GPU tests"
+# END: seconds this script may take in all (a device call's limit); later steps get what is left
+end=${END:-100000}
+left() { local t=$(( end - SECONDS - 10 )); echo $(( t < $1 ? t : $1 )); }
+echo "== GPU tests at ${SECONDS}s"
 rm -rf /tmp/keep
-COMMVIZ_GPU_KEEP=/tmp/keep timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+COMMVIZ_GPU_KEEP=/tmp/keep timeout "$(left "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
   -o addopts= tests 2>&1 | tail -60 | tee "$out/gpu_tests.log"
 [ -d /tmp/keep ] && tar czf "$out/gpu_keep.tgz" -C /tmp/keep .
-if [ "${BENCH:-1}" = 1 ]; then
+if [ "${BENCH:-1}" = 1 ] && [ "$(left 150)" -gt 60 ]; then
   echo "== graph overhead (2 ranks, real NCCL kernels in the graph) at ${SECONDS}s"
-  timeout "${BENCH_TIMEOUT:-150}" python3 -m torch.distributed.run --nproc_per_node 2 scripts/bench_graph_overhead.py \
+  timeout "$(left 150)" python3 -m torch.distributed.run --nproc_per_node 2 scripts/bench_graph_overhead.py \
     --out "$out/bench_graph_overhead.json" 2>&1 | tail -30 | tee "$out/bench_graph_overhead.log"
 fi
 echo "== done at ${SECONDS}s"
