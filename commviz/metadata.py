@@ -93,6 +93,9 @@ DDP_BUCKET_BYTES = "commviz.ddp_bucket_bytes"      # its gradient bytes
 DDP_BUCKET_NUMEL = "commviz.ddp_bucket_numel"      # its elements (no hook: the call's)
 DDP_BUCKET_FIRST = "commviz.ddp_bucket_first"      # its first parameter's name
 DDP_BUCKET_LAST = "commviz.ddp_bucket_last"        # its last parameter's name
+ORIGIN_KEYS = (ORIGIN, ORIGIN_KIND, ORIGIN_UNIT, ORIGIN_PHASE, ORIGIN_MICROBATCH,
+               BACKWARD_CALLSITE, COMPILED_AT, DDP_BUCKET, DDP_BUCKET_PARAMS, DDP_BUCKET_BYTES,
+               DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST)
 
 
 class OriginKind(StrEnum):

@@ -24,7 +24,6 @@ Exits 1 when any count that must be 0 is not.
 from __future__ import annotations
 
 import json
-import pickle
 import sys
 from collections import Counter
 from pathlib import Path
@@ -38,6 +37,7 @@ import fr_compare  # noqa: E402  (tests/: the Flight Recorder comparison the tes
 from commviz import metadata as md  # noqa: E402
 from commviz.launch import flight  # noqa: E402
 from commviz.match import match_run  # noqa: E402
+from commviz.record.store import loads_plain  # noqa: E402
 from commviz.trace.kernels import parse_nccl  # noqa: E402
 from commviz.trace.run import load_run  # noqa: E402
 from commviz.verify import read_slices  # noqa: E402
@@ -102,7 +102,7 @@ def _flight_recorder(run_dir: Path, run: Any) -> tuple[int, int, int, int]:
         if not path.is_file() or item.record is None:
             continue
         dumps += 1
-        dump = pickle.loads(path.read_bytes())     # torch's own dump, written by this job
+        dump = loads_plain(path.read_bytes(), str(path))   # torch's dump: plain data only
         snap = fr_compare.from_dump(dump, item.record["collectives"])
         problems, _ = fr_compare.differences(snap)
         fr_diff += len(problems)

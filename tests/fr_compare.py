@@ -74,6 +74,10 @@ NAME_ALIASES = {("all_gather_into_tensor", "allgatherbase"),
 # torch 2.13 with 2 and 3 ranks: out 4 for a 4-element input both times): the output is that
 # times the group's size.
 CHUNK_OUTPUT = {("all_gather_into_tensor_coalesced", "allgather")}
+# NCCL's Flight Recorder files scatter's tensors the other way round: the received chunk as
+# its input, the root's scatter list as its output (torch 2.11, NCCL, 2 x H100); commviz, as
+# the profiler, says input = what is sent.
+SWAPPED_ON_NCCL = {"scatter"}
 # gloo runs the list reduce_scatter as one all_reduce per rank of the group, each numbered:
 # one commviz record stands for that many entries, each of the output's size.
 PER_RANK = {"reduce_scatter"}
@@ -151,7 +155,8 @@ def differences(snap: dict[str, Any], *, ignore_ops: tuple[str, ...] = (),
 
 
 def p2p_pairs(snap: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Per group, Flight Recorder's p2p entries beside commviz's p2p records, in order, after
+    """Per group, Flight Recorder's p2p entries beside commviz's p2p records (captured ones
+    too: torch 2.11's NCCL recorder keeps p2p calls made under capture), in order, after
     checking that both list the same ops (direction and element count): the pairs whose
     numbers a test compares (FR's ``p2p_seq_id``, commviz's ``commviz.fr_p2p_seq``)."""
     entries: dict[str, list[dict[str, Any]]] = {}
@@ -159,8 +164,8 @@ def p2p_pairs(snap: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]
         if e["p2p"]:
             entries.setdefault(e["group"], []).append(e)
     recs: dict[str, list[dict[str, Any]]] = {}
-    for r in snap["records"]:
-        if r.get("commviz.kind") == "p2p" and not r.get("commviz.captured"):
+    for r in snap["records"]:      # NCCL's recorder keeps p2p calls made under graph capture too
+        if r.get("commviz.kind") == "p2p":
             recs.setdefault(r["Process Group Name"], []).append(r)
     assert entries.keys() == recs.keys(), (sorted(entries), sorted(recs))
     pairs = []
@@ -190,6 +195,10 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
         expected = (e["in"], e["out"] * r["Group size"])
         if (r["In msg nelems"], r["Out msg nelems"]) != expected:
             out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != {expected}")
+    elif r["commviz.op"] in SWAPPED_ON_NCCL and r.get("commviz.device") == "cuda":
+        if (r["In msg nelems"], r["Out msg nelems"]) != (e["out"], e["in"]):
+            out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != "
+                       f"{(e['out'], e['in'])} (Flight Recorder's in and out swapped)")
     elif not aliased and (r["In msg nelems"], r["Out msg nelems"]) != (e["in"], e["out"]):
         out.append(f"{where}: sizes {(r['In msg nelems'], r['Out msg nelems'])} != "
                    f"{(e['in'], e['out'])}")

@@ -84,7 +84,7 @@ def job(out: Path) -> None:
         torch.cuda.synchronize()
     expected = float((rank - 1) % world + 1)
     assert torch.all(b["recv"] == expected).item(), "the ring delivered the wrong data"
-    snap = snapshot()                                 # before the capture: FR keeps none of it
+    snap = snapshot()                                 # the eager calls, before the capture
     g = torch.cuda.CUDAGraph()
     with capture.graph(g):                            # the rings alone (module docstring)
         rings(dist, b, rank, world)

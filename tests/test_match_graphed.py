@@ -290,7 +290,8 @@ def test_hooks_install_and_restore_cudagraph_methods() -> None:
 
 
 def test_fixture_files_stay_small() -> None:
+    # every real GPU run kept for CI (one set per case: the 2-GPU proof's 12 runs are 1.6 MB)
     total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
-    assert total < 600_000, total
+    assert total < 3_000_000, total
     for path in FIX.rglob("trace_rank*.json.gz"):
         assert json.loads(gzip.open(path).read())["traceEvents"]

@@ -61,7 +61,10 @@ def batch_args(metas: list[dict[str, Any]]) -> dict[str, Any]:
     recvs = [m for m in metas if m not in sends]
     dtypes = {m.get(md.DTYPE) for m in metas}
     out = {k: first[k] for k in (md.GROUP_SIZE, md.PG_NAME, md.PG_DESC, md.PG_RANKS, md.RANK,
-                                 md.LANE, md.DEVICE, md.CALLSITE) if k in first}
+                                 md.LANE, md.DEVICE, md.CALLSITE, md.CAPTURED, md.GRAPH,
+                                 md.ORDINAL) if k in first}
+    out.update({k: first[k] for k in md.ORIGIN_KEYS     # the group's origin, where its ops share it
+                if k in first and all(m.get(k) == first[k] for m in metas)})
     out.update({
         md.COLLECTIVE_NAME: BATCH_OP, md.OP: BATCH_OP, md.KIND: "batch",
         md.IN_NELEMS: sum(int(m.get(md.IN_NELEMS) or 0) for m in sends),

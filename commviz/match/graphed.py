@@ -20,10 +20,14 @@ Which kernel is which captured node:
 Coalesced point-to-point calls (``batch_isend_irecv``, pipelining) captured into a graph have no
 node of their own: NCCL adds their one ``SendRecv`` kernel when the group ends, after every call
 of it returned. The record still holds each call, numbered as NCCL numbers its p2p groups
-(``commviz.fr_p2p_seq``: one number a group). So a replay's SendRecv kernels that no captured
-node names are the graph's node-less p2p groups, in call order: kernels taken by start time
-(one communicator runs its kernels one after another), where the counts agree and the groups
-all belong to one process group (``coalesced``); otherwise they are reported.
+(``commviz.fr_p2p_seq``: one number a group). So a replay's SendRecv kernels that no call's
+node names are the graph's node-less p2p groups. Where the graph read at the end of the capture
+holds their nodes (SendRecv nodes no call claimed), the k-th such node, in the order the capture
+made nodes, ran the k-th group in call order (``_Graph.claim_blocks``), whatever its process
+group; SendRecv nodes of other calls beside them (an ``all_to_all``, a lone ``send``) keep
+their own labels. Otherwise the replay's node-less SendRecv kernels, taken by start time (one
+communicator runs its kernels one after another), are the groups in call order where the counts
+agree and the groups all belong to one process group (``coalesced``); else they are reported.
 
 Each assignment is then checked against the collective: the kernel's type must be able to carry
 the recorded collective, and its reduction and dtype must agree. Anything uncertain becomes an
@@ -120,10 +124,25 @@ class _Graph:
         self.after = [tuple(n.get("after") or ()) for n in self.nodes]
         self.counts = Counter(n["kernel"] for n in self.nodes)
         self.fingerprint = Counter(rec.get("kernel_names") or {}) if self.complete else None
+        self.blocks: dict[int, list[dict]] = {}     # node -> the coalesced p2p group it ran
 
     def label(self, i: int) -> tuple:
         n = self.nodes[i]
-        return (n.get("lane"), n.get("ordinal"), tuple(n.get("marks") or ()), n.get("mark_lane"))
+        block = self.blocks.get(i)
+        return (n.get("lane"), n.get("ordinal"), tuple(n.get("marks") or ()), n.get("mark_lane"),
+                id(block) if block is not None else None)
+
+    def claim_blocks(self, blocks: list[list[dict]]) -> None:
+        """Give each SendRecv node no call claimed its coalesced p2p group: the capture made
+        nodes in call order (node index), and NCCL made each group's node as the group ended,
+        before the next call began; so the k-th such node is the k-th group by call time.
+        Counts that differ leave the nodes unclaimed (``coalesced`` decides by replay order)."""
+        free = sorted((i for i, n in enumerate(self.nodes) if n.get("ordinal") is None
+                       and SENDRECV in n["kernel"]),
+                      key=lambda i: _int(self.nodes[i].get("local")) or i)
+        if len(free) == len(blocks):
+            order = sorted(blocks, key=lambda b: min(m.get(md.T_BEGIN) or 0 for m in b))
+            self.blocks = dict(zip(free, order))
 
 
 def _int(value: Any) -> int | None:
@@ -264,6 +283,9 @@ class _Matcher:
                     self.by_node_id[(int(e) << 32) | int(n["local"])] = (g, i)
         self.evidence: dict[tuple[int, int], set] = defaultdict(set)   # (gid, node) -> streams
         self.p2p_blocks = _p2p_blocks(self.metas, self.graphs)
+        for gid, blocks in self.p2p_blocks.items():
+            if gid in self.graphs:
+                self.graphs[gid].claim_blocks(blocks)
         self.with_collectives = {gid for (gid, _, _), m in self.metas.items()
                                  if m.get(md.KIND) != "p2p"}     # graphs with other calls
 
@@ -346,6 +368,12 @@ class _Matcher:
                 continue
             g, i = hit
             node = g.nodes[i]
+            if i in g.blocks:
+                self.label_block(k, g, g.blocks[i], number, "graph node id")
+                continue
+            if self.coalesced_node(g, i, k):
+                nodeless.append(k)
+                continue
             if node["kernel"] != k.key or (k.dims is not None and node.get("dims")
                                           and tuple(node["dims"]) != k.dims):
                 if parse_nccl(k.name) is not None:
@@ -355,6 +383,13 @@ class _Matcher:
             self.apply(k, g, i, number, "graph node id")
         if nodeless:
             self.coalesced(self.graphs[graph], nodeless, number)
+
+    def coalesced_node(self, g: _Graph, i: int, k: _Kernel) -> bool:
+        """Node ``i`` is a SendRecv node no call claimed, in a graph with coalesced p2p groups:
+        NCCL's kernel for one of them (added when the group ended, after its calls returned).
+        Its kernel goes to the ``coalesced`` rule with the graph's other node-less ones."""
+        return (g.nodes[i].get("ordinal") is None and g.gid in self.p2p_blocks
+                and _is_sendrecv(k))
 
     # -- labels -------------------------------------------------------------------------------
     def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
@@ -416,22 +451,26 @@ class _Matcher:
             why = (f"graph {g.gid}'s p2p groups belong to several process groups: the order "
                    "of their kernels does not say which is which")
         for k, metas in zip(kernels, blocks) if why is None else ():
-            bad = next((b for b in (check_kernel(k.name, m) for m in metas) if b), None)
-            if bad is not None:
-                self.unmatched(k, f"matched by coalesced order, but {bad}")
-                continue
-            label = {key: v for key, v in batch_args(metas).items() if key not in _DROP}
-            label.update({REPLAY: number.number, MATCHED_BY: "coalesced order"})
-            self.out.kernel_args[k.index] = label
-            self.out.bump("graph_matched")
-            self.out.bump("graph_matched_coalesced_p2p", len(metas))
-            for meta in metas:
-                args = {key: v for key, v in meta.items() if key not in _DROP}
-                args.update({REPLAY: number.number, MATCHED_BY: "coalesced order",
-                             md.P2P_OPS: label[md.P2P_OPS]})
-                self.event(k, g, args, number)
+            self.label_block(k, g, metas, number, "coalesced order")
         for k in kernels if why is not None else ():
             self.unmatched(k, why)
+
+    def label_block(self, k: _Kernel, g: _Graph, metas: list[dict], number: _Number,
+                    how: str) -> None:
+        """Kernel ``k`` ran the coalesced p2p group ``metas``: it carries every op of it."""
+        bad = next((b for b in (check_kernel(k.name, m) for m in metas) if b), None)
+        if bad is not None:
+            self.unmatched(k, f"matched by {how}, but {bad}")
+            return
+        label = {key: v for key, v in batch_args(metas).items() if key not in _DROP}
+        label.update({REPLAY: number.number, MATCHED_BY: how})
+        self.out.kernel_args[k.index] = label
+        self.out.bump("graph_matched")
+        self.out.bump("graph_matched_coalesced_p2p", len(metas))
+        for meta in metas:
+            args = {key: v for key, v in meta.items() if key not in _DROP}
+            args.update({REPLAY: number.number, MATCHED_BY: how, md.P2P_OPS: label[md.P2P_OPS]})
+            self.event(k, g, args, number)
 
     def unmatched(self, k: _Kernel, reason: str) -> None:
         self.out.unmatched.append(Unmatched(f"graphed kernel {k.name}", k.index, reason))
@@ -497,7 +536,11 @@ class _Matcher:
             got, why = self.by_order(g, rep, use_evidence=True)
             nodeless = []
             for k in rep.kernels:
-                if k.index in got:
+                if k.index in got and got[k.index] in g.blocks:
+                    self.label_block(k, g, g.blocks[got[k.index]], number, "order")
+                elif k.index in got and self.coalesced_node(g, got[k.index], k):
+                    nodeless.append(k)
+                elif k.index in got:
                     self.apply(k, g, got[k.index], number, "order")
                 elif g.gid in self.p2p_blocks and k.key not in g.by_key and _is_sendrecv(k):
                     nodeless.append(k)

@@ -134,7 +134,14 @@ const at::Tensor* first_tensor(const c10::IValue& v) {
   return nullptr;
 }
 
+// Split sizes: an int list as given, or a tensor list's numels (the list all_to_all's splits,
+// as the profiler records them).
 py::object split_list(const c10::IValue& v) {
+  if (v.isTensorList()) {
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& t : v.toTensorVector()) sizes.push_back(t.numel());
+    return py::cast(sizes);
+  }
   if (!v.isIntList()) return py::none();
   return py::cast(v.toIntVector());
 }
@@ -874,7 +881,8 @@ class Kernel {
   };
 
   static bool has_split(const c10::IValue* args, int arg) {
-    return arg >= 0 && args[arg].isIntList() && !args[arg].toIntList().empty();
+    return arg >= 0 && ((args[arg].isIntList() && !args[arg].toIntList().empty()) ||
+                        args[arg].isTensorList());
   }
 
   // The shape of this call: cached, else registered through Python's `shape`. Needs the GIL.

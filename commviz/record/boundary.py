@@ -84,10 +84,13 @@ class Positions:
         def at(*names: str) -> int:
             return next((args.index(n) for n in names if n in args), -1)
 
+        # the list all_to_all's splits are its tensors' sizes (as the profiler records them)
+        lists = (spec.received, spec.sent) if spec.split_by_tensor else ("", "")
         return cls(sent=at(spec.sent), received=at(spec.received) if spec.received else -1,
                    group=at("process_group"), reduce_op=at("reduce_op"),
                    root=at("root_rank", "dst", "src"), async_op=at("async_op"),
-                   out_split=at("output_split_sizes"), in_split=at("input_split_sizes"))
+                   out_split=at("output_split_sizes", lists[0]),
+                   in_split=at("input_split_sizes", lists[1]))
 
 
 def available_ops() -> dict[str, Positions]:

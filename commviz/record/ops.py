@@ -22,6 +22,7 @@ class OpSpec(NamedTuple):
     slots_per_rank: bool = False  # gloo runs it as one all_reduce per rank of the group
     barrier: bool = False      # its tensor is a placeholder: nothing is sent
     any_source: bool = False   # a receive whose peer is known only when it completes
+    split_by_tensor: bool = False  # no split sizes: each rank's tensor of the lists is its split
 
 
 # Every c10d collective and point-to-point op, by its dispatcher name. The code passed to the
@@ -41,7 +42,7 @@ OPS: dict[str, OpSpec] = {
     "_reduce_scatter_base_": OpSpec("reduce_scatter_tensor", "input_tensor", "output_tensor"),
     "reduce_scatter_tensor_coalesced_": OpSpec("reduce_scatter_tensor_coalesced", "inputs",
                                                "outputs"),
-    "alltoall_": OpSpec("all_to_all", "input_tensors", "output_tensors"),
+    "alltoall_": OpSpec("all_to_all", "input_tensors", "output_tensors", split_by_tensor=True),
     "alltoall_base_": OpSpec("all_to_all_single", "input", "output"),
     "gather_": OpSpec("gather", "input_tensors", "output_tensors"),
     "scatter_": OpSpec("scatter", "input_tensors", "output_tensors"),
