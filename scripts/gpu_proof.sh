@@ -3,12 +3,14 @@
 # ones beside their eager twins (cuda_graphs off), scripts/gpu_proof.py on each run (NCCL
 # kernels named, rightly; records against torch's Flight Recorder dumps; origins; verify), then
 # the GPU tests. The runs' inputs (traces, records, Flight Recorder dumps) are packed for
-# tests/fixtures. Logs and packs go to $OUT (the device tool's result folder) or /tmp/commviz-proof.
+# tests/fixtures. proof.log and gpu_tests.log go to $OUT (the device tool's result folder, at most
+# 8 files come back) or /tmp/commviz-proof, with everything else packed in proof.tgz.
 # Wheels missing on the GPU image are taken from .whl/ (scripts/gpu_validate.sh says how).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/commviz-proof}
-mkdir -p "$out"
+dest=${OUT:-/tmp/commviz-proof}
+out=/tmp/commviz-proof-work                    # logs and packs, packed into $dest at the end
+rm -rf "$out" && mkdir -p "$out" "$dest"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -44,7 +46,7 @@ end=${END:-100000}
 left() { local t=$(( end - SECONDS - 10 )); echo $(( t < $1 ? t : $1 )); }
 echo "== GPU tests at ${SECONDS}s"
 rm -rf /tmp/keep
-COMMVIZ_GPU_KEEP=/tmp/keep timeout "$(left "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
+OUT=$out COMMVIZ_GPU_KEEP=/tmp/keep timeout "$(left "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
   -o addopts= tests 2>&1 | tail -60 | tee "$out/gpu_tests.log"
 [ -d /tmp/keep ] && tar czf "$out/gpu_keep.tgz" -C /tmp/keep .
 if [ "${BENCH:-1}" = 1 ] && [ "$(left 150)" -gt 60 ]; then
@@ -52,4 +54,11 @@ if [ "${BENCH:-1}" = 1 ] && [ "$(left 150)" -gt 60 ]; then
   timeout "$(left 150)" python3 -m torch.distributed.run --nproc_per_node 2 scripts/bench_graph_overhead.py \
     --out "$out/bench_graph_overhead.json" 2>&1 | tail -30 | tee "$out/bench_graph_overhead.log"
 fi
+if [ "${BENCH:-1}" = 1 ] && [ "$(left 120)" -gt 40 ]; then
+  echo "== per-call cost (1 GPU, boxed) at ${SECONDS}s"
+  timeout "$(left 120)" python3 scripts/bench_overhead.py --device cuda --arrival boxed 2>&1 | tail -12 \
+    | tee "$out/bench_overhead_cuda_boxed.log"
+fi
+cp "$out/proof.log" "$out/gpu_tests.log" "$dest/" 2>/dev/null
+tar czf "$dest/proof.tgz" -C "$out" .
 echo "== done at ${SECONDS}s"
