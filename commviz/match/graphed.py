@@ -42,12 +42,12 @@ from typing import Any
 
 from commviz import metadata as md
 from commviz.capture.names import kernel_key
-from commviz.match.coalesced import SENDRECV, batch_args, with_ops
+from commviz.match.coalesced import batch_args, with_ops
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
 from commviz.trace.kernels import (LAUNCH_CATS, graph_node_id, incompatibility, is_graph_launch,
-                                   is_graphed, parse_nccl)
+                                   is_graphed, is_sendrecv, parse_nccl)
 
 REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
@@ -138,7 +138,7 @@ class _Graph:
         before the next call began; so the k-th such node is the k-th group by call time.
         Counts that differ leave the nodes unclaimed (``coalesced`` decides by replay order)."""
         free = sorted((i for i, n in enumerate(self.nodes) if n.get("ordinal") is None
-                       and SENDRECV in n["kernel"]),
+                       and is_sendrecv(n["kernel"])),
                       key=lambda i: _int(self.nodes[i].get("local")) or i)
         if len(free) == len(blocks):
             order = sorted(blocks, key=lambda b: min(m.get(md.T_BEGIN) or 0 for m in b))
@@ -173,11 +173,6 @@ def _p2p_blocks(metas: dict[tuple, dict], graphs: dict[int, "_Graph"]) -> dict[i
         group = (str(meta.get(md.PG_NAME)), fr) if fr is not None else ("call", lane, ordinal)
         blocks[gid].setdefault(group, []).append(meta)
     return {gid: list(groups.values()) for gid, groups in blocks.items()}
-
-
-def _is_sendrecv(k: "_Kernel") -> bool:
-    nk = parse_nccl(k.name)
-    return nk is not None and nk.collective == SENDRECV
 
 
 def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
@@ -361,7 +356,7 @@ class _Matcher:
         for k in kernels:
             hit = self.by_node_id.get(k.node_id) if k.node_id else None
             if hit is None:
-                if graph in self.p2p_blocks and _is_sendrecv(k):
+                if graph in self.p2p_blocks and is_sendrecv(k.name):
                     nodeless.append(k)
                 elif parse_nccl(k.name) is not None:
                     self.unmatched(k, f"graph node id {k.node_id} is not in the record")
@@ -389,7 +384,7 @@ class _Matcher:
         NCCL's kernel for one of them (added when the group ended, after its calls returned).
         Its kernel goes to the ``coalesced`` rule with the graph's other node-less ones."""
         return (g.nodes[i].get("ordinal") is None and g.gid in self.p2p_blocks
-                and _is_sendrecv(k))
+                and is_sendrecv(k.name))
 
     # -- labels -------------------------------------------------------------------------------
     def apply(self, k: _Kernel, g: _Graph, i: int, number: _Number, how: str) -> None:
@@ -505,7 +500,7 @@ class _Matcher:
                 # ... but for a graph of p2p calls alone (commviz reads graphs that hold
                 # collectives or marks), the SendRecv kernels are its p2p groups, in call order
                 alone = g.gid in self.p2p_blocks and g.gid not in self.with_collectives
-                nodeless = [k for k in rep.kernels if alone and _is_sendrecv(k)]
+                nodeless = [k for k in rep.kernels if alone and is_sendrecv(k.name)]
                 for k in rep.kernels:
                     if parse_nccl(k.name) is not None and k not in nodeless:
                         self.unmatched(k, f"graph {g.gid} was not read at the end of its capture "
@@ -517,7 +512,7 @@ class _Matcher:
             if seen != g.counts:          # a kernel missing would shift every later label
                 why = (f"the trace shows {sum(seen.values())} of the {sum(g.counts.values())} "
                        f"kernels graph {g.gid} has to match: replay incomplete in the trace")
-                if g.gid in self.p2p_blocks and any(_is_sendrecv(k) for k in rep.kernels
+                if g.gid in self.p2p_blocks and any(is_sendrecv(k.name) for k in rep.kernels
                                                     if k.key in g.by_key):
                     why = (f"graph {g.gid} has SendRecv kernels of coalesced p2p calls (no node "
                            "of their own) beside SendRecv nodes of other calls: which is which "
@@ -542,7 +537,7 @@ class _Matcher:
                     nodeless.append(k)
                 elif k.index in got:
                     self.apply(k, g, got[k.index], number, "order")
-                elif g.gid in self.p2p_blocks and k.key not in g.by_key and _is_sendrecv(k):
+                elif g.gid in self.p2p_blocks and k.key not in g.by_key and is_sendrecv(k.name):
                     nodeless.append(k)
                 elif parse_nccl(k.name) is not None:
                     self.unmatched(k, why.get(k.index, "no annotated collective of graph "

@@ -15,7 +15,8 @@ from typing import Any
 COMM, GEMM, MEMORY, OTHER = "communication", "gemm", "memcpy/memset", "other"
 KERNEL_CLASSES = (COMM, GEMM, MEMORY, OTHER)
 
-_NCCL_COLLS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv",
+SENDRECV = "SendRecv"          # p2p, all_to_all and coalesced groups: NCCL's one kernel for them
+_NCCL_COLLS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", SENDRECV,
                "Generic")
 _REDUCTIONS = {"Sum": "sum", "Prod": "product", "Max": "max", "Min": "min",
                "PreMulSum": "premul_sum", "SumPostDiv": "avg", "MinMax": "minmax"}
@@ -98,6 +99,12 @@ _SENT_AS = {"Bool": "Byte", "ComplexFloat": "Float", "ComplexDouble": "Double",
             "ComplexHalf": "Half", "Float8_e4m3fn": "Byte", "Float8_e5m2": "Byte"}
 # Kernel reductions that can carry out a recorded reduce op other than their own name.
 _REDUCTION_FITS = {"avg": {"avg", "premul_sum", "sum"}, "premul_sum": {"premul_sum"}}
+
+
+def is_sendrecv(name: str) -> bool:
+    """Whether ``name`` (a kernel name or key) is NCCL's SendRecv kernel."""
+    nk = parse_nccl(name)
+    return nk is not None and nk.collective == SENDRECV
 
 
 def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
