@@ -82,4 +82,5 @@ def test_graphed_kernels_of_mixed_sendrecv_graphs_match_the_eager_step(rank: int
 
     report = gpu.check_rank(*gpu.load_rank(GRAPHS, rank))
     gpu.assert_rank(report)
+    assert report["vs_profiler"] == [], report["format_differences"]
     assert report["stats"].get("graph_matched_coalesced_p2p", 0) > 0, report["stats"]
