@@ -17,18 +17,14 @@ import os
 import pickle
 from pathlib import Path
 
-FOLDER = "flight_recorder"
-PREFIX = "rank_"                       # torch's analyzer reads the rank from this prefix
+from commviz.review.flightrec import PREFIX, dump_path, folder
+
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 PREFIX_VAR = "TORCH_FR_DUMP_TEMP_FILE"
 
 
 def enabled() -> bool:
     return any(os.environ.get(v, "0") not in ("", "0") for v in BUFFER_VARS)
-
-
-def folder(run_dir: Path) -> Path:
-    return Path(run_dir) / FOLDER
 
 
 def point_dumps_at(run_dir: Path) -> None:
@@ -50,7 +46,7 @@ def dump(run_dir: Path, rank: int) -> Path | None:
     c10d = torch._C._distributed_c10d
     nccl = dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace")
     data = c10d._dump_nccl_trace() if nccl else c10d._dump_fr_trace()
-    path = folder(run_dir) / f"{PREFIX}{rank}"
+    path = dump_path(run_dir, rank)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

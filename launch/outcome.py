@@ -1,9 +1,9 @@
 """After torchrun returns: which rank failed and why, and what the run dir now holds.
 
 Two sources say why ranks failed: the worker's own ``logs/failed_rank{R}.json`` (written for
-every Python-level failure, with a nanosecond timestamp) and torchrun's failure summary in its
-output (which also lists ranks that died without running Python's handlers: a signal, a
-crash). The root cause is chosen here, as torchrun's is, by failure time: a rank that died
+every Python-level failure, with a nanosecond timestamp) and the elastic agent's per-rank
+results (``commviz.launch.elastic``: torch's ``ProcessFailure`` of every failed rank, also of
+ranks that died without running Python's handlers: a signal, a crash). The root cause is chosen here, as torchrun's is, by failure time: a rank that died
 without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the earliest
 failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
 (which stops the others only after the first failure) is the culprit, not the peer that then
@@ -22,15 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from commviz.errors import CommvizError
+from commviz.launch.elastic import results_of
 from commviz.record import schema
 from commviz.record.store import load_record
 from commviz.review.verdict import Exit, Verdict, build_verdict
 
-_BLOCK = re.compile(r"^\[\d+\]:\s*$")
-_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
-_TRACE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
 _WORD = re.compile(r"\[commviz\] rank (\d+) failed(?: at (\d+))?: (.+)$")  # worker.py's verdict
 
 
@@ -51,30 +47,15 @@ def _first_line(text: str, limit: int = 240) -> str:
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
-def torchrun_failures(output: str) -> dict[int, Failure]:
-    """Ranks listed in torchrun's failure summary (``rank : R (local_rank: L)`` blocks)."""
+def elastic_failures(log_dir: Path) -> dict[int, Failure]:
+    """The failed ranks as torch.distributed.elastic's agent reported them (every node's
+    results in ``log_dir``): exit code, the signal that ended it, its message."""
     out: dict[int, Failure] = {}
-    current: dict[str, str] = {}
-
-    def close() -> None:
-        if "rank" in current:
-            rank = int(current["rank"])
-            code = current.get("exit", "?")
-            why = current.get("trace", "")
-            reason = f"exit code {code}" + (f" ({_first_line(why)})" if why and
-                                            why != "<N/A>" else "")
-            out.setdefault(rank, Failure(rank, reason, current.get("host")))
-        current.clear()
-
-    for line in output.splitlines():
-        if _BLOCK.match(line) or line.startswith("====") or line.startswith("----"):
-            close()
-        for key, pattern in (("rank", _RANK), ("exit", _EXIT), ("host", _HOST),
-                             ("trace", _TRACE)):
-            m = pattern.match(line)
-            if m and key not in current:
-                current[key] = m.group(1)
-    close()
+    for results in results_of(log_dir):
+        for f in results["failures"]:
+            why = f["message"] if f["message"] and not f["message"].startswith("To enable") else ""
+            reason = f"exit code {f['exitcode']}" + (f" ({_first_line(why)})" if why else "")
+            out.setdefault(f["rank"], Failure(f["rank"], reason, results["host"]))
     return out
 
 
@@ -110,7 +91,7 @@ def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
     """Every failed rank, the root cause first: a rank that died without a word, then by the
     time each rank failed (its failure file, or its stderr verdict), then by output order."""
     files = worker_failures(log_dir)
-    listed = torchrun_failures(torchrun_output)
+    listed = elastic_failures(log_dir)
     words = worded_failures(torchrun_output)
     for rank, (_, at, reason) in words.items():
         if rank not in files:

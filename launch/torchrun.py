@@ -1,6 +1,7 @@
 """The torchrun command and environment of each node, and running it as a subprocess.
 
-Nothing home-made spawns processes: every node runs ``python -m torch.distributed.run`` with
+Nothing home-made spawns processes: every node runs torchrun (``torch.distributed.run``, through
+``commviz.launch.elastic``, which keeps the elastic agent's per-rank results in the run dir) with
 the c10d rendezvous, which starts ``commviz.launch.worker`` on each of its ranks. The launcher
 tees torchrun's output into ``RUN_DIR/launch.log``.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from commviz.launch.config import MULTICAST_OFF
+from commviz.launch.elastic import RESULTS_ENV, results_name
 from commviz.launch.placement import LAUNCH_ENV
 from commviz.launch.schema import Config
 
@@ -34,7 +36,7 @@ def command(config: Config, node_rank: int, config_path: Path, run_dir: Path) ->
     """The exact torchrun command line for ``node_rank`` (``rdzv_endpoint`` already resolved)."""
     job = config.job
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "commviz.launch.elastic",      # torchrun, its results kept
         "--nnodes", str(job.nnodes),
         "--nproc_per_node", str(job.nproc_per_node),
         "--node_rank", str(node_rank),
@@ -72,7 +74,9 @@ def run(config: Config, node_rank: int, config_path: Path, run_dir: Path, log: T
     torchrun too (same process group); we wait for it to stop its workers.
     """
     cmd = command(config, node_rank, config_path, run_dir)
-    env = dict(os.environ, **environment(config), **{LAUNCH_ENV: launch_id})
+    env = dict(os.environ, **environment(config), **{
+        LAUNCH_ENV: launch_id,
+        RESULTS_ENV: str(run_dir / LOG_DIR / results_name(node_rank))})
     log.write("$ " + shell_line(config, node_rank, config_path, run_dir) + "\n")
     log.flush()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -186,11 +186,22 @@ def _fail(exc: BaseException) -> None:
             if isinstance(exc, OSError) and exc.filename is None:
                 reason += f" (writing in {RECORDER.run_dir})"
             reason = _leave_word(RECORDER.run_dir, rank, exc, reason, text)
+            _keep_flight_recorder(RECORDER.run_dir, rank)
     finally:
         sys.stderr.write(f"[commviz] rank {rank} failed at {failed_at}: {reason}\n{text}")
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(exc)
+
+
+def _keep_flight_recorder(run_dir: Path, rank: int) -> None:
+    """torch's Flight Recorder as it stands at the failure, beside the record (if it is on)."""
+    from commviz.launch import flight
+
+    try:
+        flight.dump(run_dir, rank)
+    except Exception as err:  # the recorder's own trouble must not hide the rank's failure
+        sys.stderr.write(f"[commviz] rank {rank}: no Flight Recorder dump ({err})\n")
 
 
 def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text: str) -> str:

@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import fr_compare  # noqa: E402  (tests/: the Flight Recorder comparison the tests use)
 
 from commviz import metadata as md  # noqa: E402
-from commviz.launch import flight  # noqa: E402
+from commviz.review import flightrec  # noqa: E402
 from commviz.match import match_run  # noqa: E402
 from commviz.record.store import loads_plain  # noqa: E402
 from commviz.trace.kernels import parse_nccl  # noqa: E402
@@ -98,7 +98,7 @@ def _flight_recorder(run_dir: Path, run: Any) -> tuple[int, int, int, int]:
     read). A dump without p2p entries (gloo's recorder keeps none) compares no p2p."""
     fr_diff = p2p_diff = p2p_checked = dumps = 0
     for rank, item in sorted(run.ranks.items()):
-        path = flight.folder(run_dir) / f"{flight.PREFIX}{rank}"
+        path = flightrec.dump_path(run_dir, rank)
         if not path.is_file() or item.record is None:
             continue
         dumps += 1

@@ -375,7 +375,7 @@ def test_dry_run_prints_torchrun_for_both_nodes(tmp_path, capsys):
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
         assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
         cmd = argv[len(env):]
-        assert cmd[1:3] == ["-m", "torch.distributed.run"]
+        assert cmd[1:3] == ["-m", "commviz.launch.elastic"]     # torchrun, results kept
         opts = dict(zip(cmd[3::2], cmd[4::2]))
         assert opts["--nnodes"] == "2" and opts["--nproc_per_node"] == "4"
         assert opts["--node_rank"] == str(node) and opts["--rdzv_backend"] == "c10d"

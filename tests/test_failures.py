@@ -128,6 +128,11 @@ def test_failed_rank_named_first_and_trace_verifies(failed) -> None:
               "term": "stopped by SIGTERM"}[how]
     assert verdict.startswith("FAILED: rank 1") and reason in verdict, out
     assert "rank 0 stopped because rank 1 failed" in out, out
+    # the elastic agent's own results, kept in the run dir: the rank and how it ended
+    results = json.loads((run_dir / "logs" / "elastic_node0.json").read_text())
+    ended = {f["rank"]: f for f in results["failures"]}
+    expected = {"kill": (-9, "SIGKILL"), "raise": (1, None), "term": (1, None)}[how]
+    assert (ended[1]["exitcode"], ended[1]["signal"]) == expected, results
     # rank 1 ran 3 steps of 2 collectives before failing (warmup step included: 1 + 3 steps)
     record = load_record(run_dir / "commviz_rank1.pkl")
     assert [c[md.OP] for c in record["collectives"]] == ["all_reduce", "broadcast"] * 3

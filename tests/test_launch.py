@@ -59,7 +59,7 @@ def test_default_config_two_ranks_with_overrides(tmp_path):
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["workload"]["steps"] == 4 and resolved["profile"]["active"] == 3
     assert resolved["workload"]["collectives"][0]["repeat"] == 2
-    assert (run_dir / "launch.log").read_text().count("torch.distributed.run") >= 1
+    assert (run_dir / "launch.log").read_text().count("-m commviz.launch.elastic") >= 1
     recs = records(run_dir, 2)
     calls = 1 + 4                                    # warmup step + profiled steps
     for rank, rec in enumerate(recs):

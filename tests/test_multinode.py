@@ -258,7 +258,7 @@ def test_slurm_dry_run_takes_the_shape_from_the_environment(monkeypatch, capsys,
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"run dir: {tmp_path / 'default-1234'}" in out
-    line = next(ln for ln in out.splitlines() if "torch.distributed.run" in ln
+    line = next(ln for ln in out.splitlines() if "commviz.launch.elastic" in ln
                 and "--node_rank 1" in ln)
     assert "--nnodes 2" in line and "--rdzv_endpoint gpu07:29634" in line
     assert "--rdzv_id 1234" in line and "--rdzv_conf join_timeout=600" in line

@@ -140,6 +140,31 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
                    for r in range(WORLD) if r != BAD)
 
 
+def test_verdict_shows_what_flight_recorder_said_of_each_rank(scenario, tmp_path: Path) -> None:
+    """With torch's dumps in the run dir (as ``commviz launch`` keeps them), the verdict gives
+    each rank's state at the root collective exactly as its Flight Recorder entry has it."""
+    import shutil
+
+    from commviz.review import flightrec
+
+    case, run_dir, fr_dir, _ = scenario
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    entries = fr_entries(fr_dir)
+    for rank in entries:
+        flightrec.folder(run).mkdir(exist_ok=True)
+        shutil.copy(fr_dir / f"fr_rank{rank}", flightrec.dump_path(run, rank))
+    verdict = build_verdict(run)
+    assert verdict is not None and verdict.root is not None
+    root = verdict.root
+    expected = {r: next((e["state"] for e in es if e["process_group"][0] == root.pg
+                         and e["collective_seq_id"] == root.seq and not e.get("is_p2p")), None)
+                for r, es in entries.items() if r in root.members}
+    assert expected and verdict.flight_states(root) == expected, (case, expected)
+    line = next(ln for ln in verdict.render().splitlines() if "Flight Recorder there" in ln)
+    assert all(f"rank {r} {state or 'no entry'}" in line for r, state in expected.items())
+
+
 def _stop_markers(run_dir: Path) -> dict[int, Any]:
     """Merge the run; the "where each rank stopped" instants of the merged trace, by rank."""
     from commviz.merge import merge_run

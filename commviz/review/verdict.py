@@ -32,6 +32,7 @@ from commviz.merge.select import format_ranks
 from commviz.metadata import StrEnum
 from commviz.record import stacks as st
 from commviz.record.journal import EXIT as JOURNAL_EXIT, NEVER_RETURNED
+from commviz.review import flightrec
 from commviz.review.desync import DesyncKind, Signature, first_diff, signature_of
 from commviz.trace.run import load_run
 
@@ -186,6 +187,14 @@ class Verdict:
     ranks: dict[int, RankState]
     run_dir: Path
     others: list[Incident] = field(default_factory=list)   # further roots, later in time
+    # torch's own Flight Recorder, per rank that left a dump (``flightrec``)
+    flight: dict[int, flightrec.States] = field(default_factory=dict)
+
+    def flight_states(self, inc: Incident) -> dict[int, str | None]:
+        """Per member with a Flight Recorder dump: the state torch gave its call at ``inc``
+        (None: no entry, it never made the call)."""
+        return {r: self.flight[r].get((inc.pg, inc.seq)) for r in inc.members
+                if r in self.flight}
 
     def open_next(self) -> str:
         ranks = set(self.culprits)
@@ -418,7 +427,8 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
         root, *others = roots
         return Verdict(kind=root.kind, culprits=root.culprits, root=root,
                        consequences=[i for i in incidents if i.cause is not None],
-                       ranks=state, run_dir=run_dir, others=others)
+                       ranks=state, run_dir=run_dir, others=others,
+                       flight=flightrec.states(run_dir))
     failed = _failed_ranks(state)
     if not failed:
         return None
@@ -452,6 +462,10 @@ def render_lines(v: Verdict) -> list[str]:
             c = root.calls[r]
             lines.append(f"  rank {r} waited {_secs(v.ranks[r].waited_ns(c))} in it ({c.state}"
                          + (f": {_short(c.error)}" if c.error else "") + ")")
+    if root is not None and v.flight:
+        said = v.flight_states(root)
+        lines.append("  Flight Recorder there: " + ", ".join(
+            f"rank {r} {state or 'no entry'}" for r, state in sorted(said.items())))
     for r in v.culprits:
         s = v.ranks.get(r)
         if s is None:
@@ -502,8 +516,11 @@ def verdict_json(v: Verdict) -> dict[str, Any]:
     """The verdict as plain data (times in ns): ``commviz report --format json``."""
     def where(s: RankState) -> str | None:
         return None if s.stopped_at is None else str(s.stopped_at)
+    root = None if v.root is None else _incident_json(v.root, v)
+    if root is not None and v.flight:
+        root["flight_recorder"] = {str(r): state for r, state in v.flight_states(v.root).items()}
     return {"kind": str(v.kind), "culprits": list(v.culprits),
-            "root": None if v.root is None else _incident_json(v.root, v),
+            "root": root,
             "consequences": [_incident_json(i, v) for i in v.consequences],
             "others": [_incident_json(i, v) for i in v.others],
             "ranks": {str(r): {"last": _call_json(s.last), "how": s.how(), "stopped_at": where(s)}
