@@ -39,6 +39,7 @@ from commviz.launch.schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
+from commviz.trace.run import Run, load_run
 
 CONFIG_NAME = "config.yaml"
 
@@ -98,12 +99,14 @@ def _plan(loaded: C.Loaded, cfg: Config, out: TextIO) -> None:
         out.write(torchrun.shell_line(cfg, node, run_dir / CONFIG_NAME, run_dir) + "\n")
 
 
-def _merge(run_dir: Path, cfg: Config, out: TextIO) -> tuple[Path | None, bool]:
+def _merge(run_dir: Path, cfg: Config, out: TextIO, run: Run | None
+           ) -> tuple[Path | None, bool]:
     """Merge the run (``commviz.merge.merge_run``); (merged path, ok)."""
     from commviz.merge import merge_run
 
     try:
-        result = merge_run(run_dir, fmt=cfg.output.format, progress=sys.stderr.isatty())
+        result = merge_run(run_dir, fmt=cfg.output.format, progress=sys.stderr.isatty(),
+                           run=run)
     except CommvizError as exc:
         out.write(f"merge: failed: {exc}\n")
         return None, False
@@ -151,12 +154,12 @@ def _all_matched(run_dir: Path, world: int) -> bool:
     return all(matched_path(run_dir, r).is_file() for r in range(world))
 
 
-def _report(run_dir: Path, out: TextIO) -> bool:
+def _report(run_dir: Path, out: TextIO, run: Run | None) -> bool:
     """The review (``commviz.review.report.write_report``), as RUN_DIR/report.md."""
     from commviz.review.report import write_report
 
     try:
-        result = write_report(run_dir, fmt="markdown")
+        result = write_report(run_dir, fmt="markdown", run=run)
     except CommvizError as exc:
         out.write(f"report: failed: {exc}\n")
         return False
@@ -243,9 +246,9 @@ def _recover_journals(run_dir: Path, out: TextIO) -> None:
 
 
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
-                     out: TextIO) -> None:
+                     out: TextIO, run: Run | None) -> None:
     found = outcome.failures(torchrun_log_dir(run_dir), log_text)
-    judged = outcome.judge(run_dir, found)
+    judged = outcome.judge(run_dir, found, run)
     found = outcome.culprits_first(found, judged)
     if not found:
         out.write(f"FAILED: torchrun exited with code {code} and no rank reported why; see "
@@ -310,8 +313,9 @@ def gather_line(summary: dict) -> str:
                    f"per rank in {Path(summary['run_dir']) / SUMMARY_NAME}")
 
 
-def _summary(run_dir: Path, cfg: Config, merged: Path | None, out: TextIO) -> None:
-    have = outcome.contents(run_dir)
+def _summary(run_dir: Path, cfg: Config, merged: Path | None, out: TextIO,
+             run: Run | None) -> None:
+    have = outcome.contents(run_dir, run)
     world = cfg.world_size
     gathered = load_summary(run_dir)
     tables = gathered is not None and gathered["mode"] == Mode.TABLES.value
@@ -422,8 +426,9 @@ def handle(args: argparse.Namespace) -> int:
         out.write(f"  (torchrun's own account: {log_path})\n")
         return 1
     _recover_journals(run_dir, out)
+    run = _load_once(run_dir)
     if code != 0:
-        _report_failures(run_dir, code, log_path, log_text, out)
+        _report_failures(run_dir, code, log_path, log_text, out, run)
         _point_at_logs(placed, log_path, echo.held, out)
     here = not multi or any(p.rank == 0 for p in placed)
     if not here:
@@ -434,12 +439,21 @@ def handle(args: argparse.Namespace) -> int:
     if tables:
         ok = _overview(run_dir, cfg.world_size, out)[1]
     elif cfg.output.merge:
-        merged, ok = _merge(run_dir, cfg, out)
+        merged, ok = _merge(run_dir, cfg, out, run)
     if cfg.output.report:
         if not tables or _all_matched(run_dir, cfg.world_size):
-            ok = _report(run_dir, out) and ok
+            ok = _report(run_dir, out, run) and ok
         else:
             out.write("report:  skipped: the other ranks' matched runs stayed on their nodes "
                       "(tables-only gather); the overview names the stragglers\n")
-    _summary(run_dir, cfg, merged, out)
+    _summary(run_dir, cfg, merged, out, run)
     return 1 if code != 0 or not ok else 0
+
+
+def _load_once(run_dir: Path) -> Run | None:
+    """The run dir's records and trace list, read once for the verdict, the merge, the report
+    and the summary (None: each reads for itself, and names what it cannot)."""
+    try:
+        return load_run(run_dir)
+    except CommvizError:
+        return None

@@ -26,6 +26,7 @@ from commviz.launch.elastic import results_of
 from commviz.record import schema
 from commviz.record.store import load_record
 from commviz.review.verdict import Exit, Verdict, build_verdict
+from commviz.trace.run import Run
 
 _WORD = re.compile(r"\[commviz\] rank (\d+) failed(?: at (\d+))?: (.+)$")  # worker.py's verdict
 
@@ -120,12 +121,12 @@ def _traceback(f: Failure) -> str | None:
         return None
 
 
-def judge(run_dir: Path, found: list[Failure]) -> Verdict | None:
+def judge(run_dir: Path, found: list[Failure], run: Run | None = None) -> Verdict | None:
     """The verdict on the failed job (``commviz.review.verdict``), these failures as each
     rank's exit; None when the run dir holds nothing to judge."""
     exits = {f.rank: Exit(f.reason, f.stopped, _traceback(f)) for f in found}
     try:
-        return build_verdict(run_dir, exits)
+        return build_verdict(run_dir, exits, run=run)
     except CommvizError:
         return None
 
@@ -147,11 +148,21 @@ class RunContents:
     unreadable: list[str] = field(default_factory=list)
 
 
-def contents(run_dir: Path) -> RunContents:
+def contents(run_dir: Path, run: Run | None = None) -> RunContents:
+    """``run``: the run dir as the launch loaded it once (its records are not read again)."""
     out = RunContents()
+    loaded = {inp.record_path: inp.record for inp in run.ranks.values()} if run else {}
     for path in sorted(run_dir.glob(schema.RECORD_GLOB)):
         rank = schema.rank_of_record(path.name)
         if rank is None:
+            continue
+        record = loaded.get(path)
+        if record is not None:
+            out.records[rank] = len(record.get("collectives", []))
+            continue
+        said = [p for p in (run.problems if run else ()) if path.name in p]
+        if said:                 # load_run named why it could not read it
+            out.unreadable.append(said[0])
             continue
         try:
             out.records[rank] = len(load_record(path).get("collectives", []))

@@ -199,3 +199,26 @@ def test_tables_gather_writes_the_overview_instead_of_the_merge(tmp_path):
     assert verify_pftrace(overview).ok
     procs = {t.process_name for t in read_pftrace(overview).tracks.values() if t.pid is not None}
     assert len(procs) == 2 and all(p.startswith(("rank 0 ", "rank 1 ")) for p in procs)
+
+
+def test_the_launcher_reads_each_record_once(tmp_path, monkeypatch, capsys):
+    """The merge, the report and the summary share one reading of the run dir: the launching
+    process unpickles each rank's record once (the merge's workers read theirs apart)."""
+    from commviz import cli
+    from commviz.record import store
+
+    reads: collections.Counter = collections.Counter()
+    plain = store.loads_plain
+
+    def counting(data, source):
+        reads[Path(source).name] += 1
+        return plain(data, source)
+
+    monkeypatch.setattr(store, "loads_plain", counting)
+    code = cli.main(["launch", "--set", f"output.dir={tmp_path}", "--set", "output.run_name=r"])
+    got = capsys.readouterr()
+    out = got.out + got.err
+    assert code == 0, out
+    records = {n: c for n, c in reads.items() if n.startswith("commviz_rank")}
+    assert records == {"commviz_rank0.pkl": 1, "commviz_rank1.pkl": 1}, (reads, out)
+    assert (tmp_path / "r" / "report.md").is_file() and (tmp_path / "r" / "merged.pftrace").is_file()

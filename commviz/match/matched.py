@@ -15,7 +15,7 @@ from pathlib import Path
 from commviz.match import artifact
 from commviz.match.artifact import RankArtifact
 from commviz.match.clock import ClockPlan, align, plan_clock
-from commviz.trace.run import RankInput, load_run
+from commviz.trace.run import RankInput, Run, load_run
 
 
 @dataclass
@@ -46,9 +46,10 @@ def rank_artifact(inp: RankInput, path: Path, plan: ClockPlan,
                           host=inp.host, problems=found)
 
 
-def matched_run(run_dir: str | os.PathLike[str]) -> MatchedRun:
-    """Every rank of ``run_dir`` matched once and put on the merged clock."""
-    run = load_run(run_dir)
+def matched_run(run_dir: str | os.PathLike[str], run: Run | None = None) -> MatchedRun:
+    """Every rank of ``run_dir`` matched once and put on the merged clock (``run``: the run
+    dir already loaded)."""
+    run = run if run is not None else load_run(run_dir)
     plan = plan_clock(run)
     problems = list(run.problems)
     ranks = {rank: rank_artifact(inp, artifact.matched_path(run.run_dir, rank), plan, problems)

@@ -180,7 +180,8 @@ def _input_bytes(run: Run) -> int:
 def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
               fmt: str = "pftrace", strict: bool = False, workers: int | None = None,
               progress: bool = True, per_rank: bool = False,
-              ranks: list[int] | None = None, keep: Keep | None = None) -> MergeResult:
+              ranks: list[int] | None = None, keep: Keep | None = None,
+              run: Run | None = None) -> MergeResult:
     """Merge a run dir (or a plain directory of profiler traces) into one trace.
 
     Every bad input is one problem naming its file, and the other ranks are still merged;
@@ -191,11 +192,13 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     the events of some profiler steps or of a time window (``merge.keep``; pftrace only, each
     rank converted from its traces, never from its shard). An output that
     cannot be written (full or read-only disk) is one ``WriteError`` naming the path and the
-    errno.
+    errno. ``run``: the run dir already loaded (``trace.run.load_run``: a launch loads it once
+    for the merge, the report and its summary).
     """
     try:
         return _merge_run(run_dir, out, fmt=fmt, strict=strict, workers=workers,
-                          progress=progress, per_rank=per_rank, ranks=ranks, keep=keep)
+                          progress=progress, per_rank=per_rank, ranks=ranks, keep=keep,
+                          run=run)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
@@ -204,7 +207,8 @@ def merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | Non
 
 def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None, *,
                fmt: str, strict: bool, workers: int | None, progress: bool,
-               per_rank: bool, ranks: list[int] | None, keep: Keep | None) -> MergeResult:
+               per_rank: bool, ranks: list[int] | None, keep: Keep | None,
+               run: Run | None) -> MergeResult:
     started = time.perf_counter()
     if fmt not in FORMATS:
         raise CommvizError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -212,7 +216,10 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         raise CommvizError("per-rank output is JSON only: add --format json")
     if keep is not None and fmt != "pftrace":
         raise CommvizError("--steps and --window write a .pftrace only: leave out --format json")
-    run = load_run(run_dir, strict=strict) if ranks is None else load_selected(run_dir, ranks)
+    if ranks is not None:
+        run = load_selected(run_dir, ranks)
+    elif run is None or strict:
+        run = load_run(run_dir, strict=strict)
     if not run.ranks:
         raise SourceError(str(run.run_dir), "no profiler traces and no commviz records found")
     if keep is not None and keep.window_ms is not None:

@@ -31,6 +31,7 @@ from commviz.review.overlap import RankOverlap, overlap_table
 from commviz.review.verdict import Verdict, build_verdict, verdict_json
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
+from commviz.trace.run import Run
 from commviz.trace.kernels import KERNEL_CLASSES
 
 FORMATS = ("table", "markdown", "json")
@@ -68,12 +69,14 @@ class ReportResult:
     problems: list[str] = field(default_factory=list)
 
 
-def load_inputs(run_dir: str | Path) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
+def load_inputs(run_dir: str | Path, run: Run | None = None
+                ) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
     """A run's collectives and GPU ops on the merged clock (its matched ranks, the same the
-    merged trace is made of), the ranks with data, and the problems."""
+    merged trace is made of), the ranks with data, and the problems (``run``: the run dir
+    already loaded)."""
     from commviz.match.matched import matched_run
 
-    matched = matched_run(run_dir)
+    matched = matched_run(run_dir, run)
     if not matched.ranks:
         why = "; ".join(matched.problems) or "no commviz records and no profiler traces"
         raise SourceError(str(run_dir), f"nothing to review: {why}")
@@ -99,15 +102,17 @@ def analyse(events: list[CommEvent], ops: list[GpuOp], *, present: set[int] | No
         overlap=overlap_table(ops), problems=list(problems or []))
 
 
-def review_run(run_dir: str | Path, by: str | None = None, **thresholds: Any) -> Review:
+def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = None,
+               **thresholds: Any) -> Review:
     """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``;
-    ``by``: also roll communication up per origin or unit, ``origins.BY``)."""
-    events, ops, present, problems = load_inputs(run_dir)
+    ``by``: also roll communication up per origin or unit, ``origins.BY``; ``run``: the run dir
+    already loaded)."""
+    events, ops, present, problems = load_inputs(run_dir, run)
     review = analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
                      **thresholds)
     if by is not None:
         review.by, review.origins = by, rollup(review.instances, by)
-    review.verdict = build_verdict(run_dir)
+    review.verdict = build_verdict(run_dir, run=run)
     return review
 
 
@@ -347,13 +352,14 @@ def render(review: Review, fmt: str, *, top: int = TOP, plots: list[Path] | None
 
 def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Path | None = None,
                  out: str | Path | None = None, plots: bool = True, top: int = TOP,
-                 by: str | None = None, **thresholds: Any) -> ReportResult:
+                 by: str | None = None, run: Run | None = None,
+                 **thresholds: Any) -> ReportResult:
     """Review ``run_dir`` and write the report (default ``RUN_DIR/report.{txt,md,json}``) and,
     unless ``plots`` is False, the PNGs (default ``RUN_DIR/plots``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r} (one of {', '.join(FORMATS)})")
     run_dir = Path(run_dir)
-    review = review_run(run_dir, by=by, **thresholds)
+    review = review_run(run_dir, by=by, run=run, **thresholds)
     written: list[Path] = []
     if plots:
         from commviz.review.plots import write_plots

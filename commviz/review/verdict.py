@@ -34,7 +34,7 @@ from commviz.record import stacks as st
 from commviz.record.journal import EXIT as JOURNAL_EXIT, NEVER_RETURNED
 from commviz.review import flightrec
 from commviz.review.desync import DesyncKind, Signature, first_diff, signature_of
-from commviz.trace.run import load_run
+from commviz.trace.run import Run, load_run
 
 # incidents kept per group, from its first: enough to see a pattern, never a flood
 MAX_PER_GROUP = 10
@@ -396,12 +396,13 @@ def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState
 
 
 def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None, *,
-                  live: bool = False) -> Verdict | None:
+                  live: bool = False, run: Run | None = None) -> Verdict | None:
     """The verdict on ``run_dir``; None when every rank completed every collective it began
     and none died (``launch_exits``: rank -> how the launcher saw it end, for failed ranks).
-    ``live``: the job still runs (its records are its journals: no rank was killed)."""
+    ``live``: the job still runs (its records are its journals: no rank was killed); ``run``:
+    the run dir already loaded."""
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    run = run if run is not None else load_run(run_dir)
     calls: dict[int, list[Call]] = {}
     members: dict[str, tuple[int, ...]] = {}
     state: dict[int, RankState] = {}
