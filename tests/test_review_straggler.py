@@ -187,3 +187,21 @@ def test_cli_errors_name_the_directory(tmp_path, capsys):
     assert "commviz_rank0.pkl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["report", str(empty), "--format", "html"])
+
+
+def test_stragglers_table_names_the_late_rank_and_the_line_that_called(slow_run):
+    """The report's stragglers table: the late rank and, as origin, the job's own call line
+    (read from this file's source, not from commviz)."""
+    import inspect
+
+    from commviz.review.report import render_markdown
+    from test_review_labels import _rows
+
+    source, first = inspect.getsourcelines(_slow_rank_job)
+    line = first + next(n for n, text in enumerate(source) if "dist.all_reduce(t)" in text)
+    review = review_run(slow_run, straggler_min_ns=THRESHOLD_MS * 1_000_000)
+    rows = _rows(render_markdown(review), "Stragglers")
+    assert len(rows) == len(SLOW), rows
+    for row in rows:
+        assert row["late rank"] == str(LATE_RANK) and row["group"] == "0", row
+        assert row["origin"] == f"test_review_straggler.py:{line}", row

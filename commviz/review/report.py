@@ -198,6 +198,16 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
          "skew caused", "missing"],
         [[str(r.rank), str(r.count), fmt_ns(r.busy_ns), fmt_ns(r.wait_ns), str(r.late),
           fmt_ns(r.caused_ns), str(r.missing)] for r in review.rank_rows[:top]]))
+    late = sorted((i for i in review.instances if i.straggler is not None),
+                  key=lambda i: (-i.skew_ns, i.pg))[:top]
+    if late:
+        out.append(Section(
+            "Stragglers (the longest late arrivals first)",
+            ["late rank", "group", "collective", "origin", "skew", "total wait"],
+            [[str(i.straggler), i.pg, i.label, instance_origin(i), fmt_ns(i.skew_ns),
+              fmt_ns(i.total_wait_ns)] for i in late],
+            "origin: the code or framework unit that issued the collective; total wait: what "
+            "the other ranks spent waiting for the late one"))
     out.append(Section(
         "Collectives by group, type and size (most time first)",
         ["group", "op", "size", "count", "comm time", "wait time", "median time",
