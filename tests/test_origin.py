@@ -174,6 +174,22 @@ def ranks(job: tuple[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return job[1]
 
 
+def _pipelines_job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    import commviz
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir, flush_interval=None)
+    out = {"pipelines": _pipelines(rank, world)}
+    commviz.flush()
+    return out
+
+
+@pytest.fixture(scope="module")
+def pipelines4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Pipelining on 4 ranks: middle stages receive and send both ways."""
+    return run_ranks(_pipelines_job, 4, str(tmp_path_factory.mktemp("pp4")), timeout=300)
+
+
 # -- the checks ----------------------------------------------------------------------------------
 
 def test_no_record_without_an_origin(ranks: list[dict[str, Any]]) -> None:
@@ -246,9 +262,12 @@ def test_compiled_code_names_the_compiled_function(ranks: list[dict[str, Any]]) 
             for r in out["compiled"])
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipelining_actions_in_the_schedules_order(ranks: list[dict[str, Any]],
+def test_pipelining_actions_in_the_schedules_order(request: pytest.FixtureRequest, world: int,
                                                    schedule: str) -> None:
+    ranks = request.getfixturevalue("ranks" if world == 2 else "pipelines4")
+    assert len(ranks) == world
     for rank, snap in enumerate(ranks):
         out = snap["pipelines"]
         recs = [r for r in out[schedule] if r["commviz.kind"] == "p2p"]

@@ -150,14 +150,16 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
                 site: tuple[str | None, int | None], origin: int | None, depth: int,
                 count: bool = True) -> tuple[dict[str, Any], bool]:
     """``extra`` with the call's origin keys, worked out once per (origin ranges, call site,
-    op, size), and whether they hold for this call only (DDP's buckets, numbered in the
+    op, size, p2p peer), and whether they hold for this call only (DDP's buckets, numbered in the
     reducer's order). A collective's merged extra is one shared dict per content, so the
     journal and the shapes see a repeated call as such. ``depth``: frames between the
     caller of the c10d op and this function's caller; ``count``: False where the call is
     only being looked at (``shape``: ``begin`` records it)."""
     if origin is None:
         origin = _origin.NATIVE.current_origin() if _origin.NATIVE is not None else 0
-    key = (origin, site, op, kind, numel)
+    # a p2p call's peer is part of its shape: one pipeline call site sends forward to the
+    # next stage and backward to the previous one
+    key = (origin, site, op, kind, numel, extra.get(md.PEER) if extra and kind == "p2p" else None)
     keys = _origins.get(key)
     if keys is None:
         try:
