@@ -67,6 +67,10 @@ try:
         if bad and case == "stuck":
             time.sleep(float(os.environ.get("BROKEN_SLEEP_S", 120)))
         elif bad and case == "raise":
+            # raise once the others wait inside the collective (within the 3 s gloo timeout):
+            # on a loaded machine they might otherwise be stopped before torch's Flight
+            # Recorder has their entry, and the scenario would not be the one described
+            time.sleep(1.0)
             raise RuntimeError(f"injected failure at step {step}")
         elif bad and case == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
