@@ -233,16 +233,19 @@ class _Say:
             sink.flush()
 
 
-def _recover_journals(run_dir: Path, out: TextIO) -> None:
-    """Killed ranks' records, rebuilt from their journals into the run dir."""
+def _recover_journals(run_dir: Path, out: TextIO) -> dict[Path, dict]:
+    """Killed ranks' records, rebuilt from their journals into the run dir; the final records
+    it had to read on the way, by path."""
+    read: dict[Path, dict] = {}
     try:
-        rebuilt = journal.write_recovered(run_dir)
+        rebuilt = journal.write_recovered(run_dir, read)
     except OSError as exc:
         out.write(f"journal: {cannot_write(exc)}; the merge reads the journals directly\n")
-        return
+        return read
     for rank, added in sorted(rebuilt.items()):
         out.write(f"rank {rank} never wrote its record: rebuilt from its journal "
                   f"({added} collectives)\n")
+    return read
 
 
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
@@ -425,8 +428,7 @@ def handle(args: argparse.Namespace) -> int:
     if code != 0 and multi and not placed and _rendezvous_failed(log_text, watch, cfg, out):
         out.write(f"  (torchrun's own account: {log_path})\n")
         return 1
-    _recover_journals(run_dir, out)
-    run = _load_once(run_dir)
+    run = _load_once(run_dir, _recover_journals(run_dir, out))
     if code != 0:
         _report_failures(run_dir, code, log_path, log_text, out, run)
         _point_at_logs(placed, log_path, echo.held, out)
@@ -450,10 +452,11 @@ def handle(args: argparse.Namespace) -> int:
     return 1 if code != 0 or not ok else 0
 
 
-def _load_once(run_dir: Path) -> Run | None:
+def _load_once(run_dir: Path, known: dict[Path, dict]) -> Run | None:
     """The run dir's records and trace list, read once for the verdict, the merge, the report
-    and the summary (None: each reads for itself, and names what it cannot)."""
+    and the summary (None: each reads for itself, and names what it cannot); ``known``: the
+    records the journal recovery already read."""
     try:
-        return load_run(run_dir)
+        return load_run(run_dir, known=known)
     except CommvizError:
         return None

@@ -590,9 +590,10 @@ def recover(run_dir: Path, rank: int, base: dict | None = None) -> tuple[dict, i
     return payload, len(calls)
 
 
-def write_recovered(run_dir: Path) -> dict[int, int]:
+def write_recovered(run_dir: Path, read: dict[Path, Any] | None = None) -> dict[int, int]:
     """Write ``commviz_rank{R}.pkl`` for every rank whose journal holds records its pickle
-    lacks (a killed rank), then drop its journal; rank -> collectives the journal added."""
+    lacks (a killed rank), then drop its journal; rank -> collectives the journal added.
+    ``read``: gets each final pickle this had to load (so a caller need not load it again)."""
     from commviz.record.store import dump_record, load_record
 
     added: dict[int, int] = {}
@@ -606,6 +607,8 @@ def write_recovered(run_dir: Path) -> dict[int, int]:
                 base = None
         if base is not None and base.get("exit") != "running":
             got = None                       # a final pickle: the journal is leftover
+            if read is not None:
+                read[pickle_path] = base
         else:
             got = recover(run_dir, rank, base)
         if got is not None:

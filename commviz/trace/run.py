@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from commviz import metadata as md
 from commviz.errors import RecordError, SourceError, TraceError
@@ -78,8 +78,10 @@ def _is_trace_name(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES) and not name.startswith(OWN_OUTPUT_PREFIXES)
 
 
-def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False) -> Run:
-    """File a run dir's records and traces by rank; list every problem (``strict``: raise)."""
+def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False,
+             known: Mapping[Path, dict] | None = None) -> Run:
+    """File a run dir's records and traces by rank; list every problem (``strict``: raise).
+    ``known``: records already loaded, by path (not read again)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise SourceError(str(run_dir), "not a directory")
@@ -94,7 +96,7 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False) -> Run:
             continue
         record_files.add(rank)
         try:
-            record = load_record(path)
+            record = (known or {}).get(path) or load_record(path)
         except RecordError as exc:
             problems.add(exc)
             continue
