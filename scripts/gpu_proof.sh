@@ -11,13 +11,7 @@ cd "$(dirname "$0")/.."
 dest=${OUT:-/tmp/commviz-proof}
 out=/tmp/commviz-proof-work                    # logs and packs, packed into $dest at the end
 rm -rf "$out" && mkdir -p "$out" "$dest"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || true
+source scripts/gpu_env.sh
 python3 -c "import torch, commviz; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())" | tee "$out/env.log"
 python3 -c "from commviz.record import boundary; print('boundary kernel build:', boundary.prebuild() or 'ok')" | tee -a "$out/env.log"
 runs=/tmp/cvproof

@@ -9,13 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/commviz-gpu}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || true
+source scripts/gpu_env.sh
 export PATH=$HOME/.local/bin:$PATH
 cv="python3 -m commviz"
 python3 -c "import torch, commviz; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'commviz', commviz.__file__)" | tee "$out/env.log"
