@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
+from commviz.errors import SourceError
 from commviz.filetype import STRICT, FileType
 
 RESULTS_ENV = "COMMVIZ_ELASTIC_RESULTS"
@@ -82,10 +84,6 @@ def write_results(path: Path, failures: dict[int, Any]) -> None:
 def results_of(log_dir: Path) -> list[ResultsFile]:
     """Every node's results in ``log_dir`` (one per node on a shared disk); an unreadable one
     is skipped with a warning naming it."""
-    import warnings
-
-    from commviz.errors import SourceError
-
     out = []
     for path in sorted(log_dir.glob(RESULTS_GLOB)):
         try:

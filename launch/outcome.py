@@ -3,7 +3,8 @@
 Two sources say why ranks failed: the worker's own ``logs/failed_rank{R}.json`` (written for
 every Python-level failure, with a nanosecond timestamp) and the elastic agent's per-rank
 results (``commviz.launch.elastic``: torch's ``ProcessFailure`` of every failed rank, also of
-ranks that died without running Python's handlers: a signal, a crash). The root cause is chosen here, as torchrun's is, by failure time: a rank that died
+ranks that died without running Python's handlers: a signal, a crash). The root cause is
+chosen here, as torchrun's is, by failure time: a rank that died
 without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the earliest
 failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
 (which stops the others only after the first failure) is the culprit, not the peer that then
@@ -54,7 +55,9 @@ def elastic_failures(log_dir: Path) -> dict[int, Failure]:
     out: dict[int, Failure] = {}
     for results in results_of(log_dir):
         for f in results["failures"]:
-            why = f["message"] if f["message"] and not f["message"].startswith("To enable") else ""
+            # no error file and no signal: torch's message is only a pointer to its docs
+            silent = f["error_file"] is None and f["signal"] is None
+            why = "" if silent else f["message"]
             reason = f"exit code {f['exitcode']}" + (f" ({_first_line(why)})" if why else "")
             out.setdefault(f["rank"], Failure(f["rank"], reason, results["host"]))
     return out

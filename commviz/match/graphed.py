@@ -512,11 +512,6 @@ class _Matcher:
             if seen != g.counts:          # a kernel missing would shift every later label
                 why = (f"the trace shows {sum(seen.values())} of the {sum(g.counts.values())} "
                        f"kernels graph {g.gid} has to match: replay incomplete in the trace")
-                if g.gid in self.p2p_blocks and any(is_sendrecv(k.name) for k in rep.kernels
-                                                    if k.key in g.by_key):
-                    why = (f"graph {g.gid} has SendRecv kernels of coalesced p2p calls (no node "
-                           "of their own) beside SendRecv nodes of other calls: which is which "
-                           "is not known")
                 for k in rep.kernels:
                     if parse_nccl(k.name) is not None:
                         self.unmatched(k, why)
