@@ -7,6 +7,8 @@ over the batches, by wall clock and by this thread's CPU time:
   recording on     commviz's boundary kernel installed, recording
   recording off    installed, ``commviz.enable(False)``
   record_function  plain call inside ``torch.profiler.record_function`` (a familiar yardstick)
+  FSDP range       plain call inside a range commviz follows for origins (FSDP2's name)
+  FSDP range, on   the same, recording on (what it adds is printed against FSDP range)
 ``--arrival unboxed`` makes the same calls in ``torch.inference_mode`` on an inference tensor:
 c10d's op then skips torch's Autograd fallback and reaches commviz's kernel unboxed, the way
 functional collectives and compiled code reach it (the default, ``boxed``, is how
@@ -60,12 +62,20 @@ def _with_record_function(t: torch.Tensor) -> None:
         td.all_reduce(t)
 
 
+def _in_fsdp_range(t: torch.Tensor) -> None:
+    """The call inside a range commviz follows for origins, as FSDP2 opens it."""
+    with torch.profiler.record_function("FSDP::all_gather (layers.0)"):
+        td.all_reduce(t)
+
+
 # variant -> (boundary implementation or None for plain, recording on, call)
 VARIANTS: dict[str, tuple[Impl | None, bool, Callable[[torch.Tensor], object]]] = {
     "plain": (None, True, td.all_reduce),
     "recording on": (Impl.CPP, True, td.all_reduce),
     "recording off": (Impl.CPP, False, td.all_reduce),
     "record_function": (None, True, _with_record_function),
+    "FSDP range": (None, True, _in_fsdp_range),
+    "FSDP range, on": (Impl.CPP, True, _in_fsdp_range),
 }
 
 
@@ -163,6 +173,13 @@ def timed(args: argparse.Namespace) -> None:
     for name in ("recording on", "recording off"):
         low, high = _median_interval(diffs(name, "thread cpu"))
         print(f"  {name}: 95% interval of the median added thread cpu {low:+.2f} .. {high:+.2f} us")
+    # inside a range commviz follows (FSDP2's, pipelining's): against the same call without it
+    ranged = [(v - p) / 1000 for v, p in zip(results[("FSDP range, on", "thread cpu")],
+                                             results[("FSDP range", "thread cpu")])]
+    low, high = _median_interval(ranged)
+    print(f"  inside an FSDP range, recording on adds {statistics.median(ranged):+.2f} us thread "
+          f"cpu over the same call without commviz (95%: {low:+.2f} .. {high:+.2f}; < 5: "
+          f"{'met' if statistics.median(ranged) < 5 else 'MISSED'})")
     td.destroy_process_group()
 
 

@@ -2,8 +2,8 @@
 
 Real programs on real gloo processes; what each record should say comes from torch's objects:
 the DDP reducer's buckets (``GradBucket`` in a comm hook, ``Reducer._get_zeros_like_grad_buckets``),
-``named_modules()`` and ``FSDPModule``, the pipelining schedule's own action order
-(``pipeline_order``). One job per world size runs several programs in turn,
+``named_modules()`` and ``FSDPModule``, the transfers a pipelining schedule asks its stage for
+(action and micro-batch). One job per world size runs several programs in turn,
 and the records each made are told apart by their order.
 """
 
@@ -124,30 +124,41 @@ def _fsdp_tp_compiled(rank: int, world: int) -> dict[str, Any]:
 def _pipelines(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    class Stage(PipelineStage):
+        """torch's stage, noting for which micro-batch the schedule asks it for transfers (the
+        ops it returns are what the schedule then sends and receives)."""
+
+        asked: list[tuple[str, int, int]] = []
+
+        def _ask(self, action: str, chunk: int, ops: list) -> list:
+            if ops:
+                self.asked.append((action, self.stage_index, chunk))
+            return ops
+
+        def get_fwd_recv_ops(self, chunk: int) -> list:
+            return self._ask("RECV_F", chunk, super().get_fwd_recv_ops(chunk))
+
+        def get_fwd_send_ops(self, chunk: int) -> list:
+            return self._ask("SEND_F", chunk, super().get_fwd_send_ops(chunk))
+
+        def get_bwd_recv_ops(self, chunk: int) -> list:
+            return self._ask("RECV_B", chunk, super().get_bwd_recv_ops(chunk))
+
+        def get_bwd_send_ops(self, chunk: int) -> list:
+            return self._ask("SEND_B", chunk, super().get_bwd_send_ops(chunk))
+
     out: dict[str, Any] = {}
     for name, kind in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
         torch.manual_seed(0)
-        stage = PipelineStage(torch.nn.Linear(8, 8), rank, world, torch.device("cpu"))
+        stage = Stage(torch.nn.Linear(8, 8), rank, world, torch.device("cpu"))
         schedule = kind(stage, n_microbatches=4, loss_fn=lambda out, target: out.sum())
         schedule.step(torch.randn(8, 8)) if rank == 0 else schedule.step(
             target=torch.zeros(8, 8))                     # the first step infers shapes
-        mark = len(_records())
+        mark, stage.asked = len(_records()), []
         schedule.step(torch.randn(8, 8)) if rank == 0 else schedule.step(
             target=torch.zeros(8, 8))
         out[name] = _since(mark)
-        # the schedule's own compute actions for this rank, each with the transfers it needs
-        # (the rule of torch's _add_send_recv: a forward receives from the stage before and
-        # sends to the one after, a backward the other way)
-        order = []
-        for a in schedule.pipeline_order[rank]:
-            kind_ = getattr(a, "computation_type", None)
-            if kind_ is None or kind_.value not in ("F", "B"):
-                continue
-            first, last = a.stage_index == 0, a.stage_index == world - 1
-            recv, send = (first, last) if kind_.value == "F" else (last, first)
-            order += [(f"RECV_{kind_.value}", a.stage_index, a.microbatch_index)] * (not recv)
-            order += [(f"SEND_{kind_.value}", a.stage_index, a.microbatch_index)] * (not send)
-        out[name + "_order"] = order
+        out[name + "_order"] = stage.asked
     return out
 
 
@@ -278,10 +289,7 @@ def test_pipelining_actions_in_the_schedules_order(request: pytest.FixtureReques
         for action in {a for a, _, _ in want} | {a for a, _, _ in got}:
             mine = [g for g in got if g[0] == action]
             theirs = [w for w in want if w[0] == action]
-            if schedule == "gpipe":   # "Forward i" / "Backward i": the micro-batch too
-                assert mine == theirs
-            else:                     # 1F1B opens no range: the action, as often, in order
-                assert mine == [(a, s, None) for a, s, _ in theirs]
+            assert mine == theirs     # the action and its micro-batch, in the schedule's order
 
 
 def _line_of(text: str) -> int:

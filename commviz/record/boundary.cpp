@@ -32,7 +32,6 @@
 #include <ATen/core/boxing/impl/make_boxed_from_unboxed_functor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/FunctionRef.h>
 #include <Python.h>
@@ -244,10 +243,14 @@ Site callsite() {
 // -- origins: the framework unit a call serves, as torch names it ---------------------------
 // torch's frameworks open profiler ranges around their communication whether or not a
 // profiler runs (torch.profiler.record_function: FSDP2's "FSDP::all_gather (layers.0)",
-// pipelining's "PP:0F1" and "Forward 1", "DistributedDataParallel.forward"). A RecordFunction
-// callback on USER_SCOPE only (aten ops never run it) keeps, per thread, the chain of open
-// ranges whose names start with one of commviz.record.origin's prefixes, interned as an id:
-// a call's origin is then one thread-local read, and its shape is per (call site, origin).
+// pipelining's "PP:0F1" and "Forward 1", "DistributedDataParallel.forward"). Python's
+// record_function enters and exits a range through two ops (profiler::_record_function_enter_new
+// and _record_function_exit), which take no tensors and so pass the BackendSelect key: commviz
+// puts a kernel there too (`RangeEnter`, `RangeExit`), which keeps, per thread, the chain of
+// open ranges whose names start with one of commviz.record.origin's prefixes, interned as an
+// id. A call's origin is then one thread-local read, and its shape is per (call site, origin).
+// No RecordFunction callback is added: with one on USER_SCOPE, c10d's Work would build its own
+// profiling range on every collective.
 struct OriginNode {
   int32_t parent;
   std::string name;
@@ -256,63 +259,36 @@ struct OriginNode {
 std::mutex g_origin_mutex;
 auto* g_origin_nodes = new std::vector<OriginNode>{{-1, std::string()}};  // 0: no range open
 auto* g_origin_ids = new std::map<std::pair<int32_t, std::string>, int32_t>();
-auto* g_origin_prefixes = new std::vector<std::string>();  // set before the callback goes in
-std::optional<at::CallbackHandle> g_origin_callback;
+auto* g_origin_prefixes = new std::vector<std::string>();  // set before the kernels go in
 thread_local int32_t t_origin = 0;
 
-struct OriginContext : at::ObserverContext {
-  int32_t prev = 0, id = 0;
+// A range of the chain open on this thread: its handle (the _RecordFunction the enter op
+// returned) and the origin before it.
+struct OpenRange {
+  const void* handle;
+  int32_t prev;
 };
+thread_local std::vector<OpenRange> t_open;
 
-std::unique_ptr<at::ObserverContext> origin_enter(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  if (name == nullptr) return nullptr;
+bool followed(const std::string& name) {
   for (const std::string& prefix : *g_origin_prefixes) {
-    if (std::strncmp(name, prefix.c_str(), prefix.size()) != 0) continue;
-    auto ctx = std::make_unique<OriginContext>();
-    ctx->prev = t_origin;
-    {
-      std::lock_guard<std::mutex> lock(g_origin_mutex);
-      auto [it, fresh] = g_origin_ids->try_emplace({t_origin, std::string(name)},
-                                                   static_cast<int32_t>(g_origin_nodes->size()));
-      if (fresh) g_origin_nodes->push_back({t_origin, name});
-      ctx->id = it->second;
-      ++(*g_origin_nodes)[ctx->id].entered;
-    }
-    t_origin = ctx->id;
-    return ctx;
+    if (name.compare(0, prefix.size(), prefix) == 0) return true;
   }
-  return nullptr;
+  return false;
 }
 
-void origin_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
-  auto* origin = static_cast<OriginContext*>(ctx);
-  if (origin != nullptr && t_origin == origin->id) t_origin = origin->prev;
+// The id of range `name` opened inside this thread's current chain.
+int32_t open_range(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_origin_mutex);
+  auto [it, fresh] = g_origin_ids->try_emplace({t_origin, name},
+                                               static_cast<int32_t>(g_origin_nodes->size()));
+  if (fresh) g_origin_nodes->push_back({t_origin, name});
+  ++(*g_origin_nodes)[it->second].entered;
+  return it->second;
 }
 
-// Following the ranges costs every collective a few microseconds (with any USER_SCOPE callback
-// in, c10d's Work builds its own profiling range per call), so the callback goes in only once
-// the job runs a framework that opens them (follow_ranges, from commviz.record.origin).
-std::atomic<bool> g_follow{false};
-
-// Recording on: the boundary kernel records and the origin callback follows the ranges; off:
-// neither runs (a range opened while off is not seen by calls inside it once on again).
-void set_active(bool on) {
-  g_active.store(on);
-  if (on && g_follow.load() && !g_origin_callback.has_value() && !g_origin_prefixes->empty()) {
-    g_origin_callback = at::addGlobalCallback(
-        at::RecordFunctionCallback(origin_enter, origin_exit)
-            .scopes({at::RecordScope::USER_SCOPE}));
-  } else if (!on && g_origin_callback.has_value()) {
-    at::removeCallback(*g_origin_callback);
-    g_origin_callback.reset();
-  }
-}
-
-void follow_ranges() {
-  g_follow.store(true);
-  if (g_active.load()) set_active(true);
-}
+// Recording on or off (off: the kernels only redispatch, and ranges opened then are not seen).
+void set_active(bool on) { g_active.store(on); }
 
 // The open ranges an origin id stands for, outermost first.
 std::vector<std::string> origin_path(int32_t id) {
@@ -1103,6 +1079,41 @@ class Boxed final : public c10::OperatorKernel {
   Kernel kernel_;
 };
 
+// profiler::_record_function_enter_new(str name, str? args): a followed range joins this
+// thread's chain once torch has opened it.
+class RangeEnter final : public c10::OperatorKernel {
+ public:
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const c10::IValue& name = (*stack)[stack->size() - op.schema().arguments().size()];
+    const bool follow = g_active.load(std::memory_order_relaxed) && name.isString() &&
+                        followed(name.toStringRef());
+    const int32_t id = follow ? open_range(name.toStringRef()) : 0;
+    op.redispatchBoxed(ks & kBelowBackendSelect, stack);
+    if (follow && !stack->empty() && stack->back().isObject()) {
+      t_open.push_back({stack->back().internalToPointer(), t_origin});
+      t_origin = id;
+    }
+  }
+};
+
+// profiler::_record_function_exit._RecordFunction(node): the chain goes back to what was open
+// before `node` (ranges closed out of order, or on another thread, are dropped with it).
+class RangeExit final : public c10::OperatorKernel {
+ public:
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const c10::IValue& node = stack->back();
+    const void* handle = node.isObject() ? node.internalToPointer() : nullptr;
+    for (size_t i = t_open.size(); handle != nullptr && i-- > 0;) {
+      if (t_open[i].handle == handle) {
+        t_origin = t_open[i].prev;
+        t_open.resize(i);
+        break;
+      }
+    }
+    op.redispatchBoxed(ks & kBelowBackendSelect, stack);
+  }
+};
+
 }  // namespace
 
 // A Typed kernel's boxed entry is its own, not the dispatcher's unbox-and-call wrapper.
@@ -1189,6 +1200,25 @@ const std::unordered_map<std::string, Register>& signatures() {
   return *table;
 }
 
+// Follows Python's record_function ranges (RangeEnter, RangeExit), unless this torch has no
+// such ops or another BackendSelect kernel is there.
+void install_range_kernels() {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  auto enter = dispatcher.findSchema({"profiler::_record_function_enter_new", ""});
+  auto exit = dispatcher.findSchema({"profiler::_record_function_exit", "_RecordFunction"});
+  if (!enter.has_value() || !exit.has_value() ||
+      enter->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect) ||
+      exit->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect)) {
+    return;
+  }
+  g_registrations.push_back(register_kernel(
+      *enter, c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<RangeEnter>()),
+      std::nullopt));
+  g_registrations.push_back(register_kernel(
+      *exit, c10::KernelFunction::makeFromBoxedFunctor(std::make_unique<RangeExit>()),
+      std::nullopt));
+}
+
 // Puts commviz's kernel in front of each op; returns the ops that got the boxed-only kernel
 // (this torch refused the C++ signature) and those left alone (a BackendSelect kernel is
 // already there: commviz's would bypass it).
@@ -1198,7 +1228,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
     const std::vector<std::string>& own_dirs, const std::vector<std::string>& origin_prefixes) {
   std::tie(g_slots.seq, g_slots.t_end, g_slots.meta, g_slots.region) = slots;
   *g_own_dirs = own_dirs;
-  if (!g_origin_callback.has_value()) *g_origin_prefixes = origin_prefixes;
+  *g_origin_prefixes = origin_prefixes;
   if (g_py == nullptr) g_py = new Python();
   g_py->begin = python["begin"];
   g_py->finish = python["finish"];
@@ -1214,6 +1244,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
   g_shapes->clear();
   std::vector<std::string> boxed, taken;
   if (!g_registrations.empty()) return {boxed, taken};
+  if (!g_origin_prefixes->empty()) install_range_kernels();
   for (const auto& [name, spec] : ops) {
     auto op = c10::Dispatcher::singleton().findSchema({"c10d::" + name, ""});
     if (!op.has_value()) continue;
@@ -1249,8 +1280,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int, int, int, int, int, int, int, int, int>());
   m.def("install", &install, "put the boundary kernel in front of c10d's ops");
   m.def("uninstall", &uninstall, "give torch's own kernels back");
-  m.def("set_active", &set_active, "recording (and following the origin ranges) on or off");
-  m.def("follow_ranges", &follow_ranges, "follow the frameworks' ranges from now on");
+  m.def("set_active", &set_active, "recording on or off");
   m.def("installed", []() { return !g_registrations.empty(); });
   m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
   m.def("origin_count", &origin_count, "how often ranges of this name were opened");

@@ -194,7 +194,6 @@ class _Boundary:
                                         list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
         origin.NATIVE = ext
-        origin.follow()
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)
         if unrecorded:
             warnings.warn("commviz: another kernel sits at BackendSelect for "

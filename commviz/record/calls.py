@@ -142,7 +142,8 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
 
 # -- the origin: the unit a call serves (commviz.record.origin), per call shape ----------------
 
-_origins: dict[tuple[Any, ...], dict[str, Any]] = {}
+# per shape: its origin keys, and whether each call adds its micro-batch (Refresh.MICROBATCH)
+_origins: dict[tuple[Any, ...], tuple[dict[str, Any], bool]] = {}
 _merged: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -160,17 +161,21 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
     # a p2p call's peer is part of its shape: one pipeline call site sends forward to the
     # next stage and backward to the previous one
     key = (origin, site, op, kind, numel, extra.get(md.PEER) if extra and kind == "p2p" else None)
-    keys = _origins.get(key)
-    if keys is None:
+    cached = _origins.get(key)
+    if cached is None or cached[1]:
         try:
             frame: FrameType | None = _getframe(depth + 1)
         except ValueError:                  # no Python frame: an autograd device thread
             frame = None
-        keys, per_call = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
-                                         count)
-        if per_call:
+    if cached is None:
+        keys, refresh = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
+                                        count)
+        if refresh is _origin.Refresh.ALL:
             return dict(extra or {}, **keys), True
-        _origins[key] = keys
+        cached = _origins[key] = (keys, refresh is _origin.Refresh.MICROBATCH)
+    keys, batched = cached
+    if batched:
+        keys = _origin.MICRO_BATCHES.keys(keys, frame)
     if kind != "collective":
         return dict(extra or {}, **keys), False     # per-call extras (peers, numbers)
     content = (id(keys), *(extra.items() if extra else ()))

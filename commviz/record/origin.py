@@ -11,18 +11,21 @@ So a record also names the unit of the model the call serves, in torch's own wor
   hook runs, else in the reducer's own order (it reduces bucket 0, 1, ... after each forward);
 - DTensor: the module and the source -> target placements of the redistribute;
 - pipelining: the stage, the action and micro-batch (``PP:0F1`` ranges of the multi-stage
-  schedules, ``Forward 1`` / ``Backward 1`` of GPipe, the batch's ``desc`` elsewhere);
+  schedules, ``Forward 1`` / ``Backward 1`` of GPipe; 1F1B opens none: the batch's ``desc``
+  and the order of its batches, ``MicroBatches``);
 - compiled code: the compiled function and its ``file:line`` (a ``Torch-Compiled Region``);
 - any call made during a backward pass: the user's line that called ``backward()``.
 
-The boundary kernel keeps the chain of such ranges open on each thread as an id (a RecordFunction
-callback on ``USER_SCOPE``, ``boundary.cpp``); a call's origin is worked out from that chain and
-the live Python frames once per call shape (what a call site repeats, with its origin id), so
-natively recorded calls pay nothing per call for it. Two kinds resolve per call, through
-Python: DDP's buckets (buckets may share a size; without a hook they are numbered in the
-reducer's order) and DTensor redistributes inside a module call (layers called in a loop
-share call site and sizes).
-``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that costs and loses).
+The boundary kernel keeps the chain of such ranges open on each thread as an id (kernels on
+the ops Python's ``record_function`` enters and exits ranges through, ``boundary.cpp``: no
+RecordFunction callback, which would make c10d build a profiling range of its own on every
+collective); a call's origin is worked out from that chain and the live Python frames once per
+call shape (what a call site repeats, with its origin id), so natively recorded calls pay
+nothing per call for it. Two kinds resolve per call, through Python: DDP's buckets (buckets
+may share a size; without a hook they are numbered in the reducer's order) and DTensor
+redistributes inside a module call (layers called in a loop share call site and sizes); a
+1F1B batch's ops add their micro-batch per call from the few frames up to the schedule.
+``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that loses).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import os
 import re
 import sys
 import weakref
+from collections import Counter
+from enum import Enum
 from types import CodeType, FrameType
 from typing import Any, Callable, NamedTuple
 
@@ -44,39 +49,22 @@ PREFIXES = (FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD)
 
 
 def prefixes() -> tuple[str, ...]:
-    """The range prefixes the boundary kernel follows; none with ``COMMVIZ_ORIGIN_RANGES=off``.
-
-    Following them costs every collective a few microseconds, not in commviz: once any
-    ``USER_SCOPE`` RecordFunction callback exists, gloo and NCCL build their own
-    ``gloo:all_reduce`` / ``nccl:all_reduce`` profiler ranges on each call. So they are
-    followed only once the job runs a framework that opens them (``follow``). Off, origins come
-    from the frames alone (FSDP modules, DDP buckets without a hook and GPipe micro-batches
-    are then not named)."""
+    """The range prefixes the boundary kernel follows; none with ``COMMVIZ_ORIGIN_RANGES=off``
+    (origins then come from the frames alone: FSDP modules, DDP buckets without a hook and
+    GPipe micro-batches are not named)."""
     return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
 
 
-# Imported only by a job that uses FSDP2 or pipelining (torch.distributed imports neither)
-_FRAMEWORK_MODULES = ("torch.distributed.fsdp._fully_shard._fully_shard",
-                      "torch.distributed.pipelining.schedules")
-_following = False
-
-
-def follow(framework_frames: bool = False) -> None:
-    """Have the boundary kernel follow the frameworks' ranges from now on, once the job uses
-    one: FSDP2 or pipelining imported (checked at ``commviz.start`` and at each new call
-    site), or a call made from DDP's, FSDP's or pipelining's code (DDP's constructor checks
-    its parameters across ranks before its first forward). A range already open then is not
-    seen: a program that imports FSDP2 after ``commviz.start`` names its very first all-gather
-    by its call site."""
-    global _following
-    if _following or NATIVE is None or not prefixes():
-        return
-    if framework_frames or any(m in sys.modules for m in _FRAMEWORK_MODULES):
-        _following = True
-        NATIVE.follow_ranges()
-
 _FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _SEP = os.sep
+
+
+class Refresh(Enum):
+    """What a later call of the same shape (call site, ranges, sizes) must work out again."""
+
+    NOTHING = 0      # the shape's origin holds for each of its calls
+    ALL = 1          # DDP buckets (may share a size), DTensor in a module (layers in a loop)
+    MICROBATCH = 2   # batched p2p of a schedule without ranges: the micro-batch (MicroBatches)
 
 
 class Origin(NamedTuple):
@@ -87,6 +75,7 @@ class Origin(NamedTuple):
     unit: str | None = None       # FSDP module, DDP bucket, pipeline stage, compiled function
     phase: str | None = None      # FSDP phase, pipeline action, DTensor placements
     extra: tuple[tuple[str, Any], ...] = ()
+    refresh: Refresh = Refresh.NOTHING
 
     def as_keys(self, backward_site: str | None) -> dict[str, Any]:
         keys = {md.ORIGIN: self.text, md.ORIGIN_KIND: str(self.kind)}
@@ -115,7 +104,6 @@ class _Places(NamedTuple):
     stage: str           # pipelining's stages
     compilers: tuple[str, ...]   # dynamo, AOTAutograd, inductor: compiled code runs here
     module: str          # nn.Module's _call_impl
-    frameworks: tuple[str, ...]   # DDP's file, FSDP's and pipelining's packages
 
 
 _places: _Places | None = None
@@ -130,9 +118,7 @@ def _where() -> _Places:
             _torch_path("distributed", "pipelining", "schedules.py"),
             _torch_path("distributed", "pipelining", "stage.py"),
             tuple(_torch_path(d) + _SEP for d in ("_dynamo", "_functorch", "_inductor")),
-            _torch_path("nn", "modules", "module.py"),
-            (_torch_path("nn", "parallel", "distributed.py"),
-             *(_torch_path("distributed", d) + _SEP for d in ("fsdp", "pipelining"))))
+            _torch_path("nn", "modules", "module.py"))
     return _places
 
 
@@ -150,7 +136,6 @@ class Frames(NamedTuple):
     batch: str | None               # pipelining's batch label (``desc``: "fwd_send", ...)
     bucket: Any                     # the DDP comm hook's GradBucket
     from_cpp: bool                  # no Python between the engine (or nothing) and the call
-    framework: bool                 # DDP's, FSDP's or pipelining's code is on the stack
 
 
 def _site(frame: FrameType) -> str:
@@ -163,7 +148,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     user = compiled = redistribute = stage = None
     backward = batch = bucket = None
     modules: list[Any] = []
-    seen_compiler = framework = False
+    seen_compiler = False
     from_cpp = frame is None or (frame.f_code.co_name == "_engine_run_backward"
                                  and frame.f_code.co_filename == places.engine)
     if frame is None:
@@ -171,7 +156,6 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     while frame is not None:
         code = frame.f_code
         name, file = code.co_name, code.co_filename
-        framework = framework or file.startswith(places.frameworks)
         if bucket is None and "bucket" in code.co_varnames:
             bucket = _grad_bucket(frame.f_locals.get("bucket"))
         if not own(code):
@@ -199,7 +183,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
             seen_compiler = True
         frame = frame.f_back
     return Frames(user, backward, compiled, redistribute, tuple(modules), stage, batch, bucket,
-                  from_cpp, framework)
+                  from_cpp)
 
 
 def _user_site(frame: FrameType | None, own: Callable[[CodeType], bool]) -> str | None:
@@ -345,15 +329,73 @@ def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | 
     if stage is None:
         return None
     if frames.batch is not None and kind == "p2p":
-        sent = op in ("send", "isend")
-        part = next((p for p in re.findall(r"(fwd|bwd)_(send|recv)", frames.batch)
-                     if (p[1] == "send") == sent), None)
-        if part is not None:
-            phase = ("SEND_" if sent else "RECV_") + ("F" if part[0] == "fwd" else "B")
+        phase = _batch_phase(frames.batch, op in ("send", "isend"))
+        if phase is not None:       # the micro-batch is per call (``MicroBatches``)
             return Origin(f"{PP}{stage}{phase} ({frames.batch})", md.OriginKind.PIPELINE,
-                          f"stage {stage}", phase)
+                          f"stage {stage}", phase, refresh=Refresh.MICROBATCH)
     phase = "shape inference" if frames.batch is None else frames.batch
     return Origin(f"{PP}{stage} {phase}", md.OriginKind.PIPELINE, f"stage {stage}", phase)
+
+
+def _batch_phase(desc: str | None, sent: bool) -> str | None:
+    """The action of a send (or receive) in a pipelining batch described by ``desc``
+    (``fwd_send_bwd_recv``: its sends are SEND_F, its receives RECV_B)."""
+    part = next((p for p in re.findall(r"(fwd|bwd)_(send|recv)", desc or "")
+                 if (p[1] == "send") == sent), None)
+    return None if part is None else ("SEND_" if sent else "RECV_") + part[0][0].upper()
+
+
+class MicroBatches:
+    """The micro-batch of each p2p op of a single-stage schedule that opens no range (1F1B),
+    worked out per call from a few frames: the schedule fuses sends and receives of different
+    micro-batches into one batch (``fwd_send_bwd_recv``: the forward just run, the backward to
+    come). A stage sends and receives its micro-batches in order, one batch part each, so a
+    part's micro-batch is how many parts of its action the schedule ran before, modulo the
+    micro-batches of a step. A batch is known by its first ``P2POp`` (held weakly)."""
+
+    def __init__(self) -> None:
+        self._batches: "weakref.WeakKeyDictionary[Any, dict[str, int]]" = (
+            weakref.WeakKeyDictionary())
+        self._runs: "weakref.WeakKeyDictionary[Any, Counter[str]]" = weakref.WeakKeyDictionary()
+
+    def keys(self, keys: dict[str, Any], frame: FrameType | None) -> dict[str, Any]:
+        """``keys`` of a batched p2p call made from ``frame``, its micro-batch added."""
+        batch = step = None
+        schedules = _where().schedules
+        while frame is not None and step is None:    # the op, batch_isend_irecv, the schedule
+            code = frame.f_code
+            if code.co_filename == schedules:
+                if code.co_name == "_batch_p2p":
+                    batch = frame
+                elif code.co_name == "_step_microbatches":
+                    step = frame
+            frame = frame.f_back
+        if batch is None or step is None:
+            return keys
+        ops, desc = batch.f_locals.get("p2p_ops"), batch.f_locals.get("desc")
+        schedule = step.f_locals.get("self")
+        n = getattr(schedule, "_n_microbatches", None)
+        stage = getattr(getattr(schedule, "_stage", None), "stage_index", None)
+        if not ops or not n or stage is None:
+            return keys
+        taken = self._batches.get(ops[0])
+        if taken is None:
+            import torch.distributed as dist
+
+            runs = self._runs.setdefault(schedule, Counter())
+            taken = self._batches[ops[0]] = {}
+            for action in {_batch_phase(desc, o.op is dist.isend) for o in ops} - {None}:
+                taken[action], runs[action] = runs[action] % n, runs[action] + 1
+        microbatch = taken.get(keys[md.ORIGIN_PHASE])
+        if microbatch is None:
+            return keys
+        from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+        action = _Action(stage, _ComputationType.from_str(keys[md.ORIGIN_PHASE]), microbatch)
+        return dict(keys, **{md.ORIGIN: PP + str(action), md.ORIGIN_MICROBATCH: microbatch})
+
+
+MICRO_BATCHES = MicroBatches()
 
 
 def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
@@ -368,37 +410,32 @@ def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
     else:
         extra.append((md.DDP_BUCKET_NUMEL, numel))
     return Origin(f"DDP bucket {index}", md.OriginKind.DDP, f"bucket {index}", "all-reduce",
-                  tuple(dict(extra).items()))
+                  tuple(dict(extra).items()), Refresh.ALL)
 
 
 def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
             frame: FrameType | None, own: Callable[[CodeType], bool], count: bool = True
-            ) -> tuple[dict[str, Any], bool]:
-    """A call's origin keys, and whether they hold for this call only (a DDP bucket, a
-    DTensor redistribute in a module: the caller must resolve each such call; ``count``:
-    False where the call is only being looked at, not recorded)."""
+            ) -> tuple[dict[str, Any], Refresh]:
+    """A call's origin keys, and what of them a later call of its shape must work out again
+    (``count``: False where the call is only being looked at, not recorded)."""
     frames = read(frame, own)
-    follow(frames.framework)
     names = ranges(origin_id)
-    per_call = False
     origin = _fsdp(names, op)
     if origin is None and (frames.stage is not None or any(
             n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
         origin = _pipeline(names, frames, op, kind)
-    if origin is None and frames.bucket is not None:    # buckets may share a size: per call
-        origin, per_call = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes), True
+    if origin is None and frames.bucket is not None:
+        origin = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes)
     if origin is None and frames.from_cpp and op == "all_reduce" and NATIVE is not None:
         forwards = NATIVE.origin_count(DDP_FORWARD)
         if forwards:
-            origin, per_call = _bucket(None, DDP_ORDER.take(forwards, count), numel, nbytes), True
+            origin = _bucket(None, DDP_ORDER.take(forwards, count), numel, nbytes)
     if origin is None and frames.redistribute is not None:
         loc = frames.redistribute.f_locals
         moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
         unit = module_name(frames.modules)
         origin = Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
-                        unit, moved)
-        # layers called in a loop share their call site and sizes: the module is per call
-        per_call = unit is not None
+                        unit, moved, refresh=Refresh.NOTHING if unit is None else Refresh.ALL)
     if origin is None and any(n == DDP_FORWARD for n in names):
         origin = Origin("DDP forward", md.OriginKind.DDP, None, "forward")
     if origin is None and frames.compiled is not None:
@@ -415,4 +452,4 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
         origin = Origin(f"backward ({os.path.basename(frames.backward)})", md.OriginKind.BACKWARD)
     if origin is None:
         origin = Origin(f"c10d {op} (no Python caller)", md.OriginKind.UNKNOWN)
-    return origin.as_keys(frames.backward), per_call
+    return origin.as_keys(frames.backward), origin.refresh
