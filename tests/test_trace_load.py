@@ -1,6 +1,7 @@
 """Loading traces and run dirs: every input shape real jobs write, and every bad input reported
 once, naming its file, while the other ranks still load. Inputs come from one real 2-rank gloo
-job recorded with commviz; the other shapes are rewritten from its traces."""
+job recorded with commviz (the other shapes are rewritten from its traces) and from an early
+public Kineto trace (tests/fixtures/kineto-old, PyTorch 1.8 era, 2021)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,28 @@ def test_every_json_shape_gives_the_same_times(recorded: Path, tmp_path: Path) -
         assert all(abs(got[k] - reference[k]) <= tolerance for k in reference), name
     header = read_header(tmp_path / "worker_rank_1.json.gz")
     assert header.rank is None and header.is_trace and header.pid is not None
+
+
+def test_early_kineto_thread_ids_load_as_numbers() -> None:
+    """Kineto's first releases wrote a CPU thread as "24572" on its slices and as 24572 on the
+    launch flows starting there; both load as the number (Perfetto's JSON importer parses such
+    strings too), so each flow starts on its launch's thread. "stream 7" stays a name."""
+    path = Path(__file__).parent / "fixtures" / "kineto-old" / "gpu_metrics_input.json"
+    raw = json.loads(path.read_bytes())["traceEvents"]
+    with pytest.raises(TraceError, match="cannot tell the rank"):
+        load_trace(path)                       # no distributedInfo, no rank in the name
+    trace = load_trace(path, rank=0)
+    assert trace.problems == [] and len(trace.events) == len(raw)
+    by_corr = {(e["args"]["correlation"], e["pid"], e["ts"]): i for i, e in enumerate(raw)
+               if e.get("ph") == "X" and "correlation" in e["args"]}
+    starts = [(i, by_corr[(e["id"], e["pid"], e["ts"])]) for i, e in enumerate(raw)
+              if e.get("ph") == "s"]
+    assert len(starts) == 32
+    for flow, launch in starts:
+        assert raw[flow]["tid"] == int(raw[launch]["tid"]) and isinstance(raw[launch]["tid"], str)
+        assert trace.events[flow]["tid"] == trace.events[launch]["tid"] == int(raw[flow]["tid"])
+    gpu = {e["tid"] for e in trace.events if e.get("ph") in ("X", "f") and e["pid"] == 0}
+    assert gpu == {"stream 7"}
 
 
 def test_rank_from_file_name() -> None:

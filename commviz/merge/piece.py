@@ -258,7 +258,8 @@ class _Layout:
         name = self.thread_names.get(key)
         if key in self.gpu:
             proc = self.process_labels.get(pid) or f"GPU {pid}"
-            return f"{proc} · {name or f'stream {tid}'}"
+            stream = tid if isinstance(tid, str) else f"stream {tid}"   # early Kineto: "stream 7"
+            return f"{proc} · {name or stream}"
         if name:
             return name
         if pid in ("Spans", "Traces", ""):

@@ -138,10 +138,12 @@ def classify(name: str, category: str = "kernel") -> str:
     return OTHER
 
 
-# Profiler event categories, for every stage that reads traces.
-GPU_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})     # work a GPU stream ran
+# Profiler event categories, for every stage that reads traces. Kineto's first releases
+# (PyTorch 1.8 era, 2021) spelled them "Kernel", "Memcpy", "Memset" and "Runtime".
+GPU_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset",       # work a GPU stream ran
+                           "Kernel", "Memcpy", "Memset"})
 GPU_CATS = GPU_WORK_CATS | {"gpu_user_annotation"}                    # on the GPU's timeline
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})    # the calls that launch GPU work
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})   # calls that launch GPU work
 LAUNCH_CAT = "ac2g"                   # Kineto's launch flows (id: the launch's correlation)
 _GRAPH_LAUNCH_CBIDS = frozenset({311, 312})   # runtime API: cudaGraphLaunch(_ptsz)_v10000
 _GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")

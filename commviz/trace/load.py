@@ -2,7 +2,9 @@
 
 Every shape real jobs write is accepted: compact or pretty JSON, ``ts`` relative to
 ``baseTimeNanoseconds`` or absolute, ``distributedInfo`` present, partial or missing (the rank
-then comes from the file name), a bare event array. Anything unusable raises one ``TraceError``
+then comes from the file name), a bare event array, a pid or tid written as a string of digits
+(Kineto's first releases: ``"tid": "24572"`` on slices, ``24572`` on their flows), read as its
+number as Perfetto's JSON importer reads it. Anything unusable raises one ``TraceError``
 naming the file. ``read_header`` looks only at the start of a file, so a run dir of many big
 traces can be sorted by rank without parsing them.
 """
@@ -49,7 +51,7 @@ def rank_from_name(path: str | os.PathLike[str]) -> int | None:
 
 @dataclass
 class Trace:
-    """One profiler trace, events exactly as the profiler wrote them."""
+    """One profiler trace, events as the profiler wrote them (digit-string ids as numbers)."""
 
     path: Path
     rank: int
@@ -276,10 +278,24 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None) -> Trac
     except (TypeError, ValueError):
         raise TraceError(source, f"baseTimeNanoseconds is not an integer: {base!r}") from None
     props = doc.pop("deviceProperties", None)
+    _numeric_ids(events)
     events, problems = plausible_events(events, base_ns, source, found)
     return Trace(path=path, rank=found, events=events, base_ns=base_ns, distributed_info=info,
                  device_properties=props if isinstance(props, list) else [], meta=doc,
                  problems=problems)
+
+
+def _numeric_ids(events: list) -> None:
+    """Read a pid or tid written as a string of digits as its number, in place: one thread is
+    one track whichever way an event spells it (Perfetto's JSON importer parses such strings
+    too), so early Kineto's flows, which wrote the number, land on their slices' thread."""
+    for e in events:                    # unrolled: a third faster than a loop over the keys
+        if e.__class__ is dict:
+            pid, tid = e.get("pid"), e.get("tid")
+            if pid.__class__ is str and pid.isascii() and pid.isdigit():
+                e["pid"] = int(pid)
+            if tid.__class__ is str and tid.isascii() and tid.isdigit():
+                e["tid"] = int(tid)
 
 
 def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tuple[list, list[str]]:
