@@ -1,0 +1,60 @@
+"""Issue 23's verdict on real NCCL runs, checked without a GPU.
+
+``fixtures/gpu/verdict-2xh100/``: the run dirs (records, journals, stacks, torch's Flight
+Recorder dumps, the launch's logs and output) of every scenario of ``tests/jobs/broken_step.py``
+launched on 2 x H100 by ``scripts/gpu_verdict.sh`` (its README says how), the job as it ran, and
+``repo.txt``, where the repository was on that machine. The checks are
+``tests/test_gpu_verdict.py``'s (``tests/nccl_verdict.py``); torch's analyzer runs here on the
+dumps NCCL wrote there.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nccl_verdict import (CASES, JOB_NAME, cases, check_agrees_with_flight_recorder,
+                          check_verdict, flight, launch_verdict, unrecorded)
+
+REPO = Path(__file__).resolve().parents[1]
+KEPT = REPO / "tests" / "fixtures" / "gpu" / "verdict-2xh100"
+JOB = KEPT / JOB_NAME
+# what names the GPU machine's paths: stacks, failure files, logs
+RELOCATED = ("stacks_rank*.txt", "logs/*.json", "*.log", "*.txt")
+# run dir -> scenario: the second GPU run's, and the first run's size mismatch, in which the
+# 16-element rank's watchdog acted first (the second run's: the other's)
+RUNS = {**{case: case for case in CASES}, "size-run1": "size"}
+
+
+@pytest.fixture
+def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A copy of the kept run (nothing is written into the fixtures), its paths into the GPU
+    machine's checkout made this checkout's: what is commviz's own code there is here too, so
+    the verdict tells it from the job's as it did there."""
+    there = (KEPT / "repo.txt").read_text().strip()
+    run = shutil.copytree(KEPT / request.param, tmp_path / request.param)
+    for pattern in RELOCATED:
+        for path in run.glob(pattern):
+            path.write_text(path.read_text().replace(there, str(REPO)))
+    return run
+
+
+@pytest.mark.parametrize("run_dir", cases(RUNS, ("type", "skip", "size-run1")), indirect=True)
+def test_verdict_agrees_with_flight_recorder(run_dir: Path, tmp_path: Path) -> None:
+    check_agrees_with_flight_recorder(RUNS[run_dir.name], launch_verdict(run_dir),
+                                      flight(run_dir, tmp_path / "fr"), run_dir, JOB)
+
+
+@pytest.mark.parametrize("run_dir", RUNS, indirect=True)
+def test_nothing_recorded_is_lost(run_dir: Path, tmp_path: Path) -> None:
+    """Every Flight Recorder entry has its record, with the same op, sizes and group."""
+    fl = flight(run_dir, tmp_path / "fr")
+    assert fl.dumps and unrecorded(run_dir, fl.dumps) == {r: [] for r in fl.dumps}
+
+
+@pytest.mark.parametrize("run_dir", cases(RUNS, ("type", "skip", "graph", "size-run1")),
+                         indirect=True)
+def test_verdict_names_the_culprit_and_where_it_was(run_dir: Path) -> None:
+    check_verdict(RUNS[run_dir.name], launch_verdict(run_dir), run_dir, JOB)
