@@ -218,6 +218,13 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def p2p_op(op: str | None, peer: int | None) -> str:
+    """A point-to-point op's direction and peer as people read it: "send→1", "recv←0",
+    "recv←any" (a receive from any source)."""
+    name, arrow = ("send", "→") if op in ("send", "isend") else ("recv", "←")
+    return f"{name}{arrow}{'any' if peer is None else peer}"
+
+
 # Bytes per element of the c10 ScalarType names the profiler writes in "dtype".
 DTYPE_BYTES = {
     "Bool": 1, "Byte": 1, "Char": 1, "UInt8": 1, "Int8": 1, "Short": 2, "UInt16": 2,

@@ -21,8 +21,9 @@ DEFAULT_AFTER_S = 60.0
 
 
 def _progress(v: Verdict) -> tuple[Any, ...]:
-    """What changes while the job moves: each rank's last collective and its state."""
-    return tuple((r, s.last and (s.last.pg, s.last.seq, s.last.state))
+    """What changes while the job moves: each rank's last collective or transfer and its
+    state."""
+    return tuple((r, s.last and (s.last.label(), s.last.state))
                  for r, s in sorted(v.ranks.items()))
 
 

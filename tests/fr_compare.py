@@ -2,14 +2,19 @@
 
 The expectation comes from torch (``TORCH_FR_BUFFER_SIZE`` set before the process group is
 made, then ``torch._C._distributed_c10d._dump_fr_trace()``), never from commviz. A rank calls
-``snapshot()`` at the end of its program and returns it; the test calls ``compare()``.
+``snapshot()`` at the end of its program and returns it; the test calls ``compare()``. A
+torchrun job that leaves each rank's dump in a folder (``tests/jobs/fr_dump.py``) is read with
+``fr_entries``, and judged by torch's own analyzer with ``fr_findings``.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "200000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "200000"}
@@ -207,3 +212,21 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
     if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
         out.append(f"{where}: ranks {r['Process Group Ranks']} != {group['ranks']}")
     return out
+
+
+def fr_findings(fr_dir: Path, out: Path) -> dict[tuple[str, int], tuple[set[int], set[int]]]:
+    """Flight Recorder's analyzer on the dumps: (group desc, seq) -> (missing ranks, ranks
+    whose call mismatched), for every collective it did not pass."""
+    subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                    str(fr_dir), "-p", "fr_rank", "--allow-incomplete-ranks", "-o", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    _, db = pickle.loads(out.read_bytes())
+    return {(c.pg_desc.split(":", 1)[-1], c.collective_seq_id):
+            (set(c.missing_ranks or ()), set(c.mismatch_collectives or ()))
+            for c in db.collectives if c.missing_ranks or not c.pass_check}
+
+
+def fr_entries(fr_dir: Path) -> dict[int, list[dict]]:
+    """Each rank's raw Flight Recorder entries (ranks that left no dump are absent)."""
+    return {int(p.name.removeprefix("fr_rank")): pickle.loads(p.read_bytes())["entries"]
+            for p in fr_dir.glob("fr_rank*")}

@@ -9,7 +9,6 @@ broken rank could leave none (SIGKILL, abort), the others' raw entries. Never fr
 from __future__ import annotations
 
 import json
-import pickle
 import subprocess
 import textwrap
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fr_compare import FR_ENV
+from fr_compare import FR_ENV, fr_entries, fr_findings
 from harness import torchrun
 
 from commviz.review.verdict import CallState, FailureKind, build_verdict
@@ -28,24 +27,6 @@ BAD, WORLD = 1, 3                          # broken_job.py: rank 1 of 3 breaks
 AT_SEQ = 5                                 # ... at step 4 (0-based): each group's 5th collective
 GLOO_TIMEOUT_S = 3
 CASES = ("stuck", "type", "size", "raise", "kill", "skip")
-
-
-def fr_findings(fr_dir: Path, out: Path) -> dict[tuple[str, int], tuple[set[int], set[int]]]:
-    """Flight Recorder's analyzer on the dumps: (group desc, seq) -> (missing ranks, ranks
-    whose call mismatched), for every collective it did not pass."""
-    subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                    str(fr_dir), "-p", "fr_rank", "--allow-incomplete-ranks", "-o", str(out)],
-                   check=True, capture_output=True, timeout=120)
-    _, db = pickle.loads(out.read_bytes())
-    return {(c.pg_desc.split(":", 1)[-1], c.collective_seq_id):
-            (set(c.missing_ranks or ()), set(c.mismatch_collectives or ()))
-            for c in db.collectives if c.missing_ranks or not c.pass_check}
-
-
-def fr_entries(fr_dir: Path) -> dict[int, list[dict]]:
-    """Each rank's raw Flight Recorder entries (ranks that left no dump are absent)."""
-    return {int(p.name.removeprefix("fr_rank")): pickle.loads(p.read_bytes())["entries"]
-            for p in fr_dir.glob("fr_rank*")}
 
 
 @pytest.fixture(scope="module", params=CASES)

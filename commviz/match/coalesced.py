@@ -37,9 +37,7 @@ BATCH_OP = "batch_isend_irecv"
 
 def op_text(meta: dict[str, Any]) -> str:
     """One p2p op as people read it: ``send→1 8 KiB`` / ``recv←0 8 KiB``."""
-    peer = meta.get(md.PEER)
-    name, arrow = ("send", "→") if meta.get(md.OP) in ("send", "isend") else ("recv", "←")
-    return f"{name}{arrow}{'any' if peer is None else peer} {md.fmt_bytes(meta.get(md.BYTES_IN))}"
+    return f"{md.p2p_op(meta.get(md.OP), meta.get(md.PEER))} {md.fmt_bytes(meta.get(md.BYTES_IN))}"
 
 
 def with_ops(meta: dict[str, Any]) -> dict[str, Any]:

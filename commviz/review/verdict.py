@@ -4,18 +4,29 @@ rank stopped and how long the others waited.
 Read from what a run dir holds after the job, without torch: every rank's record (a killed
 rank's rebuilt from its journal), and the stacks each rank left when it was torn down
 (``commviz.record.stacks``). Each process group's collectives are lined up by sequence number
-as Flight Recorder's analyzer does, but
+as Flight Recorder's analyzer does, and each point-to-point transfer by its number per (group,
+sender, receiver): rank a's send #n to b meets b's receive #n from a. Unlike the analyzer,
 
 - every disagreement of a group is kept, not only its first (``Incident``);
 - blame goes to the rank that did not arrive, or whose call differs from the others', never
   to the ranks that waited; any rank can be the culprit, the first one included;
-- an incident is a *consequence* of another when a rank missing from it is waiting in that
-  other one (rank 0 stuck in the subgroup's collective never reaches the world's): the root
-  comes first, its consequences under it. When two incidents wait on each other (a rank
-  skipped a subgroup's collective and went on to the world's), the root is the one whose
-  missing rank broke the order of groups it had kept until then;
+- an incident is a *consequence* of another when a rank it waits on (missing from it) is
+  waiting in that other one (rank 0 stuck in the subgroup's collective never reaches the
+  world's, nor sends to rank 2, whose receive waits): the root comes first, its consequences
+  under it. When two incidents wait on each other (a rank skipped a subgroup's collective and
+  went on to the world's), the root is the one whose missing rank broke the order of groups
+  it had kept until then; where a transfer is in the circle (two ranks both receive from each
+  other first), it is a deadlock of all the ranks in it;
 - the kind says why the culprit was missing (``FailureKind``): it raised, was killed, skipped
-  the collective and went on, or hung in its own code (its stack says where).
+  the collective and went on, or hung in its own code (its stack says where);
+- a transfer is more than "a size or syntax mismatch": a send or receive whose peer never
+  posted its side (the peer is the culprit), a send and its receive that differ in size or
+  dtype (the side whose size changed from the transfer before is the culprit, else both), a
+  deadlock, or a transfer that failed on a side.
+
+A point-to-point record covers only the posting of the op (c10d's send/recv enqueue; the wait
+comes after), so a rank's transfer is taken as completed only where its peer posted the other
+side, and a rank whose last call is a transfer of an incident as stopped in it.
 
 ``Verdict.render()`` is what ``commviz report`` opens with and ``commviz launch`` prints.
 """
@@ -24,7 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping, NamedTuple
 
 from commviz import metadata as md
@@ -53,6 +64,7 @@ class FailureKind(StrEnum):
     SIZE_MISMATCH = "size mismatch"
     DTYPE_MISMATCH = "dtype mismatch"
     ARGS_MISMATCH = "argument mismatch"  # root or reduction differ
+    DEADLOCK = "deadlock"                # ranks wait on each other in a circle (a transfer in it)
     FAILED = "failed"                    # a collective failed on every rank it reached
 
 
@@ -62,31 +74,78 @@ _MISMATCH = {DesyncKind.TYPE: FailureKind.TYPE_MISMATCH, DesyncKind.SIZE: Failur
 
 class CallState(StrEnum):
     COMPLETED = "completed"
+    POSTED = "posted"                    # a transfer its peer matched (its record: the posting)
+    UNMATCHED = "never matched"          # a transfer whose peer never posted the other side
     FAILED = "failed"                    # it raised
     WAITING = "never returned"           # still inside when the rank was torn down or last seen
 
 
+class Channel(NamedTuple):
+    """One direction of point-to-point traffic in a group; its transfers are numbered 1, 2, ...
+    on both sides (``commviz.p2p_seq``)."""
+
+    pg: str
+    src: int | None                      # None: a receive from any source (not lined up)
+    dst: int
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One rank's numbered collective, as its record has it."""
+    """One rank's numbered collective or point-to-point op, as its record has it."""
 
     rank: int
     pg: str
     pg_desc: str
-    seq: int
+    seq: int                             # a transfer's: its number on its channel
     signature: Signature
     callsite: str | None
+    origin: str | None
     begin_ns: int | None
     end_ns: int | None
     error: str | None
+    channel: Channel | None = None       # a point-to-point op's; None: a collective
+    unmatched: bool = False              # a transfer whose peer never posted the other side
+    went_on: bool = False                # no end recorded, but its rank made later calls
 
     @property
     def state(self) -> CallState:
         if self.error is not None and self.end_ns is not None and self.error != NEVER_RETURNED:
             return CallState.FAILED
-        return CallState.WAITING if self.end_ns is None or self.error else CallState.COMPLETED
+        if (self.end_ns is None and not self.went_on) or self.error:
+            return CallState.WAITING
+        if self.channel is None:
+            return CallState.COMPLETED
+        return CallState.UNMATCHED if self.unmatched else CallState.POSTED
+
+    @property
+    def returned(self) -> bool:
+        """It returned without an error (a transfer: was posted, and its peer posted the other
+        side)."""
+        return self.state in (CallState.COMPLETED, CallState.POSTED)
+
+    @property
+    def peer(self) -> int | None:
+        ch = self.channel
+        return None if ch is None else ch.dst if ch.src == self.rank else ch.src
+
+    @property
+    def nbytes(self) -> int | None:
+        sig = self.signature
+        item = md.DTYPE_BYTES.get(str(sig.dtype))
+        return None if item is None or sig.in_nelems is None else item * sig.in_nelems
+
+    def size(self) -> str:
+        """A transfer's size as people read it: "4 KiB Float"."""
+        return f"{md.fmt_bytes(self.nbytes)} {self.signature.dtype}"
+
+    def transfer(self) -> str:
+        """A point-to-point op as people read it: "send→1 #3 4 KiB Float"."""
+        number = f" #{self.seq}" if self.seq else ""      # 0: a receive from any source
+        return f"{md.p2p_op(self.signature.op, self.peer)}{number} {self.size()}"
 
     def label(self) -> str:
+        if self.channel is not None:
+            return f"{self.pg_desc or self.pg} {self.transfer()}"
         return f"{self.pg_desc or self.pg}#{self.seq} {self.signature}"
 
 
@@ -103,7 +162,7 @@ class RankState:
     """Where one rank stopped."""
 
     rank: int
-    last: Call | None                    # its last numbered collective
+    last: Call | None                    # its last numbered collective or transfer
     exit: str | None                     # its record's exit ("journal": rebuilt, it was killed)
     stacks: st.Stacks | None
     launch_exit: Exit | None = None      # what the launcher saw, if it ran the job
@@ -129,10 +188,12 @@ class RankState:
         return self.exit == JOURNAL_EXIT and (self.stacks is None or not self.stacks.threads)
 
     def waited_ns(self, call: Call) -> int | None:
-        """How long it was inside ``call`` (to its end, or to its last sign of life)."""
-        if call.begin_ns is None:
+        """How long it was inside ``call`` (to its end, or to its last sign of life; a matched
+        transfer: not known, its record ends at the posting)."""
+        state = call.state
+        if call.begin_ns is None or state is CallState.POSTED:
             return None
-        end = call.end_ns if call.end_ns is not None else self.seen_ns
+        end = self.seen_ns if call.end_ns is None or state is CallState.UNMATCHED else call.end_ns
         return None if end is None else max(0, end - call.begin_ns)
 
     def how(self) -> str:
@@ -154,12 +215,14 @@ class RankState:
 
 @dataclass
 class Incident:
-    """One collective the ranks of a group did not all complete the same way."""
+    """One collective the ranks of a group did not all complete the same way, or one transfer
+    (a send and its receive: ``channel``) that was not posted, not alike or not completed on
+    both sides."""
 
     pg: str
     pg_desc: str
-    seq: int
-    members: tuple[int, ...]
+    seq: int                             # a transfer's: its number on its channel
+    members: tuple[int, ...]             # a transfer's: (sender, receiver)
     calls: dict[int, Call]               # rank -> its call at this number
     missing: tuple[int, ...]             # members with data and nothing at this number
     sides: tuple[tuple[Signature, tuple[int, ...]], ...]   # largest first
@@ -167,6 +230,17 @@ class Incident:
     culprits: tuple[int, ...] = ()
     why: str = ""
     cause: "Incident | None" = None      # the incident this one follows from
+    channel: Channel | None = None       # a transfer's; None: a collective
+
+    @property
+    def waits_on(self) -> tuple[int, ...]:
+        """The ranks it waits on: those missing from it; of a transfer both sides posted, the
+        side that returned while the other failed or never returned."""
+        if self.missing or self.channel is None:
+            return self.missing
+        if all(c.returned for c in self.calls.values()):
+            return ()
+        return tuple(r for r, c in sorted(self.calls.items()) if c.returned)
 
     @property
     def first_begin_ns(self) -> int | None:
@@ -174,8 +248,12 @@ class Incident:
         return min(times) if times else None
 
     def title(self) -> str:
+        group = f"group {self.pg} ({self.pg_desc})"
+        if self.channel is not None:     # each side that posted: "rank 0 send→1 #5 64 B Float"
+            return f"{group} " + ", ".join(f"rank {r} {c.transfer()}"
+                                           for r, c in sorted(self.calls.items()))
         sig = self.sides[0][0] if self.sides else None
-        return f"group {self.pg} ({self.pg_desc}) seq {self.seq}" + (f" {sig}" if sig else "")
+        return f"{group} seq {self.seq}" + (f" {sig}" if sig else "")
 
 
 @dataclass
@@ -192,7 +270,10 @@ class Verdict:
 
     def flight_states(self, inc: Incident) -> dict[int, str | None]:
         """Per member with a Flight Recorder dump: the state torch gave its call at ``inc``
-        (None: no entry, it never made the call)."""
+        (None: no entry, it never made the call; a transfer: none, ``flightrec`` reads
+        collectives only)."""
+        if inc.channel is not None:
+            return {}
         return {r: self.flight[r].get((inc.pg, inc.seq)) for r in inc.members
                 if r in self.flight}
 
@@ -208,22 +289,35 @@ class Verdict:
 
 # -- reading the run dir ---------------------------------------------------------------------
 
+def _channel(rank: int, meta: Mapping[str, Any]) -> Channel:
+    """A point-to-point op's channel, as its record names the two ranks."""
+    src, dst = meta.get(md.SRC), meta.get(md.DST)
+    return Channel(str(meta.get(md.PG_NAME)), None if src is None else int(src),
+                   rank if dst is None else int(dst))
+
+
 def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
+    """A rank's numbered collectives and its transfers, in the order it made them."""
     offset = int((record.get("clock") or {}).get("offset_ns") or 0)
     out = []
     for meta in record.get("collectives") or []:
-        if meta.get(md.KIND, "collective") != "collective" or meta.get(md.SEQ) is None:
-            continue
+        kind = meta.get(md.KIND, "collective")
         if meta.get(md.PG_DESC) == md.SIDE_GROUP_DESC:
+            continue
+        if kind == "collective" and meta.get(md.SEQ) is not None:
+            seq, channel = int(meta[md.SEQ]), None
+        elif kind == "p2p":
+            seq, channel = int(meta.get(md.P2P_SEQ) or 0), _channel(rank, meta)
+        else:
             continue
         begin, end = meta.get(md.T_BEGIN), meta.get(md.T_END)
         out.append(Call(rank=rank, pg=str(meta.get(md.PG_NAME)),
-                        pg_desc=str(meta.get(md.PG_DESC) or ""), seq=int(meta[md.SEQ]),
+                        pg_desc=str(meta.get(md.PG_DESC) or ""), seq=seq,
                         signature=signature_of(str(meta.get(md.OP)), meta),
-                        callsite=meta.get(md.CALLSITE),
+                        callsite=meta.get(md.CALLSITE), origin=meta.get(md.ORIGIN),
                         begin_ns=None if begin is None else begin + offset,
                         end_ns=None if end is None else end + offset,
-                        error=meta.get(md.ERROR)))
+                        error=meta.get(md.ERROR), channel=channel))
     return out
 
 
@@ -239,7 +333,8 @@ def _incidents(calls: dict[int, list[Call]], members: dict[str, tuple[int, ...]]
     by_pg: dict[str, dict[int, dict[int, Call]]] = defaultdict(lambda: defaultdict(dict))
     for rank, cs in calls.items():
         for c in cs:
-            by_pg[c.pg][rank].setdefault(c.seq, c)
+            if c.channel is None:
+                by_pg[c.pg][rank].setdefault(c.seq, c)
     out = []
     for pg, ranks_calls in by_pg.items():
         ranks = tuple(r for r in members.get(pg, tuple(ranks_calls)) if r in calls)
@@ -255,7 +350,7 @@ def _incidents(calls: dict[int, list[Call]], members: dict[str, tuple[int, ...]]
             sides: dict[Signature, list[int]] = defaultdict(list)
             for r, c in at.items():
                 sides[c.signature].append(r)
-            done = all(c.state is CallState.COMPLETED for c in at.values())
+            done = all(c.returned for c in at.values())
             if not missing and len(sides) == 1 and done:
                 continue
             ordered = tuple(sorted(((s, tuple(rs)) for s, rs in sides.items()),
@@ -269,10 +364,90 @@ def _incidents(calls: dict[int, list[Call]], members: dict[str, tuple[int, ...]]
     return out
 
 
+class _Transfers(NamedTuple):
+    """A channel's transfers by number: the sender's sends, the receiver's receives."""
+
+    sends: dict[int, Call]
+    recvs: dict[int, Call]
+
+    def numbers(self) -> range:
+        """From the first number both sides still hold (a ring drops its oldest) to the last
+        either posted."""
+        held = [s for s in (self.sends, self.recvs) if s]
+        return range(max(min(s) for s in held), max(max(s) for s in held) + 1)
+
+
+def _channels(calls: dict[int, list[Call]]) -> dict[Channel, _Transfers]:
+    """Every channel between two ranks that both left a record, with its transfers. Channels
+    into a rank that received from any source are left out: which send such a receive took
+    is not recorded."""
+    any_source = {(c.pg, c.rank) for cs in calls.values() for c in cs
+                  if c.channel is not None and c.channel.src is None}
+    out: dict[Channel, _Transfers] = {}
+    for cs in calls.values():
+        for c in cs:
+            ch = c.channel
+            if ch is None or ch.src is None or ch.src == ch.dst or ch.src not in calls \
+                    or ch.dst not in calls or (ch.pg, ch.dst) in any_source:
+                continue
+            transfers = out.setdefault(ch, _Transfers({}, {}))
+            (transfers.sends if c.signature.op == "send" else transfers.recvs).setdefault(c.seq, c)
+    return out
+
+
+def _settle_unmatched(calls: dict[int, list[Call]], state: dict[int, RankState]) -> None:
+    """A transfer whose peer never posted the other side cannot have completed, though its
+    record returned (it covers the posting): it is marked so, in ``calls`` and as a rank's
+    last call."""
+    marked: dict[int, Call] = {}
+    for transfers in _channels(calls).values():
+        for n in transfers.numbers():
+            send, recv = transfers.sends.get(n), transfers.recvs.get(n)
+            if (send is None) != (recv is None):
+                posted = send or recv
+                marked[id(posted)] = replace(posted, unmatched=True)
+    for r, cs in calls.items():
+        calls[r] = [marked.get(id(c), c) for c in cs]
+        last = state[r].last
+        if last is not None:
+            state[r].last = marked.get(id(last), last)
+
+
+def _payload(c: Call) -> tuple[int | None, str | None]:
+    return c.signature.in_nelems, c.signature.dtype
+
+
+def _p2p_incidents(calls: dict[int, list[Call]]) -> list[Incident]:
+    """Each transfer one side never posted, whose sides differ in size or dtype, or that did
+    not return on a side: a send and its receive, lined up by their number on the channel."""
+    out = []
+    for ch, transfers in _channels(calls).items():
+        found = 0
+        for n in transfers.numbers():
+            send, recv = transfers.sends.get(n), transfers.recvs.get(n)
+            at = {c.rank: c for c in (send, recv) if c is not None}
+            if not at:
+                continue
+            alike = send is None or recv is None or _payload(send) == _payload(recv)
+            if len(at) == 2 and alike and all(c.returned for c in at.values()):
+                continue
+            first = next(iter(at.values()))
+            sides = tuple((c.signature, (r,)) for r, c in at.items()) if not alike else \
+                ((first.signature, tuple(sorted(at))),)
+            members = (ch.src, ch.dst)
+            out.append(Incident(pg=ch.pg, pg_desc=first.pg_desc, seq=n, members=members,
+                                calls=at, missing=tuple(r for r in members if r not in at),
+                                sides=sides, channel=ch))
+            found += 1
+            if found >= MAX_PER_GROUP:
+                break
+    return out
+
+
 def _broke_pattern(cs: list[Call]) -> bool:
-    """Whether a rank's last call is in another group than its repeating order of groups
-    says (sub, world, sub, world, ..., world: it skipped one)."""
-    groups = [c.pg for c in cs][-(2 * PATTERN_SPAN + 1):]
+    """Whether a rank's last collective is in another group than its repeating order of
+    groups says (sub, world, sub, world, ..., world: it skipped one)."""
+    groups = [c.pg for c in cs if c.channel is None][-(2 * PATTERN_SPAN + 1):]
     if len(groups) < 3:
         return False
     *before, last = groups
@@ -286,6 +461,9 @@ def _broke_pattern(cs: list[Call]) -> bool:
 
 def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Call]]) -> None:
     """Kind, culprits and why of one incident, on its own."""
+    if len(inc.sides) > 1 and inc.channel is not None:
+        _judge_transfer_mismatch(inc, calls)
+        return
     if len(inc.sides) > 1:
         (top, big), *rest = inc.sides
         tied = [rs for _, rs in rest if len(rs) == len(big)]
@@ -309,29 +487,79 @@ def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Cal
     inc.why = "; ".join(f"rank {r} {state[r].how()}" for r in inc.culprits)
 
 
+def _judge_transfer_mismatch(inc: Incident, calls: dict[int, list[Call]]) -> None:
+    """A send and its receive that differ (in bytes: size; else in dtype): the side whose size
+    or dtype changed since the channel's transfer before (where both agreed) is the culprit;
+    else both are."""
+    send, recv = (inc.calls[r] for r in inc.members)          # members: (sender, receiver)
+    same_bytes = send.nbytes is not None and send.nbytes == recv.nbytes
+    inc.kind = FailureKind.DTYPE_MISMATCH if same_bytes else FailureKind.SIZE_MISMATCH
+    changed = []
+    for c in (send, recv):
+        before = next((b for b in calls[c.rank] if b.channel == c.channel
+                       and b.seq == c.seq - 1), None)
+        if before is not None and _payload(before) != _payload(c):
+            changed.append((c.rank, before))
+    inc.culprits = (changed[0][0],) if len(changed) == 1 else (send.rank, recv.rank)
+    inc.why = f"rank {send.rank} sends {send.size()}, rank {recv.rank} receives {recv.size()}"
+    if len(changed) == 1:
+        r, before = changed[0]
+        inc.why += f"; rank {r} changed it since #{before.seq} ({before.size()})"
+
+
+def _counterpart(inc: Incident) -> str:
+    """What the missing side of a transfer never posted: "send→0 #5"."""
+    (posted,) = inc.calls.values()
+    op = "recv" if posted.signature.op == "send" else "send"
+    return f"{md.p2p_op(op, posted.rank)} #{inc.seq}"
+
+
 def _missing_kind(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Call]]
                   ) -> FailureKind:
     why, kinds = [], []
     for r in inc.missing:
         s = state[r]
-        here = [i for i, c in enumerate(calls[r]) if c.pg == inc.pg]
-        later = calls[r][here[-1] + 1:] if here else calls[r]
-        outside = s.last is None or s.last.state is CallState.COMPLETED
+        cs = [c for c in calls[r] if c.channel is None]
+        here = [i for i, c in enumerate(cs) if c.pg == inc.pg]
+        later = cs[here[-1] + 1:] if here else cs
+        outside = s.last is None or s.last.returned
         if s.killed:
             kinds.append(FailureKind.KILLED)
             why.append(f"rank {r} {s.how()}")
         elif s.raised and outside:
             kinds.append(FailureKind.CRASH)
             why.append(f"rank {r} {s.how()}")
-        elif later and _broke_pattern(calls[r]):
+        elif inc.channel is None and later and _broke_pattern(cs):
             kinds.append(FailureKind.NEVER_ARRIVED)
-            why.append(f"rank {r} skipped it: went on to {calls[r][-1].label()}")
+            why.append(f"rank {r} skipped it: went on to {cs[-1].label()}")
         else:
             kinds.append(FailureKind.HANG)
-            why.append(f"rank {r} never called it")
+            why.append(f"rank {r} never posted {_counterpart(inc)}" if inc.channel is not None
+                       else f"rank {r} never called it")
     inc.why = "; ".join(why)
     order = list(FailureKind)
     return min(kinds, key=order.index)
+
+
+def _cycle(inc: Incident) -> list[Incident] | None:
+    """The incidents ``inc`` waits on, round a circle back to it (None: no circle)."""
+    seen, cause = [inc], inc.cause
+    while cause is not None and all(cause is not i for i in seen):
+        seen.append(cause)
+        cause = cause.cause
+    return seen if cause is inc else None
+
+
+def _deadlock(cycle: list[Incident]) -> None:
+    """Ranks that wait on each other round a circle: none can go on, so every rank an incident
+    of it waits on is a culprit; the earliest incident is the root."""
+    root = min(cycle, key=lambda i: i.first_begin_ns or 0)
+    root.cause = None
+    root.kind = FailureKind.DEADLOCK
+    root.culprits = tuple(sorted({r for i in cycle for r in i.waits_on}))
+    root.why = "; ".join(
+        f"rank(s) {format_ranks(i.calls)} wait in {next(iter(i.calls.values())).label()} "
+        f"for rank(s) {format_ranks(i.waits_on)}" for i in cycle)
 
 
 def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[int, list[Call]]
@@ -340,67 +568,83 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
     waiting_in: dict[int, Incident] = {}
     for inc in incidents:
         for r, c in inc.calls.items():
-            last = state[r].last
-            if last is not None and last.pg == c.pg and last.seq == c.seq \
-                    and c.state is not CallState.COMPLETED:
+            # a transfer's record ends at its posting: a rank whose last call it is, is in it
+            if state[r].last == c and (inc.channel is not None or not c.returned):
                 waiting_in[r] = inc
     for inc in incidents:
-        if not inc.missing or len(inc.sides) > 1:
+        on = inc.waits_on
+        if not on or len(inc.sides) > 1:
             continue
-        causes = {id(waiting_in[r]): waiting_in[r] for r in inc.missing
+        causes = {id(waiting_in[r]): waiting_in[r] for r in on
                   if r in waiting_in and waiting_in[r] is not inc}
-        if len(causes) == 1 and len(inc.missing) == sum(r in waiting_in for r in inc.missing):
+        if len(causes) == 1 and len(on) == sum(r in waiting_in for r in on):
             inc.cause = next(iter(causes.values()))
-    for inc in incidents:                # waiting on each other: the pattern-breaker's is root
-        cause = inc.cause
-        if cause is not None and cause.cause is inc:
-            mine = any(_broke_pattern(calls[r]) for r in inc.missing)
-            theirs = any(_broke_pattern(calls[r]) for r in cause.missing)
-            if mine and not theirs:
-                inc.cause = None
-            elif theirs and not mine:
-                cause.cause = None
-            else:                        # no pattern: the earlier one
-                first = min((inc, cause), key=lambda i: i.first_begin_ns or 0)
-                first.cause = None
+    for inc in incidents:
+        cycle = _cycle(inc)
+        if cycle is None:
+            continue
+        if len(cycle) > 2 or any(i.channel is not None for i in cycle):
+            _deadlock(cycle)
+            continue
+        # two collectives waiting on each other: the pattern-breaker's is root
+        cause = cycle[1]
+        mine = any(_broke_pattern(calls[r]) for r in inc.missing)
+        theirs = any(_broke_pattern(calls[r]) for r in cause.missing)
+        if mine and not theirs:
+            inc.cause = None
+        elif theirs and not mine:
+            cause.cause = None
+        else:                            # no pattern: the earlier one
+            first = min((inc, cause), key=lambda i: i.first_begin_ns or 0)
+            first.cause = None
     roots = [i for i in incidents if i.cause is None]
 
-    def rank(i: Incident) -> tuple[int, int, int]:
-        # a crash or a kill explains the rest: before a mismatch, before a hang; then by time
+    def rank(i: Incident) -> tuple[int, bool, int, int]:
+        # a crash or a kill explains the rest: before a mismatch or a deadlock, before a hang;
+        # then where a rank is stuck (its last call) before what it posted and went on from;
+        # then by time
         order = {FailureKind.KILLED: 0, FailureKind.CRASH: 1, FailureKind.TYPE_MISMATCH: 2,
                  FailureKind.SIZE_MISMATCH: 2, FailureKind.DTYPE_MISMATCH: 2,
-                 FailureKind.ARGS_MISMATCH: 2, FailureKind.NEVER_ARRIVED: 3}
-        return (order.get(i.kind, 4), i.first_begin_ns or 0, i.seq)
+                 FailureKind.ARGS_MISMATCH: 2, FailureKind.DEADLOCK: 2,
+                 FailureKind.NEVER_ARRIVED: 3}
+        stuck = any(state[r].last == c for r, c in i.calls.items())
+        return (order.get(i.kind, 4), not stuck, i.first_begin_ns or 0, i.seq)
     return sorted(roots, key=rank)
 
 
 def _failed_ranks(state: dict[int, RankState]) -> list[int]:
     """Ranks that ended badly on their own: raised or died outside a collective."""
     return [r for r, s in state.items() if (s.raised or s.killed)
-            and (s.last is None or s.last.state is CallState.COMPLETED)]
+            and (s.last is None or s.last.returned)]
 
 
 def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState]) -> None:
-    """A killed rank's journal stores a call's end up to 0.1 s late (``journal.TICK_S``): its
-    last call reads "never returned" though every peer completed it. Such a call is taken
-    as completed when the peers' was (ending with the last of theirs)."""
+    """A journal stores the times of the calls Python records (transfers, annotated ones) up
+    to 0.1 s late (``journal.TICK_S``): a rank that died meanwhile, its record rebuilt from its
+    journal, reads "never returned" for each call it made since. Each but its last did return:
+    the rank went on to another. Its last collective is taken as completed when the peers'
+    was (ending with the last of theirs)."""
     for r, s in state.items():
-        last = s.last
-        if not s.killed or last is None or last.state is CallState.COMPLETED:
+        if s.exit != JOURNAL_EXIT or not calls[r]:
             continue
+        *before, last = calls[r]
+        calls[r] = [replace(c, end_ns=None, error=None, went_on=True)
+                    if c.end_ns is None or c.error == NEVER_RETURNED else c for c in before]
         peers = [c for q, cs in calls.items() if q != r for c in cs
-                 if (c.pg, c.seq) == (last.pg, last.seq)]
-        if peers and all(c.state is CallState.COMPLETED for c in peers):
-            done = replace(last, end_ns=max(c.end_ns or 0 for c in peers), error=None)
-            calls[r][-1] = s.last = done
+                 if c.channel is None and (c.pg, c.seq) == (last.pg, last.seq)]
+        if last.channel is None and not last.returned and peers \
+                and all(c.state is CallState.COMPLETED for c in peers):
+            last = replace(last, end_ns=max(c.end_ns or 0 for c in peers), error=None)
+        calls[r].append(last)
+        s.last = last
 
 
 def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None, *,
                   live: bool = False, run: Run | None = None) -> Verdict | None:
-    """The verdict on ``run_dir``; None when every rank completed every collective it began
-    and none died (``launch_exits``: rank -> how the launcher saw it end, for failed ranks).
-    ``live``: the job still runs (its records are its journals: no rank was killed); ``run``:
-    the run dir already loaded."""
+    """The verdict on ``run_dir``; None when every rank completed every collective it began,
+    every transfer met its peer's and none died (``launch_exits``: rank -> how the launcher
+    saw it end, for failed ranks). ``live``: the job still runs (its records are its
+    journals: no rank was killed); ``run``: the run dir already loaded."""
     run_dir = Path(run_dir)
     run = run if run is not None else load_run(run_dir)
     calls: dict[int, list[Call]] = {}
@@ -420,7 +664,8 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
                                 launch_exit=(launch_exits or {}).get(rank),
                                 seen_ns=None if exit_ == JOURNAL_EXIT else seen)
     _settle_journal_lag(calls, state)
-    incidents = _incidents(calls, members)
+    _settle_unmatched(calls, state)
+    incidents = _incidents(calls, members) + _p2p_incidents(calls)
     for inc in incidents:
         _judge(inc, state, calls)
     roots = _link(incidents, state, calls)
@@ -444,11 +689,19 @@ def _secs(ns: int | None) -> str:
     return "?" if ns is None else f"{ns / 1e9:.3g} s"
 
 
+def _at(c: Call) -> str:
+    """Where a call was made (" at train.py:12"), and its origin where that says more (the
+    framework unit that issued it)."""
+    site = f" at {c.callsite}" if c.callsite else ""
+    if c.origin and PurePath(c.callsite or "").name != c.origin:
+        site += f" ({c.origin})"
+    return site
+
+
 def _where(c: Call | None) -> str:
     if c is None:
-        return "no collective recorded"
-    site = f" at {c.callsite}" if c.callsite else ""
-    return f"{c.label()}{site}: {c.state}"
+        return "no collective or transfer recorded"
+    return f"{c.label()}{_at(c)}: {c.state}"
 
 
 def render_lines(v: Verdict) -> list[str]:
@@ -458,12 +711,12 @@ def render_lines(v: Verdict) -> list[str]:
     if root is not None:
         lines.append(f"  at {root.title()}: {root.why}")
         waiters = [r for r, c in sorted(root.calls.items())
-                   if r not in root.culprits and c.state is not CallState.COMPLETED]
+                   if r not in root.culprits and not c.returned]
         for r in waiters:
             c = root.calls[r]
-            lines.append(f"  rank {r} waited {_secs(v.ranks[r].waited_ns(c))} in it ({c.state}"
-                         + (f": {_short(c.error)}" if c.error else "") + ")")
-    if root is not None and v.flight:
+            lines.append(f"  rank {r} waited {_secs(v.ranks[r].waited_ns(c))} in it{_at(c)} "
+                         f"({c.state}" + (f": {_short(c.error)}" if c.error else "") + ")")
+    if root is not None and v.flight and root.channel is None:
         said = v.flight_states(root)
         lines.append("  Flight Recorder there: " + ", ".join(
             f"rank {r} {state or 'no entry'}" for r, state in sorted(said.items())))
@@ -472,17 +725,18 @@ def render_lines(v: Verdict) -> list[str]:
         if s is None:
             lines.append(f"  rank {r}: no record")
             continue
-        lines.append(f"  rank {r}: {s.how()}; last collective {_where(s.last)}")
+        lines.append(f"  rank {r}: {s.how()}; last call {_where(s.last)}")
         where = s.stopped_at
         if where is not None:
             lines.append(f"    stopped at {where}")
-    lines.append("  each rank's last collective:")
+    lines.append("  each rank's last call:")
     for r, s in sorted(v.ranks.items()):
         lines.append(f"    rank {r}: {_where(s.last)}")
     for inc in v.consequences:
         cause = inc.cause
-        lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.missing)} missing, "
-                     f"waiting in {cause.title() if cause else '?'}")
+        lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
+                     + ("missing, " if inc.missing else "")
+                     + f"waiting in {cause.title() if cause else '?'}")
     for inc in v.others:
         lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
                      f"{format_ranks(inc.culprits)}: {inc.why}")
@@ -496,30 +750,43 @@ def _short(text: str | None, limit: int = 120) -> str:
 
 
 
+def _channel_json(ch: Channel | None) -> dict[str, Any] | None:
+    return None if ch is None else {"src": ch.src, "dst": ch.dst}
+
+
 def _call_json(c: Call | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {"pg": c.pg, "pg_desc": c.pg_desc, "seq": c.seq, "op": c.signature.op,
+            "p2p": _channel_json(c.channel), "label": c.label(),
             "in_nelems": c.signature.in_nelems, "out_nelems": c.signature.out_nelems,
-            "dtype": c.signature.dtype, "callsite": c.callsite, "state": str(c.state),
-            "begin_ns": c.begin_ns, "end_ns": c.end_ns, "error": c.error}
+            "dtype": c.signature.dtype, "callsite": c.callsite, "origin": c.origin,
+            "state": str(c.state), "begin_ns": c.begin_ns, "end_ns": c.end_ns, "error": c.error}
 
 
 def _incident_json(i: Incident, v: Verdict) -> dict[str, Any]:
+    """One incident (``seq``: a transfer's number on its channel, ``p2p``: the channel)."""
     return {"kind": str(i.kind), "pg": i.pg, "pg_desc": i.pg_desc, "seq": i.seq,
-            "culprits": list(i.culprits), "missing": list(i.missing), "why": i.why,
+            "p2p": _channel_json(i.channel), "title": i.title(),
+            "culprits": list(i.culprits), "missing": list(i.missing),
+            "waits_on": list(i.waits_on), "why": i.why,
             "ranks": sorted(i.calls),
+            "calls": {str(r): _call_json(c) for r, c in sorted(i.calls.items())},
             "waited_ns": {str(r): v.ranks[r].waited_ns(c) for r, c in sorted(i.calls.items())},
-            "cause": None if i.cause is None else {"pg": i.cause.pg, "seq": i.cause.seq}}
+            "cause": None if i.cause is None else {"pg": i.cause.pg, "seq": i.cause.seq,
+                                                   "p2p": _channel_json(i.cause.channel)}}
 
 
 def verdict_json(v: Verdict) -> dict[str, Any]:
     """The verdict as plain data (times in ns): ``commviz report --format json``."""
     def where(s: RankState) -> str | None:
         return None if s.stopped_at is None else str(s.stopped_at)
-    root = None if v.root is None else _incident_json(v.root, v)
-    if root is not None and v.flight:
-        root["flight_recorder"] = {str(r): state for r, state in v.flight_states(v.root).items()}
+    root = None
+    if v.root is not None:
+        root = _incident_json(v.root, v)
+        if v.flight and v.root.channel is None:
+            root["flight_recorder"] = {str(r): state
+                                       for r, state in v.flight_states(v.root).items()}
     return {"kind": str(v.kind), "culprits": list(v.culprits),
             "root": root,
             "consequences": [_incident_json(i, v) for i in v.consequences],

@@ -19,7 +19,6 @@ test's independent expectation; a SIGKILLed rank leaves none). The gloo timeout 
 
 import datetime
 import os
-import pickle
 import signal
 import sys
 import time
@@ -30,6 +29,7 @@ import torch.distributed as td
 
 import commviz
 import commviz.distributed as dist
+from fr_dump import arm, dump
 
 STEPS, AT = 6, 4
 BAD = int(os.environ.get("BROKEN_RANK", 1))
@@ -37,25 +37,8 @@ run_dir, fr_dir, case = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 td.init_process_group("gloo", timeout=datetime.timedelta(
     seconds=float(os.environ.get("BROKEN_TIMEOUT_S", 3))))
 rank, world = td.get_rank(), td.get_world_size()
-fr_dir.mkdir(parents=True, exist_ok=True)
-
-
-def dump_fr() -> None:
-    """torch's Flight Recorder dump; gloo leaves its group table empty, so it is filled from
-    torch's own (``get_process_group_ranks``), as NCCL's dump has it."""
-    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
-    dump["pg_config"] = {name: {"name": name, "desc": pg.group_desc,
-                                "ranks": str(td.get_process_group_ranks(pg))}
-                         for pg, name in td.distributed_c10d._world.pg_names.items()}
-    (fr_dir / f"fr_rank{rank}").write_bytes(pickle.dumps(dump))
-
-
-def on_term(signum, frame):                 # torchrun stops the others: dump, then stop
-    dump_fr()
-    raise SystemExit(1)
-
-
-signal.signal(signal.SIGTERM, on_term)      # before commviz.start, which chains in front of it
+fr_path = fr_dir / f"fr_rank{rank}"
+arm(fr_path)                                # before commviz.start, which chains in front of it
 commviz.start(run_dir, flush_interval=None)
 sub = dist.new_group([0, 1], group_desc="sub") if world > 2 else None
 t = torch.ones(16)
@@ -81,6 +64,6 @@ try:
         else:
             dist.all_reduce(t)
 except BaseException:
-    dump_fr()
+    dump(fr_path)
     raise
-dump_fr()
+dump(fr_path)
