@@ -22,9 +22,11 @@ DEFAULT_AFTER_S = 60.0
 
 def _progress(v: Verdict) -> tuple[Any, ...]:
     """What changes while the job moves: each rank's last collective or transfer and its
-    state."""
+    state, and the replays of a graph the ranks replayed unequally often (a job that only
+    replays graphs makes no other call)."""
+    replays = None if v.replays is None else tuple(v.replays.counts.items())
     return tuple((r, s.last and (s.last.label(), s.last.state))
-                 for r, s in sorted(v.ranks.items()))
+                 for r, s in sorted(v.ranks.items())) + (replays,)
 
 
 class HangWatch(threading.Thread):

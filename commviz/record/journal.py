@@ -133,6 +133,19 @@ class _Segment:
         os.close(self.fd)
 
 
+@contextmanager
+def flush_lock(lock: Any) -> Iterator[bool]:
+    """The recorder's lock for a flush, unless it cannot be had within ``LOCK_WAIT_S``: a
+    flush from a signal handler may interrupt this very thread while it holds the lock
+    (recording a call, or flushing at exit); waiting would deadlock. Yields whether it is held."""
+    got = lock.acquire(timeout=LOCK_WAIT_S)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
+
+
 class Journal:
     """Journals one rank's records under ``run_dir``; ``add`` runs under the recorder's lock."""
 
@@ -362,21 +375,11 @@ class Journal:
         self._waiting, self._waiting_at = [], array("q")
 
     # -- flush cooperation ------------------------------------------------------------------
-    @contextmanager
-    def _locked(self) -> Iterator[bool]:
-        """The recorder's lock, unless it cannot be had at once: a flush from a signal handler
-        may interrupt this very thread inside ``add``; waiting would deadlock, and skipping a
-        rotation only keeps older entries a while longer (recovery skips what the pickle has)."""
-        got = self._lock.acquire(timeout=LOCK_WAIT_S)
-        try:
-            yield got
-        finally:
-            if got:
-                self._lock.release()
-
     def rotate(self) -> None:
-        """Before a flush builds its payload: later records go to a new generation."""
-        with self._locked() as got:
+        """Before a flush builds its payload: later records go to a new generation. (Skipping
+        a rotation only keeps older entries a while longer: recovery skips what the pickle
+        has.)"""
+        with flush_lock(self._lock) as got:
             if not got:
                 return
             self._end_generation()
@@ -384,7 +387,7 @@ class Journal:
     def flushed(self, target: Path) -> None:
         """After the pickle reached ``target``: generations it covers are dropped."""
         if Path(target) == self.run_dir:
-            with self._locked() as got:
+            with flush_lock(self._lock) as got:
                 if got:
                     self.drop_rotated()
 

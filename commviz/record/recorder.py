@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.record import schema, store
-from commviz.record.journal import CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal
+from commviz.record.journal import (CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal,
+                                    flush_lock)
 
 DEFAULT_CAPACITY = 100_000
 
@@ -175,8 +176,9 @@ class Recorder:
         return max(0, self.recorded - min(self.capacity, kept))
 
     def records(self) -> list[dict[str, Any]]:
-        """The records still kept, as metadata dicts, oldest first."""
-        with self._lock:
+        """The records still kept, as metadata dicts, oldest first (read without the lock when
+        a signal's flush interrupted the thread holding it: that thread is paused)."""
+        with flush_lock(self._lock):
             kept = list(self._ring)
             if self.native is not None:
                 kept += self._native_records(self.native.entries())

@@ -106,6 +106,7 @@ class Call:
     channel: Channel | None = None       # a point-to-point op's; None: a collective
     unmatched: bool = False              # a transfer whose peer never posted the other side
     went_on: bool = False                # no end recorded, but its rank made later calls
+    graph: int | None = None             # the CUDA graph it was captured into
 
     @property
     def state(self) -> CallState:
@@ -256,6 +257,29 @@ class Incident:
         return f"{group} seq {self.seq}" + (f" {sig}" if sig else "")
 
 
+class Replays(NamedTuple):
+    """A CUDA graph its ranks replayed unequally often. A replayed collective makes no record
+    and no Flight Recorder entry (NCCL's watchdog does not see it either): the counts of
+    commviz's replay hook are what show a hang inside replays. Graphs are numbered per rank
+    in capture order, the same on every rank of a program that captures the same graphs."""
+
+    graph: int
+    counts: dict[int, int]               # rank -> replays it launched
+    holds: tuple[str, ...]               # the captured collectives ("default_pg#2 all_reduce(...)")
+
+    @property
+    def behind(self) -> tuple[int, ...]:
+        low = min(self.counts.values())
+        return tuple(r for r, n in sorted(self.counts.items()) if n == low)
+
+    def describe(self) -> str:
+        low, high = min(self.counts.values()), max(self.counts.values())
+        counts = ", ".join(f"rank {r} {n}" for r, n in sorted(self.counts.items()))
+        return (f"CUDA graph {self.graph} ({', '.join(self.holds) or 'no collective recorded'}):"
+                f" replays launched {counts}; rank(s) {format_ranks(self.behind)} never launched"
+                f" replay #{low + 1}, which the others' replay #{high} waits on")
+
+
 @dataclass
 class Verdict:
     kind: FailureKind
@@ -267,6 +291,7 @@ class Verdict:
     others: list[Incident] = field(default_factory=list)   # further roots, later in time
     # torch's own Flight Recorder, per rank that left a dump (``flightrec``)
     flight: dict[int, flightrec.States] = field(default_factory=dict)
+    replays: Replays | None = None       # the root when it is a hang inside graph replays
 
     def flight_states(self, inc: Incident) -> dict[int, str | None]:
         """Per member with a Flight Recorder dump: the state torch gave its call at ``inc``
@@ -317,7 +342,7 @@ def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
                         callsite=meta.get(md.CALLSITE), origin=meta.get(md.ORIGIN),
                         begin_ns=None if begin is None else begin + offset,
                         end_ns=None if end is None else end + offset,
-                        error=meta.get(md.ERROR), channel=channel))
+                        error=meta.get(md.ERROR), channel=channel, graph=meta.get(md.GRAPH)))
     return out
 
 
@@ -562,6 +587,19 @@ def _deadlock(cycle: list[Incident]) -> None:
         f"for rank(s) {format_ranks(i.waits_on)}" for i in cycle)
 
 
+def _follow_group_order(incidents: list[Incident]) -> None:
+    """A group's communicator runs its collectives in order: none after one that never
+    completed can complete. So a later collective of the group the same ranks agree on (one
+    side) follows from the group's first such incident. On NCCL a call returns as soon as it
+    is queued: a rank goes on queueing the next steps' collectives behind the one that hangs,
+    and once the watchdog aborts the communicator, calls them again and sees them fail."""
+    first: dict[str, Incident] = {}
+    for inc in sorted((i for i in incidents if i.channel is None), key=lambda i: i.seq):
+        root = first.setdefault(inc.pg, inc)
+        if root is not inc and inc.cause is None and len(inc.sides) <= 1:
+            inc.cause = root
+
+
 def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[int, list[Call]]
           ) -> list[Incident]:
     """Set each incident's cause; return the roots, the one that held the job up first."""
@@ -579,6 +617,7 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
                   if r in waiting_in and waiting_in[r] is not inc}
         if len(causes) == 1 and len(on) == sum(r in waiting_in for r in on):
             inc.cause = next(iter(causes.values()))
+    _follow_group_order(incidents)
     for inc in incidents:
         cycle = _cycle(inc)
         if cycle is None:
@@ -676,11 +715,30 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
                        ranks=state, run_dir=run_dir, others=others,
                        flight=flightrec.states(run_dir))
     failed = _failed_ranks(state)
+    replays = None if failed else _replays(run, calls)
+    if replays is not None:
+        return Verdict(kind=FailureKind.HANG, culprits=replays.behind, root=None,
+                       consequences=[], ranks=state, run_dir=run_dir, replays=replays)
     if not failed:
         return None
     kind = FailureKind.KILLED if all(state[r].killed for r in failed) else FailureKind.CRASH
     return Verdict(kind=kind, culprits=tuple(failed), root=None, consequences=[], ranks=state,
                    run_dir=run_dir)
+
+
+def _replays(run: Run, calls: dict[int, list[Call]]) -> Replays | None:
+    """The first graph (in capture order) whose ranks launched it unequally often."""
+    counts: dict[int, dict[int, int]] = defaultdict(dict)
+    for rank, ri in run.ranks.items():
+        for g in (ri.record or {}).get("graphs") or []:
+            if isinstance(g.get("graph"), int) and isinstance(g.get("replays"), int):
+                counts[g["graph"]][rank] = g["replays"]
+    for graph, by_rank in sorted(counts.items()):
+        if len(by_rank) > 1 and len(set(by_rank.values())) > 1:
+            holds = {c.label(): None for r in sorted(by_rank) for c in calls.get(r, ())
+                     if c.graph == graph}
+            return Replays(graph, dict(sorted(by_rank.items())), tuple(holds))
+    return None
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -708,6 +766,8 @@ def render_lines(v: Verdict) -> list[str]:
     culprits = format_ranks(v.culprits) if v.culprits else "?"
     lines = [f"VERDICT: {v.kind} - culprit rank(s) {culprits}"]
     root = v.root
+    if v.replays is not None:
+        lines.append(f"  at {v.replays.describe()}")
     if root is not None:
         lines.append(f"  at {root.title()}: {root.why}")
         waiters = [r for r, c in sorted(root.calls.items())
@@ -734,9 +794,12 @@ def render_lines(v: Verdict) -> list[str]:
         lines.append(f"    rank {r}: {_where(s.last)}")
     for inc in v.consequences:
         cause = inc.cause
-        lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
-                     + ("missing, " if inc.missing else "")
-                     + f"waiting in {cause.title() if cause else '?'}")
+        behind = f"{cause.title() if cause else '?'}"
+        if inc.waits_on:
+            lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
+                         + ("missing, " if inc.missing else "") + f"waiting in {behind}")
+        else:                # every rank came: the group's earlier collective never completed
+            lines.append(f"  then {inc.title()}: queued behind {behind}")
     for inc in v.others:
         lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
                      f"{format_ranks(inc.culprits)}: {inc.why}")
@@ -791,6 +854,9 @@ def verdict_json(v: Verdict) -> dict[str, Any]:
             "root": root,
             "consequences": [_incident_json(i, v) for i in v.consequences],
             "others": [_incident_json(i, v) for i in v.others],
+            "replays": None if v.replays is None else {
+                "graph": v.replays.graph, "holds": list(v.replays.holds),
+                "counts": {str(r): n for r, n in v.replays.counts.items()}},
             "ranks": {str(r): {"last": _call_json(s.last), "how": s.how(), "stopped_at": where(s)}
                       for r, s in sorted(v.ranks.items())},
             "open_next": v.open_next()}
