@@ -55,13 +55,19 @@ def signature(ev: CommEvent) -> Signature:
     return signature_of(ev.op, ev.args)
 
 
+# rooted collectives whose one side only the root has: scatter's input, gather's output
+_ROOT_ONLY_IN, _ROOT_ONLY_OUT = frozenset({"scatter"}), frozenset({"gather"})
+
+
 def signature_of(op: str, a: Mapping[str, Any]) -> Signature:
-    """What must agree across the ranks of one collective, from its metadata (``a``)."""
+    """What must agree across the ranks of one collective, from its metadata (``a``): not the
+    sizes of uneven splits, nor the side of a scatter or gather only its root has."""
     uneven = a.get(md.IN_SPLIT, "[]") not in ("[]", None) or a.get(md.OUT_SPLIT, "[]") not in (
         "[]", None)
-    return Signature(op=op, in_nelems=None if uneven else a.get(md.IN_NELEMS),
-                     out_nelems=None if uneven else a.get(md.OUT_NELEMS), dtype=a.get(md.DTYPE),
-                     root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP))
+    return Signature(
+        op=op, in_nelems=None if uneven or op in _ROOT_ONLY_IN else a.get(md.IN_NELEMS),
+        out_nelems=None if uneven or op in _ROOT_ONLY_OUT else a.get(md.OUT_NELEMS),
+        dtype=a.get(md.DTYPE), root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP))
 
 
 @dataclass(frozen=True, slots=True)
