@@ -49,15 +49,25 @@ def _ddp(rank: int, world: int) -> dict[str, Any]:
                                    *[torch.nn.Linear(128, 128) for _ in range(3)],
                                    torch.nn.Linear(128, 4))
 
+    def buckets(ddp: DDP) -> list[tuple[int, int, int, str, str]]:
+        """The reducer's buckets now, as torch reports them: index, elements, parameters,
+        first and last parameter's name."""
+        names = {id(p): n for n, p in ddp.module.named_parameters()}
+        return [(b.index(), b.buffer().numel(), len(b.parameters()),
+                 names[id(b.parameters()[0])], names[id(b.parameters()[-1])])
+                for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
     out: dict[str, Any] = {}
-    # no hook: the reducer's own all_reduces, numbered in its order
-    plain = DDP(model(), bucket_cap_mb=0.1)
-    for _ in range(3):
-        mark = len(_records())
-        plain(torch.randn(8, 32)).sum().backward()
-    out["plain"] = _since(mark)                       # the last step, buckets rebuilt
-    out["plain_buckets"] = [b.buffer().numel()
-                            for b in plain.reducer._get_zeros_like_grad_buckets()]
+    # no hook: the reducer's own all_reduces, numbered in its order; its buckets are rebuilt
+    # at the second step; with find_unused_parameters they never are, and a map of the
+    # parameters used is all-reduced after the last bucket
+    for name, unused in (("plain", False), ("unused", True)):
+        ddp = DDP(model(), bucket_cap_mb=0.1, find_unused_parameters=unused)
+        out[name] = []
+        for _ in range(4):
+            mark = len(_records())
+            ddp(torch.randn(8, 32)).sum().backward()
+            out[name].append((_since(mark), buckets(ddp)))
     # a comm hook: what torch hands it is the truth
     hooked = DDP(model(), bucket_cap_mb=0.1)
     names = {id(p): n for n, p in hooked.module.named_parameters()}
@@ -215,15 +225,30 @@ def test_ddp_buckets_as_the_reducer_reports_them(ranks: list[dict[str, Any]]) ->
     for snap in ranks:
         ddp = snap["ddp"]
         # no hook: one all_reduce per reducer bucket, in the reducer's bucket order, each
-        # the size of the bucket torch keeps under that index
-        reduced = [r for r in ddp["plain"] if r["commviz.op"] == "all_reduce"]
-        assert [r[BUCKET] for r in reduced] == list(range(len(ddp["plain_buckets"])))
-        assert [r["commviz.ddp_bucket_numel"] for r in reduced] == ddp["plain_buckets"]
-        assert all(r[KIND] == "DDP" and r[ORIGIN] == f"DDP bucket {r[BUCKET]}"
-                   for r in reduced)
-        assert all(r["commviz.backward_callsite"].endswith(
-            f"test_origin.py:{_line_of('plain(torch.randn(8, 32)).sum().backward()')}")
-            for r in reduced)
+        # the size of the bucket torch keeps under that index, its parameters named as torch
+        # names them (the first rebuilt step's by index and size only: torch's logger has
+        # them from the next forward on)
+        for name in ("plain", "unused"):
+            for step, (records, truth) in enumerate(ddp[name]):
+                reduced = [r for r in records if r["commviz.op"] == "all_reduce"]
+                if name == "unused":          # torch's map of used parameters, then no more
+                    assert reduced[len(truth)]["In msg nelems"] == sum(t[2] for t in truth)
+                    assert reduced[len(truth)][ORIGIN] == "DDP unused-parameter map"
+                    reduced = reduced[:len(truth)]
+                assert [(r[BUCKET], r["commviz.ddp_bucket_numel"]) for r in reduced] == [
+                    t[:2] for t in truth]
+                assert all(r[KIND] == "DDP" and r[ORIGIN] == f"DDP bucket {r[BUCKET]}"
+                           for r in reduced)
+                named = [(r[BUCKET], r["commviz.ddp_bucket_numel"],
+                          r.get("commviz.ddp_bucket_params"), r.get("commviz.ddp_bucket_first"),
+                          r.get("commviz.ddp_bucket_last")) for r in reduced]
+                if name == "plain" and step == 1:
+                    assert all(n[2:] == (None,) * 3 for n in named)
+                else:
+                    assert named == truth, (name, step)
+                assert all(r["commviz.backward_callsite"].endswith(
+                    f"test_origin.py:{_line_of('ddp(torch.randn(8, 32)).sum().backward()')}")
+                    for r in reduced)
         # a comm hook: the bucket torch handed it, its parameters named as the module names them
         got = [(r[BUCKET], r["commviz.ddp_bucket_params"], r["commviz.ddp_bucket_first"],
                 r["commviz.ddp_bucket_last"]) for r in ddp["hooked"]]
@@ -337,7 +362,7 @@ def test_origins_in_the_trace_the_overview_and_the_report(
                                      out=tmp_path / "r.json").text)
     units = {row["origin"] for row in report["by_unit"]}
     fsdp = snaps[0]["fsdp_tp_compiled"]["fsdp_modules"]
-    buckets = len(snaps[0]["ddp"]["plain_buckets"])
+    buckets = len(snaps[0]["ddp"]["plain"][-1][1])
     assert {f"FSDP {m}" for m in fsdp} | {f"DDP bucket {b}" for b in range(buckets)} | {
         f"pipelining stage {r}" for r in range(len(snaps))} <= units, units
     # each rank's wait counted once, under its own unit

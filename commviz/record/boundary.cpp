@@ -263,12 +263,40 @@ auto* g_origin_prefixes = new std::vector<std::string>();  // set before the ker
 thread_local int32_t t_origin = 0;
 
 // A range of the chain open on this thread: its handle (the _RecordFunction the enter op
-// returned) and the origin before it.
+// returned), the origin before it, and whether its exit calls Python (`g_exit_watch`).
 struct OpenRange {
   const void* handle;
   int32_t prev;
+  bool watched;
 };
 thread_local std::vector<OpenRange> t_open;
+
+// One range name whose exits call a Python function (commviz.record.ddp_buckets reads DDP's
+// buckets when a DDP forward ends, where nothing holds the reducer's mutex); an error in the
+// function stops the calls.
+struct ExitWatch {
+  std::string name;
+  py::object callback;
+};
+ExitWatch* g_exit_watch = nullptr;
+std::atomic<bool> g_exit_armed{false};
+
+void watch_exit(const std::string& name, py::object callback) {
+  if (g_exit_watch == nullptr) g_exit_watch = new ExitWatch();  // outlives the interpreter
+  g_exit_watch->name = name;
+  g_exit_watch->callback = std::move(callback);
+  g_exit_armed.store(true);
+}
+
+void call_exit_watch() {
+  py::gil_scoped_acquire gil;
+  try {
+    g_exit_watch->callback();
+  } catch (const std::exception&) {
+    g_exit_armed.store(false);
+    PyErr_Clear();
+  }
+}
 
 bool followed(const std::string& name) {
   for (const std::string& prefix : *g_origin_prefixes) {
@@ -1088,9 +1116,11 @@ class RangeEnter final : public c10::OperatorKernel {
     const bool follow = g_active.load(std::memory_order_relaxed) && name.isString() &&
                         followed(name.toStringRef());
     const int32_t id = follow ? open_range(name.toStringRef()) : 0;
+    const bool watched = follow && g_exit_armed.load(std::memory_order_relaxed) &&
+                         name.toStringRef() == g_exit_watch->name;
     op.redispatchBoxed(ks & kBelowBackendSelect, stack);
     if (follow && !stack->empty() && stack->back().isObject()) {
-      t_open.push_back({stack->back().internalToPointer(), t_origin});
+      t_open.push_back({stack->back().internalToPointer(), t_origin, watched});
       t_origin = id;
     }
   }
@@ -1103,14 +1133,17 @@ class RangeExit final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const c10::IValue& node = stack->back();
     const void* handle = node.isObject() ? node.internalToPointer() : nullptr;
+    bool watched = false;
     for (size_t i = t_open.size(); handle != nullptr && i-- > 0;) {
       if (t_open[i].handle == handle) {
         t_origin = t_open[i].prev;
+        watched = t_open[i].watched;
         t_open.resize(i);
         break;
       }
     }
     op.redispatchBoxed(ks & kBelowBackendSelect, stack);
+    if (watched && g_exit_armed.load(std::memory_order_relaxed)) call_exit_watch();
   }
 };
 
@@ -1285,6 +1318,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
   m.def("origin_count", &origin_count, "how often ranges of this name were opened");
   m.def("current_origin", []() { return t_origin; }, "this thread's origin id");
+  m.def("watch_exit", &watch_exit, "call a function when a range of this name exits");
   // the ring of natively recorded calls and the ordinal counter shared with Python's records
   m.def("next_ordinal", []() { return g_native->next_ordinal(); });
   m.def("last_ordinal", []() { return g_native->last_ordinal(); });

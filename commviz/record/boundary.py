@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from commviz import metadata as md
-from commviz.record import calls, capturing, origin
+from commviz.record import calls, capturing, ddp_buckets, origin
 from commviz.record.ops import CODES, OPS, OpSpec
 from commviz.record.recorder import RECORDER
 
@@ -194,6 +194,7 @@ class _Boundary:
                                         list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
         origin.NATIVE = ext
+        ext.watch_exit(origin.DDP_FORWARD, ddp_buckets.learn)
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)
         if unrecorded:
             warnings.warn("commviz: another kernel sits at BackendSelect for "

@@ -41,6 +41,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable, NamedTuple
 
 from commviz import metadata as md
+from commviz.record import ddp_buckets
 
 # Profiler ranges torch opens around its frameworks' communication (names as torch writes them)
 FSDP, PP, FORWARD, BACKWARD, DDP_FORWARD = (
@@ -398,17 +399,21 @@ class MicroBatches:
 MICRO_BATCHES = MicroBatches()
 
 
-def _bucket(bucket: Any, index: int, numel: int, nbytes: int) -> Origin:
-    extra: list[tuple[str, Any]] = [(md.DDP_BUCKET, index), (md.DDP_BUCKET_BYTES, nbytes)]
-    if bucket is not None:
-        params = bucket.parameters()
-        extra += [(md.DDP_BUCKET_PARAMS, len(params)),
-                  (md.DDP_BUCKET_BYTES, bucket.buffer().numel() * bucket.buffer().element_size())]
-        if params:
-            extra += [(md.DDP_BUCKET_FIRST, param_name(params[0])),
-                      (md.DDP_BUCKET_LAST, param_name(params[-1]))]
-    else:
-        extra.append((md.DDP_BUCKET_NUMEL, numel))
+def _hooked(bucket: Any) -> ddp_buckets.Bucket | None:
+    """What the comm hook's ``GradBucket`` holds."""
+    params = bucket.parameters()
+    if not params:
+        return None
+    return ddp_buckets.Bucket(len(params), bucket.buffer().numel() * bucket.buffer().element_size(),
+                              param_name(params[0]), param_name(params[-1]))
+
+
+def _bucket(index: int, nbytes: int, held: ddp_buckets.Bucket | None,
+            extra: list[tuple[str, Any]]) -> Origin:
+    extra = [(md.DDP_BUCKET, index), (md.DDP_BUCKET_BYTES, nbytes), *extra]
+    if held is not None:
+        extra += [(md.DDP_BUCKET_PARAMS, held.params), (md.DDP_BUCKET_BYTES, held.nbytes),
+                  (md.DDP_BUCKET_FIRST, held.first), (md.DDP_BUCKET_LAST, held.last)]
     return Origin(f"DDP bucket {index}", md.OriginKind.DDP, f"bucket {index}", "all-reduce",
                   tuple(dict(extra).items()), Refresh.ALL)
 
@@ -425,11 +430,17 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
             n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
         origin = _pipeline(names, frames, op, kind)
     if origin is None and frames.bucket is not None:
-        origin = _bucket(frames.bucket, frames.bucket.index(), numel, nbytes)
+        origin = _bucket(frames.bucket.index(), nbytes, _hooked(frames.bucket), [])
     if origin is None and frames.from_cpp and op == "all_reduce" and NATIVE is not None:
         forwards = NATIVE.origin_count(DDP_FORWARD)
         if forwards:
-            origin = _bucket(None, DDP_ORDER.take(forwards, count), numel, nbytes)
+            index = DDP_ORDER.take(forwards, count)
+            if ddp_buckets.used_map(index, numel):
+                origin = Origin("DDP unused-parameter map", md.OriginKind.DDP,
+                                "unused parameters", "all-reduce", refresh=Refresh.ALL)
+            else:
+                origin = _bucket(index, nbytes, ddp_buckets.lookup(index, nbytes),
+                                 [(md.DDP_BUCKET_NUMEL, numel)])
     if origin is None and frames.redistribute is not None:
         loc = frames.redistribute.f_locals
         moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
