@@ -70,7 +70,7 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         async_op = bool(mapped.pop(md.ASYNC, False))
         info = md.group_info(group)
         if not info.member:               # torch skips calls on groups this rank is not in
-            calls.SCOPE.stack.append(calls.Claim(None))
+            calls.SCOPE.push(calls.Claim(None))
             return {}
         first = tensor if tensor is not None else out_tensor
         if first is None:
@@ -83,11 +83,11 @@ class annotate_collective:  # noqa: N801 - used like a function, as torch.profil
         self._call = calls.open_record(
             name, kind, info, in_n, out_n, dtype, esize, device, in_split, out_split, async_op,
             mapped, calls.callsite(), info.last_seq + 1 if collective else None, want_meta=True)
-        calls.SCOPE.stack.append(calls.Claim(self._call))
+        calls.SCOPE.push(calls.Claim(self._call))
         return self._call[md.R_META]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        claim = calls.SCOPE.stack.pop()
+        claim = calls.SCOPE.pop()
         if claim is not None:
             claim.close()
         if self._call is not None:

@@ -74,10 +74,12 @@ def wrappers_only():
     """commviz's wrappers record as usual but skip the capture work (where the time goes)."""
     saved = capturing.capture_possible
     capturing.capture_possible = lambda: False
+    capturing.changed()
     try:
         yield
     finally:
         capturing.capture_possible = saved
+        capturing.changed()
 
 
 class Parts:

@@ -30,6 +30,7 @@ import torch
 
 from commviz import metadata as md
 from commviz.capture import graphs
+from commviz.record import capturing
 from commviz.record import recorder as _rec
 
 REPLAY_RANGE = md.REPLAY_RANGE
@@ -54,6 +55,7 @@ def _count(delta: int) -> None:
     global _active
     with _lock:
         _active = max(0, _active + delta)
+        capturing.changed()
 
 
 def state_of(cuda_graph: Any) -> graphs.GraphState | None:
@@ -150,6 +152,7 @@ def install() -> None:
         _saved.update(originals)           # before the swap: a hook may run at once
         for name in originals:
             setattr(cls, name, _HOOKS[name])
+        capturing.changed()
 
 
 def uninstall() -> None:
@@ -163,6 +166,7 @@ def uninstall() -> None:
                 delattr(cls, name)
         _saved.clear()
         _own.clear()
+        capturing.changed()
 
 
 def installed() -> bool:

@@ -41,6 +41,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -95,11 +96,9 @@ struct Python {
   py::object begin, finish;   // build / finish a full record
   py::object shape;           // register a call site's shape: (index, GroupInfo, slots) | ...
   py::object failed;          // a natively recorded call raised: (ordinal, error)
-  py::object scope;           // calls.SCOPE: its per-thread `stack` says a block is open
-  py::object profiling;       // torch's "is a profiler running"
-  py::object hooks;           // commviz.capture.hooks: its capture_possible(), looked up
-                              // per call (a test or benchmark may replace it)
-  py::object stack_attr, last_seq_attr, capturing_attr, installed_attr;
+  py::object hooks;           // commviz.record.capturing: its installed(), looked up per
+                              // captured call (a test or benchmark may replace it)
+  py::object last_seq_attr, installed_attr;
 };
 Python* g_py = nullptr;
 
@@ -670,6 +669,11 @@ struct Shape {
 // Touched with the GIL held only.
 auto* g_shapes = new std::unordered_map<ShapeKey, Shape, ShapeKeyHash>();
 
+// How many blocks of calls.SCOPE are open on this thread (calls.DEPTH sets it).
+thread_local int64_t t_scope_depth = 0;
+// What commviz.record.capturing.capture_possible() says (capturing.changed sets it).
+std::atomic<bool> g_capture_possible{false};
+
 // How a call is recorded: natively as a plain call, natively under capture (its frontier is
 // read as it returns), or by Python's `begin` / `finish`.
 enum class Mode { PLAIN, CAPTURE_POSSIBLE, CAPTURED, PYTHON };
@@ -677,15 +681,11 @@ enum class Mode { PLAIN, CAPTURE_POSSIBLE, CAPTURED, PYTHON };
 // No annotate_collective / unrecorded block open on this thread and no profiler running:
 // PLAIN, or CAPTURE_POSSIBLE for a CUDA call while a capture may be running. Needs the GIL.
 Mode call_mode(bool cuda) {
-  PyObject* stack = PyObject_GetAttr(g_py->scope.ptr(), g_py->stack_attr.ptr());
-  if (stack == nullptr) throw py::error_already_set();
-  bool open = PyList_Check(stack) && PyList_GET_SIZE(stack) > 0;
-  Py_DECREF(stack);
-  if (open) return Mode::PYTHON;
-  if (PyObject_IsTrue(g_py->profiling().ptr())) return Mode::PYTHON;
+  if (t_scope_depth > 0) return Mode::PYTHON;
+  if (torch::profiler::impl::profilerEnabled()) return Mode::PYTHON;
   if (!cuda) return Mode::PLAIN;
-  py::object capturing = g_py->hooks.attr(g_py->capturing_attr);
-  return PyObject_IsTrue(capturing().ptr()) ? Mode::CAPTURE_POSSIBLE : Mode::PLAIN;
+  return g_capture_possible.load(std::memory_order_relaxed) ? Mode::CAPTURE_POSSIBLE
+                                                             : Mode::PLAIN;
 }
 
 // -- CUDA graph capture: the driver's view of the call's stream ------------------------------
@@ -1267,11 +1267,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
   g_py->finish = python["finish"];
   g_py->shape = python["shape"];
   g_py->failed = python["failed"];
-  g_py->scope = python["scope"];
-  g_py->profiling = python["profiling"];
   g_py->hooks = python["hooks"];
-  g_py->stack_attr = py::str("stack");
-  g_py->capturing_attr = py::str("capture_possible");
   g_py->installed_attr = py::str("installed");
   g_py->last_seq_attr = py::str("last_seq");
   g_shapes->clear();
@@ -1318,6 +1314,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("origin_path", &origin_path, "the framework ranges an origin id stands for");
   m.def("origin_count", &origin_count, "how often ranges of this name were opened");
   m.def("current_origin", []() { return t_origin; }, "this thread's origin id");
+  m.def("set_capture_possible", [](bool possible) { g_capture_possible.store(possible); },
+        "whether a stream may be capturing (commviz.record.capturing.changed)");
+  m.def("set_scope_depth", [](int64_t depth) { t_scope_depth = depth; },
+        "how many calls.SCOPE blocks are open on this thread");
   m.def("watch_exit", &watch_exit, "call a function when a range of this name exits");
   // the ring of natively recorded calls and the ordinal counter shared with Python's records
   m.def("next_ordinal", []() { return g_native->next_ordinal(); });

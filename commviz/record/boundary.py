@@ -186,13 +186,16 @@ class _Boundary:
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]
         python = {"begin": calls.begin, "finish": calls.finish, "shape": calls.shape,
-                  "failed": calls.failed, "scope": calls.SCOPE,
-                  "profiling": torch._C._autograd._profiler_enabled,
+                  "failed": calls.failed,
                   "hooks": capturing}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
                                         list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
+        ext.set_scope_depth(len(calls.SCOPE.stack))
+        calls.DEPTH = ext.set_scope_depth
+        capturing.NOTIFY = ext.set_capture_possible
+        capturing.changed()
         origin.NATIVE = ext
         ext.watch_exit(origin.DDP_FORWARD, ddp_buckets.learn)
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)

@@ -26,7 +26,7 @@ import sysconfig
 import threading
 import time
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import typing_extensions
@@ -82,13 +82,29 @@ class Claim:
 
 class _Scope(threading.local):
     """Per-thread stack of blocks whose c10d calls are not recorded on their own: commviz's
-    own traffic (``unrecorded``: None) and ``annotate_collective`` blocks (a ``Claim``)."""
+    own traffic (``unrecorded``: None) and ``annotate_collective`` blocks (a ``Claim``).
+    Its depth is mirrored in the boundary kernel's thread-local (``DEPTH``), which then need
+    not ask Python on every call."""
 
     def __init__(self) -> None:
         self.stack: list[Claim | None] = []
 
+    def push(self, claim: Claim | None) -> None:
+        self.stack.append(claim)
+        DEPTH(len(self.stack))
+
+    def pop(self) -> Claim | None:
+        claim = self.stack.pop()
+        DEPTH(len(self.stack))
+        return claim
+
+
+def _unmirrored(depth: int) -> None:
+    """Until the boundary kernel is in, nothing mirrors a scope's depth."""
+
 
 SCOPE = _Scope()
+DEPTH: Callable[[int], None] = _unmirrored   # the boundary kernel's setter, once it is in
 
 
 class unrecorded:  # noqa: N801 - a context manager used like a function
@@ -96,10 +112,10 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
     Their group's sequence numbers still advance, as torch's do."""
 
     def __enter__(self) -> None:
-        SCOPE.stack.append(None)
+        SCOPE.push(None)
 
     def __exit__(self, *exc: Any) -> None:
-        SCOPE.stack.pop()
+        SCOPE.pop()
 
 
 # -- the call site: the first frame outside torch and commviz ----------------------------------

@@ -9,8 +9,10 @@ subscribes, the recorder never imports it. Until then nothing counts as capturin
 turns recording on (``commviz.start``, ``commviz.patch``, ``commviz.distributed``,
 ``annotate_collective``) imports the capture code first.
 
-``calls`` and the boundary kernel look ``capture_possible`` and ``installed`` up here on every
-call, so a benchmark may replace them here.
+``calls`` looks ``capture_possible`` and ``installed`` up here on every call, and the boundary
+kernel ``installed`` on a captured call, so a benchmark may replace them here. The boundary
+kernel reads ``capture_possible`` from a flag of its own, which ``changed`` sets (the capture
+code calls it when a capture begins or ends and when its hooks go in or out).
 """
 
 from __future__ import annotations
@@ -38,9 +40,22 @@ def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
     """End the region ``enter`` returned ``token`` for."""
 
 
+def _unheard(possible: bool) -> None:
+    """Until the boundary kernel is in, nobody keeps the flag."""
+
+
+NOTIFY: Callable[[bool], None] = _unheard       # the boundary kernel's flag setter, once in
+
+
+def changed() -> None:
+    """What ``capture_possible`` says may have changed: set the boundary kernel's flag."""
+    NOTIFY(capture_possible())
+
+
 def connect(*, capture_possible: Callable[[], bool], installed: Callable[[], bool],
             enter: Callable[[list[Any], bool], Any],
             exit: Callable[[Any, list[Any]], None]) -> None:  # noqa: A002
     """The capture code's entries, in place of the defaults above."""
     globals().update(capture_possible=capture_possible, installed=installed, enter=enter,
                      exit=exit)
+    changed()
