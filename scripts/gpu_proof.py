@@ -17,7 +17,8 @@ Per run dir (a ``commviz launch`` run with ``TORCH_FR_BUFFER_SIZE`` set, so each
   ranks; ``tests/fr_compare.py``), ``p2p_diff``: p2p records whose ``commviz.fr_p2p_seq`` is
   not the dump's ``p2p_seq_id`` (of ``p2p_checked`` compared: NCCL's recorder keeps p2p
   entries, gloo's none);
-- ``no_origin``: records without ``commviz.origin``; ``verify``: ``commviz verify``'s verdict.
+- ``no_origin``: records without ``commviz.origin``; ``verify``: ``commviz verify``'s verdict;
+- ``ddp_buckets`` / ``ddp_buckets_named``: records of a DDP bucket / those naming its parameters.
 Exits 1 when any count that must be 0 is not.
 """
 
@@ -138,6 +139,8 @@ def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
         "conflicts": sum(len(m.conflicts) for m in matches.values()),
         "records": len(records),
         "no_origin": sum(not r.get(md.ORIGIN) for r in records),
+        "ddp_buckets": sum(md.DDP_BUCKET in r for r in records),
+        "ddp_buckets_named": sum(md.DDP_BUCKET_PARAMS in r for r in records),
         "verify": "OK" if ok else "PROBLEMS",
     }
     row["missing"] = row["kernels"] - row["named"]
