@@ -11,6 +11,8 @@ decides which node holds rank 0; each launch learns it from its own workers
 gather (``output.gather``) it writes the overview (``commviz.review.overview``) instead of the
 merge, and the report only where every rank's matched run is visible (a shared run dir). A failed rank makes the
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
+While torchrun runs, the launch watches for a hang (``commviz.launch.watch``) and answers
+``commviz status`` run on another node with its own ranks' stacks (``commviz.launch.answer``).
 
 Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
 (``configs/default.yaml`` is the same text for people browsing the repo; a test keeps the two
@@ -33,6 +35,7 @@ from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
 from commviz.launch import groups, outcome, placement, rendezvous, slurm, torchrun
+from commviz.launch.answer import StackAnswers
 from commviz.launch.echo import Echo
 from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
 from commviz.launch.schema import Config
@@ -406,10 +409,15 @@ def handle(args: argparse.Namespace) -> int:
         watch = rendezvous.Watch(str(cfg.job.rdzv_endpoint), cfg.job.rdzv_id, cfg.job.nnodes,
                                  node_rank, _Say(log, echo))
         watch.start()
-    hangs = HangWatch(run_dir, args.hang_after, lambda text: (
-        out.write(text), out.flush(), log.write(text))) if args.hang_after else None
+    def say(text: str) -> None:
+        out.write(text)
+        out.flush()
+        log.write(text)
+    hangs = HangWatch(run_dir, args.hang_after, say) if args.hang_after else None
     if hangs is not None:
         hangs.start()
+    answers = StackAnswers(run_dir, node_rank, launch_id, say)
+    answers.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
                             echo=echo)
@@ -418,6 +426,7 @@ def handle(args: argparse.Namespace) -> int:
             watch.stop()
         if hangs is not None:
             hangs.stop()
+        answers.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -294,3 +295,115 @@ def test_rendezvous_state_is_read_without_running_foreign_code():
             return (os.system, ("echo pwned",))
     assert rendezvous.decode_state(base64.b64encode(pickle.dumps(Hostile()))) is None
     assert rendezvous.decode_state(b"Y2FuaW1hZGFt") is None      # torch's "no state" sentinel
+
+
+# -- commviz status from one node ----------------------------------------------------------------
+# Another host, as a signal sees it: a launch started in a PID namespace of its own (a user
+# namespace makes that unprivileged). Its processes keep the file system, loopback and host name,
+# but the pids its ranks write in their stacks files mean nothing outside, and nothing outside
+# can signal them: only that node's launch can.
+OTHER_HOST = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+              "--kill-child"]
+FAILING_JOB = JOBS / "failing_job.py"
+
+
+def _other_host_works() -> bool:
+    try:
+        got = subprocess.run([*OTHER_HOST, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return got.returncode == 0
+
+
+def _line_of(path: Path, text: str) -> int:
+    """The 1-based line of ``path`` holding ``text`` (what the scenario stops on)."""
+    (n,) = [i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line]
+    return n
+
+
+@pytest.mark.slow
+def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
+    """Two launches share one run dir; the one holding rank 1 runs as another host (its own PID
+    namespace). Rank 1 sleeps before its 2nd all_reduce, rank 0 waits in it. `commviz status`,
+    run beside rank 0, signals rank 0 itself and gets rank 1's stacks through rank 1's launch:
+    both ranks' live stacks files hold a dump, and the verdict names rank 1 at its sleep. With
+    that launch stopped (SIGSTOP), status names its node as not answering."""
+    from commviz.record import stacks
+    from commviz.review.verdict import build_verdict
+
+    if not _other_host_works():
+        pytest.skip("no unprivileged PID namespaces here (unshare --user --pid)")
+    port = free_port()
+    cfg = tmp_path / "stuck.yaml"
+    cfg.write_text(textwrap.dedent(f"""
+        name: stuck
+        job: {{nproc_per_node: 1, nnodes: 2, timeout_s: 120, rdzv_endpoint: '127.0.0.1:{port}',
+               rdzv_id: st-{port}}}
+        workload:
+          steps: 3
+          entrypoint: failing_job:build
+          args: {{rank: 1, at: 2, how: stuck, sleep_s: 120}}
+          pythonpath: [{JOBS}]
+        output: {{dir: {tmp_path / 'runs'}, run_name: run, merge: false, report: false}}
+        """))
+    launch = [sys.executable, "-m", "commviz", "launch", str(cfg), "--hang-after", "0"]
+    procs = {   # c10d gives rank 0 to the address sorting first
+        "here": subprocess.Popen([*launch, "--node-rank", "0", "--set", f"job.local_addr={FIRST}"],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True),
+        "other": subprocess.Popen([*OTHER_HOST, *launch, "--node-rank", "1",
+                                   "--set", f"job.local_addr={SECOND}"],
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, start_new_session=True)}
+    run_dir = tmp_path / "runs" / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:     # until rank 0 waits in the 2nd all_reduce
+            time.sleep(0.5)
+            if any(p.poll() is not None for p in procs.values()):
+                break                          # a launch ended: its output says why, below
+            try:
+                v = build_verdict(run_dir, live=True)
+            except Exception:                  # journals not there yet
+                continue
+            if v is not None and v.root is not None and sorted(v.root.calls) == [0]:
+                break
+        status = [sys.executable, "-m", "commviz", "status", str(run_dir)]
+        got = subprocess.run(status, capture_output=True, text=True, timeout=60)
+        assert all(p.poll() is None for p in procs.values())    # status stopped nothing
+        os.killpg(procs["other"].pid, signal.SIGSTOP)       # that node's launch hangs
+        try:
+            stuck = subprocess.run([*status, "--wait", "1"], capture_output=True, text=True,
+                                   timeout=60)
+        finally:
+            os.killpg(procs["other"].pid, signal.SIGCONT)
+    finally:       # the other node goes at once (its namespace with it), then Ctrl-C here
+        for p, how in ((procs["other"], signal.SIGKILL), (procs["here"], signal.SIGINT)):
+            if p.poll() is None:
+                os.killpg(p.pid, how)
+        outs = {}
+        for label, p in procs.items():
+            try:
+                outs[label] = p.communicate(timeout=60)[0]
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                outs[label] = p.communicate()[0]
+    out = got.stdout
+    assert got.returncode == 1, out + got.stderr + "\n".join(outs.values())
+    # rank 0 was signalled from here; rank 1 only by its own launch (nothing here can reach it)
+    assert "  stacks asked here of ranks 0\n" in out, out
+    assert "): its launch asked ranks 1\n" in out, out
+    assert "stacks asked by commviz status" in outs["other"], outs["other"]
+    live = {r: stacks.read_stacks(stacks.stacks_path(run_dir, r, live=True)) for r in (0, 1)}
+    assert all(s is not None and s.threads for s in live.values()), live
+    sleep_line = _line_of(FAILING_JOB, "time.sleep(ctx.args")
+    reduce_line = _line_of(FAILING_JOB, "ctx.dist.all_reduce(t")
+    at = {r: s.user_frame() for r, s in live.items()}
+    assert (at[1].file, at[1].line) == (str(FAILING_JOB), sleep_line), at
+    assert (at[0].file, at[0].line) == (str(FAILING_JOB), reduce_line), at
+    assert "VERDICT: hang - culprit rank(s) 1" in out, out
+    stopped = next(line for line in out.splitlines() if "stopped at" in line)
+    assert f"failing_job.py:{sleep_line} in step: time.sleep(" in stopped, out
+    # asked again while rank 1's launch hangs: rank 0 is signalled from here, rank 1's node named
+    assert "  stacks asked here of ranks 0\n" in stuck.stdout, stuck.stdout
+    assert ", ranks 1): no answer in 1 s: its launch is gone or stuck" in stuck.stdout, stuck.stdout

@@ -10,8 +10,10 @@ the program or commviz's flush installed before it. ``install`` arms it per rank
   signal (SIGABRT from NCCL's watchdog, SIGSEGV, ...: ``faulthandler.enable``, unless the program
   enabled it already), and an uncaught exception's traceback (``sys.excepthook``, chained);
 - ``stacks_rank{R}.live.txt`` (on request, the job goes on): ``LIVE_SIGNAL``, sent by ``commviz
-  status`` / ``commviz launch`` while a job hangs (``request``). A real-time signal, which no
-  launcher or program sends by default; if the program handles it already, it is left alone.
+  status`` / ``commviz launch`` while a job hangs (``signal_here``: to this host's ranks; other
+  nodes' ranks are asked through the run dir, ``commviz.record.asking``). A real-time signal,
+  which no launcher or program sends by default; if the program handles it already, it is left
+  alone. ``Dumps`` tells when the asked ranks have written.
 
 Each file starts with one header line (rank, pid, the main thread's id, the live signal); the
 dumps follow in faulthandler's own format, which ``read_stacks`` parses (text only; the last
@@ -35,13 +37,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 STACKS = "stacks_rank{rank}.txt"
 LIVE_SUFFIX = ".live.txt"
 LIVE = "stacks_rank{rank}" + LIVE_SUFFIX
 LIVE_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
 TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+POLL_S = 0.05                              # how often a dump's arrival is looked for
 HEADER = "# commviz stacks: rank {rank} pid {pid} main {main} live-signal {sig}\n"
 EXCEPTION = "Uncaught exception"           # how an uncaught exception's section starts
 _HEADER_RE = re.compile(r"# commviz stacks: rank (\d+) pid (\d+) main (0x[0-9a-f]+) "
@@ -166,13 +169,59 @@ def _holds(pid: int, path: Path) -> bool:
     return False
 
 
+def signal_here(run_dir: Path, ranks: Iterable[int] | None = None) -> list[int]:
+    """Ask every rank of ``run_dir`` (of ``ranks``) that runs on this host for its stacks, at
+    once; the ranks asked. Others (on other hosts) are asked by their node's launch
+    (``commviz.record.asking``)."""
+    wanted = None if ranks is None else set(ranks)
+    return [rank for rank, pid in sorted(live_pids(run_dir).items())
+            if (wanted is None or rank in wanted)
+            and _holds(pid, stacks_path(run_dir, rank, live=True)) and request(pid)]
+
+
+def _size(path: Path) -> int:
+    """The file's size, through an open: a shared file system revalidates its cached
+    attributes on open, not on a plain stat."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size
+    except OSError:
+        return -1
+
+
+class Dumps:
+    """Which ranks' live stacks files got a new dump since it was made: grown, and no longer
+    growing (faulthandler writes a dump in many small writes)."""
+
+    def __init__(self, run_dir: Path, ranks: Iterable[int]) -> None:
+        self.run_dir = Path(run_dir)
+        self.before = {r: _size(stacks_path(run_dir, r, live=True)) for r in ranks}
+        self._last = dict(self.before)
+
+    def poll(self, ranks: Iterable[int]) -> set[int]:
+        """Those of ``ranks`` (known at the start) that have written by now."""
+        now = {r: _size(stacks_path(self.run_dir, r, live=True)) for r in ranks
+               if r in self.before}
+        done = {r for r, n in now.items() if n > self.before[r] and n == self._last[r]}
+        self._last.update(now)
+        return done
+
+    def wait(self, ranks: Iterable[int], wait_s: float) -> set[int]:
+        """Poll until each of ``ranks`` wrote its dump, or ``wait_s`` passed; those that did."""
+        todo, deadline = set(ranks), time.monotonic() + wait_s
+        while True:
+            done = self.poll(todo)
+            if done == todo or time.monotonic() >= deadline:
+                return done
+            time.sleep(POLL_S)
+
+
 def request_all(run_dir: Path, wait_s: float = 1.0) -> list[int]:
-    """Ask every rank of ``run_dir`` running on this host for its stacks, then give them
+    """Ask every rank of ``run_dir`` running on this host for its stacks, then give them up to
     ``wait_s`` to write; the ranks asked."""
-    asked = [rank for rank, pid in sorted(live_pids(run_dir).items())
-             if _holds(pid, stacks_path(run_dir, rank, live=True)) and request(pid)]
-    if asked:
-        time.sleep(wait_s)
+    dumps = Dumps(run_dir, live_pids(run_dir))
+    asked = signal_here(run_dir)
+    dumps.wait(asked, wait_s)
     return asked
 
 

@@ -1,25 +1,120 @@
 """``commviz status RUN_DIR``: the verdict on a job that is still running, from another shell.
 
-Every rank of the run dir on this host is asked for its stacks without stopping it
-(``commviz.record.stacks.LIVE_SIGNAL``); the verdict is then built from the ranks' journals
-and those stacks (``commviz.review.verdict``). Exit status 0 when the ranks agree (nothing
-held up yet), 1 with a verdict, 2 when the run dir cannot be read.
+Every rank of the run dir is asked for its stacks without stopping it
+(``commviz.record.stacks.LIVE_SIGNAL``): those on this host directly, those on other nodes
+through the run dir, which their node's ``commviz launch`` answers (``commviz.record.asking``);
+status waits for them (``--wait``), says which ranks gave their stacks and which did not, and
+why not where it can tell. The verdict is then built from the ranks' journals and those stacks
+(``commviz.review.verdict``). Exit status 0 when the ranks agree (nothing held up yet), 1 with
+a verdict, 2 when the run dir cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from commviz.record import stacks
+from commviz.merge.select import format_ranks
+from commviz.record import asking, stacks
 from commviz.review.verdict import build_verdict
+from commviz.trace.run import Run, load_run
+
+DEFAULT_WAIT_S = 5.0
+POLL_S = 0.1                   # how often the stacks and the answers are looked for
+
+
+@dataclass
+class Asked:
+    """Who was asked for stacks, by whom, and what came back."""
+
+    wait_s: float
+    here: list[int]                                       # signalled from this process
+    wrote_here: set[int]
+    answered: list[asking.AnswerFile] = field(default_factory=list)   # launches that asked some
+    silent: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # (node, host): ranks
+    unanswered: dict[str, list[int]] = field(default_factory=dict)   # host -> ranks no launch took
+    absent: list[int] = field(default_factory=list)       # ranks with no live stacks file here
+    problems: list[str] = field(default_factory=list)
+
+    def render(self, run_dir: Path) -> str:
+        lines = [f"commviz status: {run_dir}"]
+        if self.here:
+            lines.append(f"  stacks asked here of ranks {format_ranks(self.here)}"
+                         + _not_written(self.here, self.wrote_here))
+        else:
+            lines.append("  no rank of it runs on this host")
+        for a in self.answered:
+            lines.append(f"  node {a['node']} ({a['host']}, ranks {format_ranks(a['ranks'])}): "
+                         f"its launch asked ranks {format_ranks(a['signalled']) or 'none'}"
+                         + _not_written(a["signalled"], set(a["written"])))
+            gone = sorted(set(a["ranks"]) - set(a["signalled"]) - set(self.here))
+            if gone:
+                lines.append(f"    ranks {format_ranks(gone)}: no process of theirs on "
+                             f"{a['host']} (ended?)")
+        for (node, host), ranks in sorted(self.silent.items()):
+            lines.append(f"  node {node} ({host}, ranks {format_ranks(ranks)}): no answer in "
+                         f"{self.wait_s:g} s: its launch is gone or stuck")
+        for host, ranks in sorted(self.unanswered.items()):
+            lines.append(f"  ranks {format_ranks(ranks)} on {host}: no answer in "
+                         f"{self.wait_s:g} s: no commviz launch of this run dir runs there "
+                         "(plain torchrun? a run dir not shared with this one?)")
+        if self.absent:
+            lines.append(f"  ranks {format_ranks(self.absent)}: no live stacks file in this run "
+                         "dir (not started, or ended; or their node's run dir is not this one)")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines) + "\n"
+
+
+def _not_written(asked: list[int], wrote: set[int]) -> str:
+    missing = sorted(set(asked) - wrote)
+    return f"; ranks {format_ranks(missing)} wrote no stacks in time" if missing else ""
+
+
+def ask_every_rank(run_dir: Path, run: Run, wait_s: float) -> Asked:
+    """Signal this host's ranks, ask the other nodes' launches for theirs (when some rank runs
+    elsewhere), and wait until every rank asked here wrote its stacks and every other rank's
+    launch answered, or ``wait_s`` passed."""
+    live = stacks.live_pids(run_dir)
+    dumps = stacks.Dumps(run_dir, live)
+    here = stacks.signal_here(run_dir)
+    elsewhere = set(live) - set(here)
+    token = asking.ask(run_dir, here) if elsewhere else None
+    deadline = time.monotonic() + wait_s
+    while True:
+        wrote = dumps.poll(here)
+        found, problems = asking.answers(run_dir) if token else ([], [])
+        answered = [a for a in found if a["token"] == token]
+        taken = {r for a in answered for r in a["ranks"]}
+        if (wrote == set(here) and elsewhere <= taken) or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    quiet = {a["host"]: a["node"] for a in found if a["token"] != token}   # launches, by host
+    hosts = {r: str((ri.record or {}).get("host") or "?") for r, ri in run.ranks.items()}
+    silent: dict[tuple[int, str], list[int]] = defaultdict(list)
+    unanswered: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(elsewhere - taken):
+        host = hosts.get(r, "?")
+        if host in quiet:
+            silent[quiet[host], host].append(r)
+        else:
+            unanswered[host].append(r)
+    world = set(range(run.world_size)) if run.world_size else set()
+    return Asked(wait_s=wait_s, here=here, wrote_here=wrote,
+                 answered=[a for a in answered if set(a["ranks"]) & elsewhere],
+                 silent=dict(silent), unanswered=dict(unanswered),
+                 absent=sorted(world - set(live)), problems=problems)
 
 
 def handler(args: argparse.Namespace) -> int:
-    asked = stacks.request_all(args.run_dir, args.wait)
-    verdict = build_verdict(args.run_dir, live=True)
-    sys.stdout.write(f"commviz status: {args.run_dir}: stacks asked of ranks "
-                     f"{asked or 'none (no rank of it runs on this host)'}\n")
+    run_dir = Path(args.run_dir)
+    run = load_run(run_dir)
+    asked = ask_every_rank(run_dir, run, args.wait)
+    verdict = build_verdict(run_dir, live=True, run=run)
+    sys.stdout.write(asked.render(run_dir))
     if verdict is None:
         sys.stdout.write("no rank is held up: every collective begun was completed by its "
                          "group, or is still being joined\n")
@@ -29,9 +124,11 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.description = ("While a job runs: ask its ranks for their stacks (they go on) and say "
-                     "which rank holds the others up, where it is, and what the others wait in.")
+    p.description = ("While a job runs: ask its ranks, on every node, for their stacks (they go "
+                     "on) and say which rank holds the others up, where it is, and what the "
+                     "others wait in.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run dir the job records into")
-    p.add_argument("--wait", type=float, default=1.0, metavar="S",
-                   help="seconds to give the ranks to write their stacks (default 1)")
+    p.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
+                   help="at most how long to wait for the ranks' stacks and the other nodes' "
+                        f"answers (default {DEFAULT_WAIT_S:g})")
     p.set_defaults(func=handler)
