@@ -2,7 +2,7 @@
 # The 2-GPU proof on NCCL: every configs/gpu-2x-*.yaml launched as a user would, the graphed
 # ones beside their eager twins (cuda_graphs off), scripts/gpu_proof.py on each run (NCCL
 # kernels named, rightly; records against torch's Flight Recorder dumps; origins; verify), then
-# the GPU tests. The runs' inputs (traces, records, Flight Recorder dumps) are packed for
+# the GPU tests (but the verdict scenarios': scripts/gpu_verdict.sh runs those). The runs' inputs (traces, records, Flight Recorder dumps) are packed for
 # tests/fixtures. proof.log and gpu_tests.log go to $OUT (the device tool's result folder, at most
 # 8 files come back) or /tmp/commviz-proof, with everything else packed in proof.tgz.
 # Wheels missing on the GPU image are taken from .whl/ (scripts/gpu_validate.sh says how).
@@ -41,7 +41,7 @@ left() { local t=$(( end - SECONDS - 10 )); echo $(( t < $1 ? t : $1 )); }
 echo "== GPU tests at ${SECONDS}s"
 rm -rf /tmp/keep
 OUT=$out COMMVIZ_GPU_KEEP=/tmp/keep timeout "$(left "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  -o addopts= tests 2>&1 | tail -60 | tee "$out/gpu_tests.log"
+  -o addopts= --ignore tests/test_gpu_verdict.py tests 2>&1 | tail -60 | tee "$out/gpu_tests.log"
 [ -d /tmp/keep ] && tar czf "$out/gpu_keep.tgz" -C /tmp/keep .
 if [ "${BENCH:-1}" = 1 ] && [ "$(left 150)" -gt 60 ]; then
   echo "== graph overhead (2 ranks, real NCCL kernels in the graph) at ${SECONDS}s"
