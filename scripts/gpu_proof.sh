@@ -2,8 +2,8 @@
 # The 2-GPU proof on NCCL: every configs/gpu-2x-*.yaml launched as a user would, the graphed
 # ones beside their eager twins (cuda_graphs off), scripts/gpu_proof.py on each run (NCCL
 # kernels named, rightly; records against torch's Flight Recorder dumps; origins; verify), then
-# the GPU tests (but the verdict scenarios': scripts/gpu_verdict.sh runs those). The runs' inputs (traces, records, Flight Recorder dumps) are packed for
-# tests/fixtures. proof.log and gpu_tests.log go to $OUT (the device tool's result folder, at most
+# the GPU tests but the verdict scenarios' (scripts/gpu_verdict.sh runs those). The runs' inputs
+# (traces, records, Flight Recorder dumps) are packed for tests/fixtures. proof.log and gpu_tests.log go to $OUT (the device tool's result folder, at most
 # 8 files come back) or /tmp/commviz-proof, with everything else packed in proof.tgz.
 # Wheels missing on the GPU image are taken from .whl/ (scripts/gpu_validate.sh says how).
 set -uo pipefail
