@@ -416,8 +416,10 @@ def handle(args: argparse.Namespace) -> int:
     hangs = HangWatch(run_dir, args.hang_after, say) if args.hang_after else None
     if hangs is not None:
         hangs.start()
-    answers = StackAnswers(run_dir, node_rank, launch_id, say)
-    answers.start()
+    # only other nodes need asking through the run dir: on one node status signals the ranks
+    answers = StackAnswers(run_dir, node_rank, launch_id, say) if cfg.job.nnodes > 1 else None
+    if answers is not None:
+        answers.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
                             echo=echo)
@@ -426,7 +428,8 @@ def handle(args: argparse.Namespace) -> int:
             watch.stop()
         if hangs is not None:
             hangs.stop()
-        answers.stop()
+        if answers is not None:
+            answers.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:
