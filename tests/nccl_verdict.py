@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
-
 from fr_compare import differences, from_dump
 from test_verdict import fr_entries, fr_findings
 
@@ -176,27 +174,6 @@ def unrecorded(run_dir: Path, dumps: dict[int, dict]) -> dict[int, list[str]]:
 
 
 # -- the checks (both tests) ------------------------------------------------------------------
-# Where the verdict is wrong on NCCL (docs/failures.md, "On NCCL"): those checks are expected to
-# fail until commviz.review.verdict handles it; a fix makes them pass, and fail here.
-ABORTED = ("NCCL's watchdog aborts the communicators 60 s after its timeout and a rank blocked "
-           "in them goes on: its next step's collectives (seq 6) are recorded, fail or hang, and "
-           "it dies of the watchdog's SIGABRT; the verdict ranks that crash at seq 6 above the "
-           "real root at seq 5")
-BUGS = {"skip": ABORTED + "; rank 1's sub call of that next step takes sub's number 5, so the "
-                "collective it skipped is no incident at all"}
-# which rank's watchdog acts first decides whether a rank goes on after the abort: a run may
-# come out right (size did in one of two GPU runs)
-RACY = ("type", "size", "skip")
-
-
-def cases(runs: dict[str, str], bugs: tuple[str, ...], *, racy_may_pass: bool = False) -> list:
-    """pytest parameters of ``runs`` (name -> scenario), those named in ``bugs`` expected to
-    fail (``BUGS`` says why): strictly, unless ``racy_may_pass`` and the scenario is ``RACY``."""
-    return [pytest.param(name, marks=pytest.mark.xfail(
-                reason=BUGS[case], strict=not (racy_may_pass and case in RACY)))
-            if name in bugs else name for name, case in runs.items()]
-
-
 def root_key(case: str) -> tuple[str, int]:
     """The collective the scenario breaks: the subgroup's for a skip, the world's otherwise."""
     return ("sub" if case == "skip" else "default_pg", AT_SEQ)

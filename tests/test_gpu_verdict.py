@@ -18,13 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from nccl_verdict import (CASES, JOBS, JOB_NAME, STDOUT, cases,
-                          check_agrees_with_flight_recorder, check_verdict, flight, launch_all,
-                          launch_verdict, unrecorded)
+from nccl_verdict import (CASES, JOBS, JOB_NAME, STDOUT, check_agrees_with_flight_recorder,
+                          check_verdict, flight, launch_all, launch_verdict, unrecorded)
 
 pytestmark = [pytest.mark.gpu(count=2), pytest.mark.timeout(420)]
 JOB = JOBS / JOB_NAME
-RUNS = {case: case for case in CASES}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("case", cases(RUNS, ("skip",), racy_may_pass=True))
+@pytest.mark.parametrize("case", CASES)
 def test_verdict_agrees_with_flight_recorder(runs: Path, case: str, tmp_path: Path) -> None:
     run_dir = runs / case
     check_agrees_with_flight_recorder(case, launch_verdict(run_dir),
@@ -55,7 +53,6 @@ def test_nothing_recorded_is_lost(runs: Path, case: str, tmp_path: Path) -> None
     assert fl.dumps and unrecorded(runs / case, fl.dumps) == {r: [] for r in fl.dumps}
 
 
-@pytest.mark.parametrize("case", cases(RUNS, ("skip",),
-                                         racy_may_pass=True))
+@pytest.mark.parametrize("case", CASES)
 def test_verdict_names_the_culprit_and_where_it_was(runs: Path, case: str) -> None:
     check_verdict(case, launch_verdict(runs / case), runs / case, JOB)

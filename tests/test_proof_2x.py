@@ -91,13 +91,13 @@ def test_a_healthy_run_gets_no_verdict_and_no_desync(name: str, tmp_path: Path) 
     """Every proof run completed (torch's Flight Recorder has each collective completed on both
     ranks): nothing to explain, no rank out of step. A scatter's input and a gather's output
     are the root's alone (TP's scatter)."""
-    from commviz.review.flightrec import states
+    from commviz.review.flightrec import read
     from commviz.review.report import review_run
 
     run = shutil.copytree(PROOF / name, tmp_path / name)
-    fr = states(run)
-    assert sorted(fr) == [0, 1] and all(s == "completed" for st in fr.values()
-                                        for s in st.values()), fr
+    fr = read(run)
+    assert sorted(fr) == [0, 1] and all(s == "completed" for dump in fr.values()
+                                        for s in dump.states.values()), fr
     review = review_run(run)
     assert review.verdict is None, review.verdict.render()
     assert review.desyncs == []

@@ -5,15 +5,17 @@
 ends or fails (``commviz.launch.flight``), when the job turned the recorder on. The names are
 torch's (``python -m torch.distributed.flight_recorder.fr_trace RUN_DIR/flight_recorder``
 reads them as they are). What the verdict takes from them: the state torch's recorder gave each
-rank's collective (``scheduled``, ``started``, ``completed``), per group and sequence number.
-A dump is a pickle of plain data, read as such (``commviz.record.store.loads_plain``): nothing
-in it is run.
+rank's collective (``scheduled``, ``started``, ``completed``), per group and sequence number,
+and when NCCL's watchdog timed out the first of the rank's collectives that never completed. A dump
+is a pickle of plain data, read as such (``commviz.record.store.loads_plain``): nothing in it
+is run.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from commviz.errors import CommvizError
 from commviz.record.store import loads_plain
@@ -22,6 +24,20 @@ FOLDER = "flight_recorder"
 PREFIX = "rank_"                 # torch's dump names: the prefix, then the rank
 
 States = dict[tuple[str, int], str]          # (group name, collective_seq_id) -> state
+# the entries whose state NCCL's watchdog keeps (their profiling name's prefix) and whose
+# timeout it enforces: its collectives'. gloo's recorder leaves every entry "scheduled" (torch
+# 2.13), and so does NCCL's every transfer entry, completed or not (torch 2.11, 2 x H100)
+WATCHED = "nccl:"
+
+
+class Dump(NamedTuple):
+    """What the verdict takes from one rank's dump."""
+
+    states: States
+    # when the first of its NCCL collectives that the dump shows unfinished passed its timeout
+    # (its creation + timeout_ms, the rank's wall clock): NCCL's watchdog times it out then,
+    # and tears the rank's communicators down
+    timed_out_ns: int | None
 
 
 def folder(run_dir: str | Path) -> Path:
@@ -32,19 +48,28 @@ def dump_path(run_dir: str | Path, rank: int) -> Path:
     return folder(run_dir) / f"{PREFIX}{rank}"
 
 
-def states(run_dir: str | Path) -> dict[int, States]:
+def read(run_dir: str | Path) -> dict[int, Dump]:
     """Per rank with a dump: the state of each of its collectives (p2p calls, numbered apart,
-    left out). An unreadable dump is a warning naming it; the others still count."""
-    out: dict[int, States] = {}
+    left out) and when its first unfinished NCCL collective timed out. An unreadable dump is a
+    warning naming it; the others still count."""
+    out: dict[int, Dump] = {}
     for path in sorted(folder(run_dir).glob(f"{PREFIX}*")):
         rank = path.name.removeprefix(PREFIX)
         if not rank.isdigit():
             continue
         try:
-            dump = loads_plain(path.read_bytes(), str(path))
-            out[int(rank)] = {
-                (str(e["process_group"][0]), int(e["collective_seq_id"])): str(e["state"])
-                for e in dump["entries"] if not e.get("is_p2p")}
+            entries = loads_plain(path.read_bytes(), str(path))["entries"]
+            out[int(rank)] = Dump(
+                {(str(e["process_group"][0]), int(e["collective_seq_id"])): str(e["state"])
+                 for e in entries if not e.get("is_p2p")}, _timed_out_ns(entries))
         except (OSError, CommvizError, KeyError, TypeError, ValueError, IndexError) as exc:
             warnings.warn(f"{path}: not a Flight Recorder dump ({exc})", stacklevel=2)
     return out
+
+
+def _timed_out_ns(entries: list[dict[str, Any]]) -> int | None:
+    """The earliest timeout (creation + ``timeout_ms``) of an NCCL collective not completed."""
+    ends = [int(e["time_created_ns"]) + int(e["timeout_ms"]) * 1_000_000 for e in entries
+            if str(e.get("profiling_name", "")).startswith(WATCHED) and not e.get("is_p2p")
+            and e.get("state") != "completed" and e.get("time_created_ns") and e.get("timeout_ms")]
+    return min(ends, default=None)

@@ -24,6 +24,15 @@ sender, receiver): rank a's send #n to b meets b's receive #n from a. Unlike the
   dtype (the side whose size changed from the transfer before is the culprit, else both), a
   deadlock, or a transfer that failed on a side.
 
+On NCCL a rank's calls made after the watchdog timed out one of its collectives that never
+completed (its Flight Recorder dump: the collective's creation + its timeout) are set aside,
+listed apart: the watchdog then tears the rank's communicators down, and a rank blocked behind
+the hang goes on into its next step only because of that. Such a call is a consequence, never
+evidence that the rank made the call the others wait for; its number may even be the one it
+skipped (a rank that skipped a subgroup's collective #5 makes its next one #5). A rank taken
+down after that timeout (the watchdog's SIGABRT, an aborted communicator's error) did not fail
+on its own.
+
 A point-to-point record covers only the posting of the op (c10d's send/recv enqueue; the wait
 comes after), so a rank's transfer is taken as completed only where its peer posted the other
 side, and a rank whose last call is a transfer of an incident as stopped in it.
@@ -51,6 +60,8 @@ from commviz.trace.run import Run, load_run
 MAX_PER_GROUP = 10
 # how far back a rank's order of groups is checked for a repeating pattern
 PATTERN_SPAN = 8
+# calls shown per rank of those made after NCCL's watchdog timed out its collective
+SHOWN_AFTER = 4
 
 
 class FailureKind(StrEnum):
@@ -168,6 +179,8 @@ class RankState:
     stacks: st.Stacks | None
     launch_exit: Exit | None = None      # what the launcher saw, if it ran the job
     seen_ns: int | None = None           # the last time it was known alive (record written)
+    timed_out_ns: int | None = None      # when NCCL's watchdog timed out a collective of it
+    after_timeout: list[Call] = field(default_factory=list)   # the calls it made since, set aside
 
     @property
     def stopped_at(self) -> st.Frame | None:
@@ -178,10 +191,20 @@ class RankState:
                 or (self.stacks.user_frame() if self.stacks is not None else None))
 
     @property
+    def aborted(self) -> bool:
+        """It ended after NCCL's watchdog timed out one of its collectives (it made calls
+        since, or was seen alive since): what took it down (the watchdog's SIGABRT, an aborted
+        communicator's error) followed from that."""
+        return self.timed_out_ns is not None and (bool(self.after_timeout) or (
+            self.seen_ns is not None and self.seen_ns >= self.timed_out_ns))
+
+    @property
     def raised(self) -> bool:
-        """It raised or died of a fatal signal (not: was told to stop)."""
+        """It raised or died of a fatal signal on its own (not: was told to stop, nor taken
+        down after NCCL's watchdog timed out its collective)."""
         s, e = self.stacks, self.launch_exit
-        return bool(s is not None and (s.fatal or s.exception)) or (e is not None and not e.stopped)
+        return not self.aborted and (bool(s is not None and (s.fatal or s.exception))
+                                     or (e is not None and not e.stopped))
 
     @property
     def killed(self) -> bool:
@@ -199,6 +222,10 @@ class RankState:
 
     def how(self) -> str:
         """How it ended, in a few words."""
+        said = self._how()
+        return f"{said}, after NCCL's watchdog timed out its collective" if self.aborted else said
+
+    def _how(self) -> str:
         s = self.stacks
         if s is not None and s.fatal:
             return f"died: {s.fatal}"
@@ -321,9 +348,14 @@ def _channel(rank: int, meta: Mapping[str, Any]) -> Channel:
                    rank if dst is None else int(dst))
 
 
+def _offset_ns(record: Mapping[str, Any]) -> int:
+    """What takes the rank's clock to rank 0's."""
+    return int((record.get("clock") or {}).get("offset_ns") or 0)
+
+
 def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
     """A rank's numbered collectives and its transfers, in the order it made them."""
-    offset = int((record.get("clock") or {}).get("offset_ns") or 0)
+    offset = _offset_ns(record)
     out = []
     for meta in record.get("collectives") or []:
         kind = meta.get(md.KIND, "collective")
@@ -344,6 +376,17 @@ def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
                         end_ns=None if end is None else end + offset,
                         error=meta.get(md.ERROR), channel=channel, graph=meta.get(md.GRAPH)))
     return out
+
+
+def _split_at_timeout(cs: list[Call], timed_out_ns: int | None) -> tuple[list[Call], list[Call]]:
+    """A rank's calls made before NCCL's watchdog timed out one of its collectives, and those
+    made after (set aside: the module's docstring says why)."""
+    before: list[Call] = []
+    after: list[Call] = []
+    for c in cs:
+        late = timed_out_ns is not None and c.begin_ns is not None and c.begin_ns >= timed_out_ns
+        (after if late else before).append(c)
+    return before, after
 
 
 def _stacks(run_dir: Path, rank: int) -> st.Stacks | None:
@@ -592,7 +635,8 @@ def _follow_group_order(incidents: list[Incident]) -> None:
     completed can complete. So a later collective of the group the same ranks agree on (one
     side) follows from the group's first such incident. On NCCL a call returns as soon as it
     is queued: a rank goes on queueing the next steps' collectives behind the one that hangs,
-    and once the watchdog aborts the communicator, calls them again and sees them fail."""
+    and, where it left no Flight Recorder dump (whose timeouts set them aside), those it makes
+    after the watchdog's abort."""
     first: dict[str, Incident] = {}
     for inc in sorted((i for i in incidents if i.channel is None), key=lambda i: i.seq):
         root = first.setdefault(inc.pg, inc)
@@ -689,10 +733,14 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
     calls: dict[int, list[Call]] = {}
     members: dict[str, tuple[int, ...]] = {}
     state: dict[int, RankState] = {}
+    dumps = flightrec.read(run_dir)
     for rank, ri in sorted(run.ranks.items()):
         if ri.record is None:
             continue
-        calls[rank] = _calls(rank, ri.record)
+        timed_out = dumps[rank].timed_out_ns if rank in dumps else None
+        if timed_out is not None:
+            timed_out += _offset_ns(ri.record)
+        calls[rank], after = _split_at_timeout(_calls(rank, ri.record), timed_out)
         for g in ri.record.get("process_groups") or []:
             if g.get("desc") != md.SIDE_GROUP_DESC:
                 members.setdefault(str(g["name"]), tuple(int(x) for x in g.get("ranks") or []))
@@ -701,7 +749,8 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
         state[rank] = RankState(rank=rank, last=calls[rank][-1] if calls[rank] else None,
                                 exit=exit_, stacks=_stacks(run_dir, rank),
                                 launch_exit=(launch_exits or {}).get(rank),
-                                seen_ns=None if exit_ == JOURNAL_EXIT else seen)
+                                seen_ns=None if exit_ == JOURNAL_EXIT else seen,
+                                timed_out_ns=timed_out, after_timeout=after)
     _settle_journal_lag(calls, state)
     _settle_unmatched(calls, state)
     incidents = _incidents(calls, members) + _p2p_incidents(calls)
@@ -713,7 +762,7 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
         return Verdict(kind=root.kind, culprits=root.culprits, root=root,
                        consequences=[i for i in incidents if i.cause is not None],
                        ranks=state, run_dir=run_dir, others=others,
-                       flight=flightrec.states(run_dir))
+                       flight={r: d.states for r, d in dumps.items()})
     failed = _failed_ranks(state)
     replays = None if failed else _replays(run, calls)
     if replays is not None:
@@ -792,6 +841,13 @@ def render_lines(v: Verdict) -> list[str]:
     lines.append("  each rank's last call:")
     for r, s in sorted(v.ranks.items()):
         lines.append(f"    rank {r}: {_where(s.last)}")
+    after = {r: s.after_timeout for r, s in sorted(v.ranks.items()) if s.after_timeout}
+    if after:
+        lines.append("  made after NCCL's watchdog timed out the rank's collective (set aside, its "
+                     "communicators torn down):")
+        for r, cs in after.items():
+            more = f", ... ({len(cs)} in all)" if len(cs) > SHOWN_AFTER else ""
+            lines.append(f"    rank {r}: " + ", ".join(c.label() for c in cs[:SHOWN_AFTER]) + more)
     for inc in v.consequences:
         cause = inc.cause
         behind = f"{cause.title() if cause else '?'}"
@@ -857,6 +913,7 @@ def verdict_json(v: Verdict) -> dict[str, Any]:
             "replays": None if v.replays is None else {
                 "graph": v.replays.graph, "holds": list(v.replays.holds),
                 "counts": {str(r): n for r, n in v.replays.counts.items()}},
-            "ranks": {str(r): {"last": _call_json(s.last), "how": s.how(), "stopped_at": where(s)}
+            "ranks": {str(r): {"last": _call_json(s.last), "how": s.how(), "stopped_at": where(s),
+                               "after_timeout": [_call_json(c) for c in s.after_timeout]}
                       for r, s in sorted(v.ranks.items())},
             "open_next": v.open_next()}
