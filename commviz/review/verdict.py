@@ -823,8 +823,10 @@ def render_lines(v: Verdict) -> list[str]:
                    if r not in root.culprits and not c.returned]
         for r in waiters:
             c = root.calls[r]
+            said = (c.error if c.error == NEVER_RETURNED      # it says the state itself
+                    else f"{c.state}: {_short(c.error)}" if c.error else str(c.state))
             lines.append(f"  rank {r} waited {_secs(v.ranks[r].waited_ns(c))} in it{_at(c)} "
-                         f"({c.state}" + (f": {_short(c.error)}" if c.error else "") + ")")
+                         f"({said})")
     if root is not None and v.flight and root.channel is None:
         said = v.flight_states(root)
         lines.append("  Flight Recorder there: " + ", ".join(
