@@ -16,8 +16,8 @@ from typing import Callable
 
 from commviz.errors import SourceError
 from commviz.launch import placement
-from commviz.launch.torchrun import LOG_DIR
 from commviz.record import asking, stacks
+from commviz.review.exits import log_dir
 
 DUMP_WAIT_S = 1.0              # how long the ranks get to write their dumps before the answer
 
@@ -47,7 +47,7 @@ class StackAnswers(threading.Thread):
         self._stop_event = threading.Event()
 
     def _ranks(self) -> list[int]:
-        return [p.rank for p in placement.of_launch(self.run_dir / LOG_DIR, self.launch_id)]
+        return [p.rank for p in placement.of_launch(log_dir(self.run_dir), self.launch_id)]
 
     def run(self) -> None:
         try:

@@ -42,6 +42,7 @@ from commviz.launch.schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
+from commviz.review.exits import log_dir
 from commviz.trace.run import Run, load_run
 
 CONFIG_NAME = "config.yaml"
@@ -175,10 +176,6 @@ def _report(run_dir: Path, out: TextIO, run: Run | None) -> bool:
     return True
 
 
-def torchrun_log_dir(run_dir: Path) -> Path:
-    return run_dir / torchrun.LOG_DIR
-
-
 class LaunchLog:
     """``launch.log``, with every line also kept in memory: a full or read-only disk must not
     cost the launch its verdict (which rank failed, and why, is read from these lines)."""
@@ -253,7 +250,7 @@ def _recover_journals(run_dir: Path, out: TextIO) -> dict[Path, dict]:
 
 def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
                      out: TextIO, run: Run | None) -> None:
-    found = outcome.failures(torchrun_log_dir(run_dir), log_text)
+    found = outcome.failures(log_dir(run_dir), log_text)
     judged = outcome.judge(run_dir, found, run)
     found = outcome.culprits_first(found, judged)
     if not found:
@@ -434,7 +431,7 @@ def handle(args: argparse.Namespace) -> int:
     log_text = log.text()
     if log.error is not None:
         out.write(f"launch.log: {log.error}; torchrun's output was kept in memory\n")
-    placed = placement.of_launch(torchrun_log_dir(run_dir), launch_id)
+    placed = placement.of_launch(log_dir(run_dir), launch_id)
     if multi:
         _placed_line(placed, out)
     if code != 0 and multi and not placed and _rendezvous_failed(log_text, watch, cfg, out):

@@ -1,14 +1,9 @@
 """After torchrun returns: which rank failed and why, and what the run dir now holds.
 
-Two sources say why ranks failed: the worker's own ``logs/failed_rank{R}.json`` (written for
-every Python-level failure, with a nanosecond timestamp) and the elastic agent's per-rank
-results (``commviz.launch.elastic``: torch's ``ProcessFailure`` of every failed rank, also of
-ranks that died without running Python's handlers: a signal, a crash). The root cause is
-chosen here, as torchrun's is, by failure time: a rank that died
-without a word (SIGKILL, a crash: its peers only saw it vanish) first, else the earliest
-failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
-(which stops the others only after the first failure) is the culprit, not the peer that then
-lost its connection. Every other rank stopped because of it.
+Why ranks failed, and which one is the root cause, is read from the run dir's logs as
+``commviz report`` reads it (``commviz.review.exits``: the worker's failure files, the elastic
+agent's results); the launch adds what a rank said on torchrun's output when it could not
+write its failure file (``worded_failures``).
 
 ``judge`` then says why, from the records and stacks in the run dir
 (``commviz.review.verdict``), with these failures as each rank's exit; its culprits are named
@@ -17,119 +12,44 @@ first (``culprits_first``), before a rank that failed earlier only because it wa
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from commviz.errors import CommvizError
-from commviz.launch.elastic import results_of
 from commviz.record import schema
 from commviz.record.store import load_record
-from commviz.review.verdict import Exit, Verdict, build_verdict
+from commviz.review import exits
+from commviz.review.exits import Failure, Said
+from commviz.review.verdict import Verdict, build_verdict
 from commviz.trace.run import Run
 
 _WORD = re.compile(r"\[commviz\] rank (\d+) failed(?: at (\d+))?: (.+)$")  # worker.py's verdict
 
 
-@dataclass
-class Failure:
-    """One rank that did not finish."""
-
-    rank: int
-    reason: str                      # one line: "RuntimeError: ..." or "exit code -9 (SIGKILL ...)"
-    host: str | None = None
-    stopped: bool = False            # it was told to stop (SIGTERM) rather than failing itself
-    time_ns: int | None = None       # from the worker's file; None when it left none
-    detail: Path | None = None       # the worker's failure file (full traceback)
-
-
-def _first_line(text: str, limit: int = 240) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[:limit - 1] + "…"
-
-
-def elastic_failures(log_dir: Path) -> dict[int, Failure]:
-    """The failed ranks as torch.distributed.elastic's agent reported them (every node's
-    results in ``log_dir``): exit code, the signal that ended it, its message."""
-    out: dict[int, Failure] = {}
-    for results in results_of(log_dir):
-        for f in results["failures"]:
-            # no error file and no signal: torch's message is only a pointer to its docs
-            silent = f["error_file"] is None and f["signal"] is None
-            why = "" if silent else f["message"]
-            reason = f"exit code {f['exitcode']}" + (f" ({_first_line(why)})" if why else "")
-            out.setdefault(f["rank"], Failure(f["rank"], reason, results["host"]))
-    return out
-
-
-def worker_failures(log_dir: Path) -> dict[int, Failure]:
-    """The failure files the workers wrote (unreadable ones are skipped: torchrun names them)."""
-    out: dict[int, Failure] = {}
-    for path in sorted(log_dir.glob("failed_rank*.json")):
-        try:
-            data = json.loads(path.read_text())
-            rank = int(data["rank"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        out[rank] = Failure(rank, _first_line(str(data.get("error", "unknown error"))),
-                            data.get("host"), bool(data.get("stopped")),
-                            data.get("time_ns"), path)
-    return out
-
-
-def worded_failures(output: str) -> dict[int, tuple[int, int | None, str]]:
-    """rank -> (line number, failure time in ns if given, reason) of the ``[commviz] rank R
-    failed at NS: ...`` lines: what a rank said when it could not write its failure file (a
-    full or read-only disk)."""
-    out: dict[int, tuple[int, int | None, str]] = {}
+def worded_failures(output: str) -> dict[int, Said]:
+    """What each rank said in the ``[commviz] rank R failed at NS: ...`` lines of torchrun's
+    output: its word when it could not write its failure file (a full or read-only disk)."""
+    out: dict[int, Said] = {}
     for n, line in enumerate(output.splitlines()):
         m = _WORD.search(line)
         if m:
             at = int(m.group(2)) if m.group(2) else None
-            out.setdefault(int(m.group(1)), (n, at, _first_line(m.group(3))))
+            out.setdefault(int(m.group(1)), Said(n, at, exits.first_line(m.group(3))))
     return out
 
 
 def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
-    """Every failed rank, the root cause first: a rank that died without a word, then by the
-    time each rank failed (its failure file, or its stderr verdict), then by output order."""
-    files = worker_failures(log_dir)
-    listed = elastic_failures(log_dir)
-    words = worded_failures(torchrun_output)
-    for rank, (_, at, reason) in words.items():
-        if rank not in files:
-            host = listed[rank].host if rank in listed else None
-            listed[rank] = Failure(rank, reason, host, time_ns=at)
-    silent = sorted(r for r in listed if r not in files and r not in words)
-    merged = {**listed, **files}
-
-    def order(f: Failure) -> tuple[int, int, int]:
-        if f.rank in silent:
-            return (0, 0, f.rank)
-        if f.time_ns is not None:
-            return (1, f.time_ns, f.rank)
-        if f.rank in words:
-            return (2, words[f.rank][0], f.rank)
-        return (3, 0, f.rank)
-    return sorted(merged.values(), key=order)
-
-
-def _traceback(f: Failure) -> str | None:
-    if f.detail is None:
-        return None
-    try:
-        return str(json.loads(f.detail.read_text()).get("traceback") or "") or None
-    except (OSError, ValueError, AttributeError):
-        return None
+    """Every failed rank, the root cause first (``commviz.review.exits.failures``), with what
+    the ranks said on torchrun's output."""
+    return exits.failures(log_dir, worded_failures(torchrun_output))
 
 
 def judge(run_dir: Path, found: list[Failure], run: Run | None = None) -> Verdict | None:
     """The verdict on the failed job (``commviz.review.verdict``), these failures as each
     rank's exit; None when the run dir holds nothing to judge."""
-    exits = {f.rank: Exit(f.reason, f.stopped, _traceback(f)) for f in found}
     try:
-        return build_verdict(run_dir, exits, run=run)
+        return build_verdict(run_dir, {f.rank: f.exit() for f in found}, run=run)
     except CommvizError:
         return None
 

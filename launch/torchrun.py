@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TextIO
 
 from commviz.launch.config import MULTICAST_OFF
-from commviz.launch.elastic import RESULTS_ENV, results_name
+from commviz.launch.elastic import RESULTS_ENV
 from commviz.launch.placement import LAUNCH_ENV
 from commviz.launch.schema import Config
+from commviz.review.exits import LOG_DIR, results_name
 
 WORKER = "commviz.launch.worker"
-LOG_DIR = "logs"          # under the run dir: torchrun's per-rank logs and error files
 
 
 def free_endpoint() -> str:

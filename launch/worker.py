@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from commviz.launch import placement
-
-FAILED = "failed_rank{rank}.json"
+from commviz.review.exits import FAILED, FailedFile, log_dir
 # what write_shard leaves beside the record: the shard and the rank's matched run, and the comm
 # table made from it (what ``commviz overview`` reads)
 SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json", "comm_rank{rank}.json")
@@ -41,12 +40,6 @@ class Stopped(Exception):
 
 def _stop(signum: int, frame: Any) -> None:
     raise Stopped(f"stopped by {signal.Signals(signum).name}")
-
-
-def log_dir(run_dir: Path) -> Path:
-    from commviz.launch.torchrun import LOG_DIR
-
-    return run_dir / LOG_DIR
 
 
 class _NoProfiler:
@@ -214,12 +207,12 @@ def _leave_word(run_dir: Path, rank: int, exc: BaseException, reason: str, text:
         reason += f" (its record could not be written: {_os_error(err, run_dir)})"
     try:
         log_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps({
-            "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-            "group_rank": int(os.environ.get("GROUP_RANK", 0)),
-            "host": socket.gethostname(), "pid": os.getpid(), "time_ns": time.time_ns(),
-            "stopped": isinstance(exc, Stopped), "error": reason, "traceback": text,
-        }, indent=1))
+        (log_dir(run_dir) / FAILED.format(rank=rank)).write_text(json.dumps(FailedFile(
+            rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", -1)),
+            group_rank=int(os.environ.get("GROUP_RANK", 0)),
+            host=socket.gethostname(), pid=os.getpid(), time_ns=time.time_ns(),
+            stopped=isinstance(exc, Stopped), error=reason, traceback=text,
+        ), indent=1))
     except OSError as err:
         reason += f" (its failure file could not be written: {_os_error(err, log_dir(run_dir))})"
     return reason

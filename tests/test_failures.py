@@ -142,6 +142,24 @@ def test_failed_rank_named_first_and_trace_verifies(failed) -> None:
     assert_verifies(run_dir / "merged.pftrace")
 
 
+def test_report_opens_with_the_launchs_verdict(failed, tmp_path: Path) -> None:
+    """``commviz report`` on the failed job's run dir (and the launch's own report.md) opens
+    with the verdict the launch printed: the scenario's culprit, rank 1, and for a raise or a
+    SIGKILL the scenario's kind. Also with rank 1's stacks gone (as on NCCL, where a rank that
+    raised leaves none of its raise): how it ended is read from the launch's logs."""
+    how, result, run_dir = failed
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("VERDICT:"))
+    kind = {"raise": "crash", "kill": "killed"}.get(how)
+    assert printed.endswith(" - culprit rank(s) 1"), result.stdout
+    assert kind is None or printed.startswith(f"VERDICT: {kind} -"), result.stdout
+    assert (run_dir / "report.md").read_text().startswith(f"# Verdict\n\n```\n{printed}\n")
+    run = _copy(run_dir, tmp_path / "run", drop=("stacks_rank1*",))
+    assert (run / "logs").is_dir() and not list(run.glob("stacks_rank1*"))
+    got = commviz_cli("report", str(run), "--no-plots", cwd=tmp_path)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stdout.splitlines()[0] == printed, got.stdout[:3000]
+
+
 # -- a desynced rank: rank 1 skips a collective the other rank waits in (3 s gloo timeout) -----
 
 def _desync_job(rank: int, world: int, run_dir: str) -> int:

@@ -61,18 +61,11 @@ def test_verdict_names_the_culprit_and_where_it_was(run_dir: Path) -> None:
     check_verdict(RUNS[run_dir.name], launch_verdict(run_dir), run_dir, JOB, printed=False)
 
 
-# commviz report reads no failure file (logs/failed_rank1.json, which the launch reads), and
-# rank 1 left no stacks of its raise (only live ones): its raise reads as a hang
-REPORT_BUGS = {"raise": "commviz report reads no failure file: the raise reads as a hang"}
-
-
-@pytest.mark.parametrize("run_dir", [pytest.param(name, marks=pytest.mark.xfail(
-    reason=REPORT_BUGS[name], strict=True)) if name in REPORT_BUGS else name for name in RUNS],
-    indirect=True)
+@pytest.mark.parametrize("run_dir", RUNS, indirect=True)
 def test_report_opens_with_the_verdict(run_dir: Path) -> None:
-    """``commviz report RUN_DIR`` (no launch, so no word of how each rank ended but its record
-    and stacks) opens with the scenario's kind and culprit: a mismatch of two ranks names
-    both."""
+    """``commviz report RUN_DIR`` opens with the scenario's kind and culprit: a mismatch of two
+    ranks names both. In ``raise`` rank 1 left no stacks of its raise (only live ones): how it
+    ended comes from the logs the launch left (its failure file), as the launch's did."""
     case = RUNS[run_dir.name]
     got = subprocess.run([sys.executable, "-m", "commviz", "report", str(run_dir), "--no-plots"],
                          capture_output=True, text=True, timeout=120)

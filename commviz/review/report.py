@@ -2,9 +2,11 @@
 
 ``review_run`` loads a run's matched ranks (``commviz.match.matched``: the per-rank artifacts the
 merge also reads, on the same clock) and runs every analysis;
-``write_report`` renders it, writes it into the run dir (or ``out``) and draws the plots. Tables
-list what costs the most time first and stop at ``top`` rows; the JSON holds everything,
-times in ns, sizes in bytes, bandwidth in GB/s (1e9 bytes/s).
+``write_report`` renders it, writes it into the run dir (or ``out``) and draws the plots. Its
+verdict is the launch's: how each rank ended is read from the logs ``commviz launch`` left in
+the run dir (``commviz.review.exits``). Tables list what costs the most time first and stop at
+``top`` rows; the JSON holds everything, times in ns, sizes in bytes, bandwidth in GB/s (1e9
+bytes/s).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from commviz.merge import instances as inst_mod
 from commviz.merge.instances import Instance, build_instances
 from commviz.merge.select import suggestion
 from commviz.review.desync import Desync, find_desyncs
+from commviz.review.exits import read_exits
 from commviz.review.origins import OriginRow, event_origin, instance_origin, rollup
 from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
@@ -112,7 +115,7 @@ def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = Non
                      **thresholds)
     if by is not None:
         review.by, review.origins = by, rollup(review.instances, by)
-    review.verdict = build_verdict(run_dir, run=run)
+    review.verdict = build_verdict(run_dir, read_exits(Path(run_dir)), run=run)
     return review
 
 

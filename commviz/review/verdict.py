@@ -54,6 +54,7 @@ from commviz.record import stacks as st
 from commviz.record.journal import EXIT as JOURNAL_EXIT, NEVER_RETURNED
 from commviz.review import flightrec
 from commviz.review.desync import DesyncKind, Signature, first_diff, signature_of
+from commviz.review.exits import Exit
 from commviz.trace.run import Run, load_run
 
 # incidents kept per group, from its first: enough to see a pattern, never a flood
@@ -161,14 +162,6 @@ class Call:
         return f"{self.pg_desc or self.pg}#{self.seq} {self.signature}"
 
 
-class Exit(NamedTuple):
-    """How the launcher saw a rank end (``commviz launch``: torchrun's and the worker's word)."""
-
-    reason: str                          # "RuntimeError: ...", "exit code -9", ...
-    stopped: bool = False                # told to stop after another rank failed
-    traceback: str | None = None
-
-
 @dataclass
 class RankState:
     """Where one rank stopped."""
@@ -177,7 +170,7 @@ class RankState:
     last: Call | None                    # its last numbered collective or transfer
     exit: str | None                     # its record's exit ("journal": rebuilt, it was killed)
     stacks: st.Stacks | None
-    launch_exit: Exit | None = None      # what the launcher saw, if it ran the job
+    launch_exit: Exit | None = None      # how its launch saw it end (``commviz.review.exits``)
     seen_ns: int | None = None           # the last time it was known alive (record written)
     timed_out_ns: int | None = None      # when NCCL's watchdog timed out a collective of it
     after_timeout: list[Call] = field(default_factory=list)   # the calls it made since, set aside
@@ -725,9 +718,9 @@ def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState
 def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None = None, *,
                   live: bool = False, run: Run | None = None) -> Verdict | None:
     """The verdict on ``run_dir``; None when every rank completed every collective it began,
-    every transfer met its peer's and none died (``launch_exits``: rank -> how the launcher
-    saw it end, for failed ranks). ``live``: the job still runs (its records are its
-    journals: no rank was killed); ``run``: the run dir already loaded."""
+    every transfer met its peer's and none died (``launch_exits``: rank -> how its launch saw
+    it end, for failed ranks: ``commviz.review.exits``). ``live``: the job still runs (its
+    records are its journals: no rank was killed); ``run``: the run dir already loaded."""
     run_dir = Path(run_dir)
     run = run if run is not None else load_run(run_dir)
     calls: dict[int, list[Call]] = {}
