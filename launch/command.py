@@ -29,7 +29,7 @@ import shlex
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.gathered import SUMMARY_NAME, Mode, load_summary
