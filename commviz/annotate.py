@@ -17,7 +17,6 @@ import torch
 from commviz import metadata as md
 from commviz.capture import region  # noqa: F401 - connects the capture hand-off (its graph nodes)
 from commviz.record import calls
-from commviz.record.calls import unrecorded
 
 # Keyword names of annotate_collective's **extra that map onto commviz keys.
 _EXTRA_KEYS = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from commviz.errors import CommvizError, SourceError
 from commviz.verify import verify_pftrace
