@@ -412,8 +412,9 @@ def _bucket(index: int, nbytes: int, held: ddp_buckets.Bucket | None,
             extra: list[tuple[str, Any]]) -> Origin:
     extra = [(md.DDP_BUCKET, index), (md.DDP_BUCKET_BYTES, nbytes), *extra]
     if held is not None:
-        extra += [(md.DDP_BUCKET_PARAMS, held.params), (md.DDP_BUCKET_BYTES, held.nbytes),
-                  (md.DDP_BUCKET_FIRST, held.first), (md.DDP_BUCKET_LAST, held.last)]
+        extra += [(md.DDP_BUCKET_PARAMS, held.params), (md.DDP_BUCKET_BYTES, held.nbytes)]
+        extra += [(key, name) for key, name in ((md.DDP_BUCKET_FIRST, held.first),
+                                                (md.DDP_BUCKET_LAST, held.last)) if name]
     return Origin(f"DDP bucket {index}", md.OriginKind.DDP, f"bucket {index}", "all-reduce",
                   tuple(dict(extra).items()), Refresh.ALL)
 
