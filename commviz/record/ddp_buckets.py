@@ -38,6 +38,9 @@ class _Layout(NamedTuple):
 
 
 _layouts: "weakref.WeakKeyDictionary[Any, _Layout]" = weakref.WeakKeyDictionary()
+# the same, as the recording path reads it (autograd threads, while a forward may write):
+# replaced whole at each write, never changed in place
+_known: tuple[tuple[Any, _Layout], ...] = ()
 _forward_code: Any = None
 
 
@@ -76,6 +79,15 @@ def _read(ddp: Any) -> _Layout:
     return _Layout(_rebuilt(ddp), tuple(buckets), sum(b.params for b in buckets))
 
 
+def _note(ddp: Any) -> None:
+    global _known
+    try:
+        _layouts[ddp] = _read(ddp)
+    except Exception:   # noqa: BLE001 - a reducer unlike torch's: its buckets go unnamed
+        _layouts[ddp] = _Layout(_rebuilt(ddp), (), 0)
+    _known = tuple((weakref.ref(d), layout) for d, layout in list(_layouts.items()))
+
+
 def learn() -> None:
     """At a DDP forward's end (called by the boundary kernel): read the buckets of the DDP
     whose forward it was, if their layout is new."""
@@ -92,10 +104,7 @@ def learn() -> None:
             ddp = frame.f_locals["self"]
             known = _layouts.get(ddp)
             if known is None or known.rebuilt != _rebuilt(ddp):
-                try:
-                    _layouts[ddp] = _read(ddp)
-                except Exception:   # noqa: BLE001 - a reducer unlike torch's: its buckets go unnamed
-                    _layouts[ddp] = _Layout(_rebuilt(ddp), (), 0)
+                _note(ddp)
             return
         frame = frame.f_back
 
@@ -108,13 +117,14 @@ def _now(ddp: Any, layout: _Layout) -> tuple[Bucket, ...]:
 def lookup(index: int, nbytes: int) -> Bucket | None:
     """Bucket ``index`` (of ``nbytes``) of the known DDP reducer it fits (None when no known
     DDP's fits, or several do)."""
-    found = [buckets[index] for ddp, layout in list(_layouts.items())
-             if index < len(buckets := _now(ddp, layout)) and buckets[index].nbytes == nbytes]
+    found = [buckets[index] for ref, layout in _known if (ddp := ref()) is not None
+             and index < len(buckets := _now(ddp, layout)) and buckets[index].nbytes == nbytes]
     return found[0] if len(found) == 1 else None
 
 
 def used_map(index: int, numel: int) -> bool:
     """Whether the reducer's all_reduce ``index`` is a known DDP's map of the parameters used
     (one element per parameter, right after its last bucket)."""
-    return any(getattr(ddp, "find_unused_parameters", False) and numel == layout.params
-               and 0 < index == len(_now(ddp, layout)) for ddp, layout in list(_layouts.items()))
+    return any((ddp := ref()) is not None and getattr(ddp, "find_unused_parameters", False)
+               and numel == layout.params and 0 < index == len(_now(ddp, layout))
+               for ref, layout in _known)
