@@ -85,7 +85,7 @@ class StackAnswers(threading.Thread):
             _flush(stacks.stacks_path(self.run_dir, rank, live=True))
         asking.answer(self.run_dir, self.node, request["token"], ranks, signalled, written)
         if signalled:
-            self.say(f"stacks asked by commviz status on {request['host']} "
+            self.say(f"stacks asked from {request['host']} "
                      f"(pid {request['pid']}):"
                      f" ranks {signalled} signalled, {len(written)} wrote them\n")
 

@@ -410,11 +410,14 @@ def handle(args: argparse.Namespace) -> int:
         out.write(text)
         out.flush()
         log.write(text)
-    hangs = HangWatch(run_dir, args.hang_after, say) if args.hang_after else None
+    def runs_rank_0() -> bool:
+        return any(p.rank == 0 for p in placement.of_launch(log_dir(run_dir), launch_id))
+    hangs = HangWatch(run_dir, args.hang_after, say, runs_rank_0 if multi else None
+                      ) if args.hang_after else None
     if hangs is not None:
         hangs.start()
     # only other nodes need asking through the run dir: on one node status signals the ranks
-    answers = StackAnswers(run_dir, node_rank, launch_id, say) if cfg.job.nnodes > 1 else None
+    answers = StackAnswers(run_dir, node_rank, launch_id, say) if multi else None
     if answers is not None:
         answers.start()
     try:

@@ -4,6 +4,9 @@ NCCL's watchdog waits 10 minutes by default. ``HangWatch`` reads the run dir's j
 few seconds; when the ranks disagree (some rank waits in a collective that another has not
 joined: ``commviz.review.verdict``) and nothing has moved for ``after_s`` seconds, it asks every
 rank on this host for its stacks (they go on running) and prints the verdict, once per hang.
+In a multi-node job the launch that runs rank 0 asks every node's ranks, as ``commviz status``
+does (through the shared run dir, which the other launches answer): one launch prints the
+verdict with every rank's stacks, and only one writes requests.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from commviz.errors import CommvizError
+from commviz.merge.select import format_ranks
 from commviz.record import stacks
+from commviz.review.status import DEFAULT_WAIT_S, ask_every_rank
 from commviz.review.verdict import Verdict, build_verdict
+from commviz.trace.run import load_run
 
 DEFAULT_AFTER_S = 60.0
 
@@ -30,9 +36,14 @@ def _progress(v: Verdict) -> tuple[Any, ...]:
 
 
 class HangWatch(threading.Thread):
-    def __init__(self, run_dir: Path, after_s: float, say: Callable[[str], None]) -> None:
+    """``everywhere``: whether this launch asks every node's ranks (it runs rank 0 of a
+    multi-node job), looked at when a hang is seen (ranks are placed after the launch starts);
+    None: this node's only."""
+
+    def __init__(self, run_dir: Path, after_s: float, say: Callable[[str], None],
+                 everywhere: Callable[[], bool] | None = None) -> None:
         super().__init__(name="commviz-hang-watch", daemon=True)
-        self.run_dir, self.after_s, self.say = run_dir, after_s, say
+        self.run_dir, self.after_s, self.say, self.everywhere = run_dir, after_s, say, everywhere
         self.interval = min(5.0, max(0.5, after_s / 4))
         self._stop_event = threading.Event()
         self.reported: list[Verdict] = []
@@ -56,13 +67,18 @@ class HangWatch(threading.Thread):
                 self._report(now - since)
 
     def _report(self, still_s: float) -> None:
-        asked = stacks.request_all(self.run_dir)
+        if self.everywhere is not None and self.everywhere():
+            asked = ask_every_rank(self.run_dir, load_run(self.run_dir), DEFAULT_WAIT_S)
+            ranks, detail = asked.ranks, "".join(f"{line}\n" for line in asked.lines())
+        else:
+            ranks, detail = stacks.request_all(self.run_dir), ""
         v = build_verdict(self.run_dir, live=True)
         if v is None:
             return
         self.reported.append(v)
         self.say(f"HANG? nothing has moved for {still_s:.0f} s while the ranks disagree "
-                 f"(stacks asked of ranks {asked}; the job goes on):\n{v.render()}")
+                 f"(stacks asked of ranks {format_ranks(ranks) or 'none'}; the job goes on):\n"
+                 f"{detail}{v.render()}")
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -321,16 +321,10 @@ def _line_of(path: Path, text: str) -> int:
     return n
 
 
-@pytest.mark.slow
-def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
-    """Two launches share one run dir; the one holding rank 1 runs as another host (its own PID
-    namespace). Rank 1 sleeps before its 2nd all_reduce, rank 0 waits in it. `commviz status`,
-    run beside rank 0, signals rank 0 itself and gets rank 1's stacks through rank 1's launch:
-    both ranks' live stacks files hold a dump, and the verdict names rank 1 at its sleep. With
-    that launch stopped (SIGSTOP), status names its node as not answering."""
-    from commviz.record import stacks
-    from commviz.review.verdict import build_verdict
-
+def _two_nodes(tmp_path: Path, hang_after: float, out: dict[str, Path] | None = None
+               ) -> dict[str, subprocess.Popen]:
+    """Two launches of failing_job's stuck rank 1 sharing one run dir: rank 0's here, rank 1's
+    as another host (its own PID namespace). ``out``: files for their output (else pipes)."""
     if not _other_host_works():
         pytest.skip("no unprivileged PID namespaces here (unshare --user --pid)")
     port = free_port()
@@ -346,15 +340,43 @@ def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
           pythonpath: [{JOBS}]
         output: {{dir: {tmp_path / 'runs'}, run_name: run, merge: false, report: false}}
         """))
-    launch = [sys.executable, "-m", "commviz", "launch", str(cfg), "--hang-after", "0"]
-    procs = {   # c10d gives rank 0 to the address sorting first
+    launch = [sys.executable, "-m", "commviz", "launch", str(cfg), "--hang-after", str(hang_after)]
+    sinks = {k: open(v, "w") for k, v in (out or {}).items()}      # noqa: SIM115 - the launches hold them
+    kw = lambda label: dict(cwd=tmp_path, stdout=sinks.get(label, subprocess.PIPE),  # noqa: E731
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return {   # c10d gives rank 0 to the address sorting first
         "here": subprocess.Popen([*launch, "--node-rank", "0", "--set", f"job.local_addr={FIRST}"],
-                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True),
+                                 **kw("here")),
         "other": subprocess.Popen([*OTHER_HOST, *launch, "--node-rank", "1",
-                                   "--set", f"job.local_addr={SECOND}"],
-                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, start_new_session=True)}
+                                   "--set", f"job.local_addr={SECOND}"], **kw("other"))}
+
+
+def _end(procs: dict[str, subprocess.Popen]) -> dict[str, str]:
+    """The other node goes at once (its namespace with it), then Ctrl-C here; their output."""
+    for p, how in ((procs["other"], signal.SIGKILL), (procs["here"], signal.SIGINT)):
+        if p.poll() is None:
+            os.killpg(p.pid, how)
+    outs = {}
+    for label, p in procs.items():
+        try:
+            outs[label] = p.communicate(timeout=60)[0] or ""
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            outs[label] = p.communicate()[0] or ""
+    return outs
+
+
+@pytest.mark.slow
+def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
+    """Two launches share one run dir; the one holding rank 1 runs as another host (its own PID
+    namespace). Rank 1 sleeps before its 2nd all_reduce, rank 0 waits in it. `commviz status`,
+    run beside rank 0, signals rank 0 itself and gets rank 1's stacks through rank 1's launch:
+    both ranks' live stacks files hold a dump, and the verdict names rank 1 at its sleep. With
+    that launch stopped (SIGSTOP), status names its node as not answering."""
+    from commviz.record import stacks
+    from commviz.review.verdict import build_verdict
+
+    procs = _two_nodes(tmp_path, 0)
     run_dir = tmp_path / "runs" / "run"
     try:
         deadline = time.monotonic() + 120
@@ -377,23 +399,14 @@ def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
                                    timeout=60)
         finally:
             os.killpg(procs["other"].pid, signal.SIGCONT)
-    finally:       # the other node goes at once (its namespace with it), then Ctrl-C here
-        for p, how in ((procs["other"], signal.SIGKILL), (procs["here"], signal.SIGINT)):
-            if p.poll() is None:
-                os.killpg(p.pid, how)
-        outs = {}
-        for label, p in procs.items():
-            try:
-                outs[label] = p.communicate(timeout=60)[0]
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                outs[label] = p.communicate()[0]
+    finally:
+        outs = _end(procs)
     out = got.stdout
     assert got.returncode == 1, out + got.stderr + "\n".join(outs.values())
     # rank 0 was signalled from here; rank 1 only by its own launch (nothing here can reach it)
     assert "  stacks asked here of ranks 0\n" in out, out
     assert "): its launch asked ranks 1\n" in out, out
-    assert "stacks asked by commviz status" in outs["other"], outs["other"]
+    assert "stacks asked from " in outs["other"], outs["other"]
     live = {r: stacks.read_stacks(stacks.stacks_path(run_dir, r, live=True)) for r in (0, 1)}
     assert all(s is not None and s.threads for s in live.values()), live
     sleep_line = _line_of(FAILING_JOB, "time.sleep(ctx.args")
@@ -407,3 +420,28 @@ def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
     # asked again while rank 1's launch hangs: rank 0 is signalled from here, rank 1's node named
     assert "  stacks asked here of ranks 0\n" in stuck.stdout, stuck.stdout
     assert ", ranks 1): no answer in 1 s: its launch is gone or stuck" in stuck.stdout, stuck.stdout
+
+
+@pytest.mark.slow
+def test_hang_watch_of_rank_0s_launch_gets_every_nodes_stacks(tmp_path):
+    """The same two nodes with ``--hang-after 2``: rank 0's launch, seeing the hang, asks rank
+    1 through its node's launch too and prints the verdict with rank 1 stopped at its sleep;
+    rank 1's launch asks only its own rank."""
+    out = {"here": tmp_path / "here.log", "other": tmp_path / "other.log"}
+    procs = _two_nodes(tmp_path, 2, out)
+    sleep_line = _line_of(FAILING_JOB, "time.sleep(ctx.args")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "VERDICT" not in out["here"].read_text():
+            if any(p.poll() is not None for p in procs.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        _end(procs)
+    here, other = out["here"].read_text(), out["other"].read_text()
+    hang = here[here.index("HANG?"):] if "HANG?" in here else here
+    assert "(stacks asked of ranks 0-1; the job goes on)" in hang, here + other
+    assert "): its launch asked ranks 1\n" in hang, here + other
+    stopped = next(line for line in hang.splitlines() if "stopped at" in line)
+    assert f"failing_job.py:{sleep_line} in step: time.sleep(" in stopped, here
+    assert "stacks asked from " in other and "stacks asked from " not in here, here + other

@@ -40,8 +40,17 @@ class Asked:
     absent: list[int] = field(default_factory=list)       # ranks with no live stacks file here
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank asked, here or by its node's launch."""
+        return sorted(set(self.here) | {r for a in self.answered for r in a["signalled"]})
+
     def render(self, run_dir: Path) -> str:
-        lines = [f"commviz status: {run_dir}"]
+        return "\n".join([f"commviz status: {run_dir}", *self.lines()]) + "\n"
+
+    def lines(self) -> list[str]:
+        """Who was asked where, and which ranks or nodes did not answer."""
+        lines = []
         if self.here:
             lines.append(f"  stacks asked here of ranks {format_ranks(self.here)}"
                          + _not_written(self.here, self.wrote_here))
@@ -66,7 +75,7 @@ class Asked:
             lines.append(f"  ranks {format_ranks(self.absent)}: no live stacks file in this run "
                          "dir (not started, or ended; or their node's run dir is not this one)")
         lines += [f"  problem: {p}" for p in self.problems]
-        return "\n".join(lines) + "\n"
+        return lines
 
 
 def _not_written(asked: list[int], wrote: set[int]) -> str:
