@@ -16,6 +16,7 @@ from typing import Callable
 
 from commviz.errors import SourceError
 from commviz.launch import placement
+from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
 from commviz.review.exits import log_dir
 
@@ -87,7 +88,7 @@ class StackAnswers(threading.Thread):
         if signalled:
             self.say(f"stacks asked from {request['host']} "
                      f"(pid {request['pid']}):"
-                     f" ranks {signalled} signalled, {len(written)} wrote them\n")
+                     f" ranks {format_ranks(signalled)} signalled, {len(written)} wrote them\n")
 
     def stop(self) -> None:
         self._stop_event.set()
