@@ -98,23 +98,131 @@ def tensor_parallel(ctx: Context) -> Step:
     return _train_step(model, opt, batch)
 
 
-def pipeline(ctx: Context) -> Step:
-    """torch.distributed.pipelining: one stage per rank of an MLP; ``args.schedule``: gpipe |
-    1f1b, ``args.microbatches`` per step."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+def _mesh_2d(ctx: Context, names: tuple[str, str], inner: int) -> Any:
+    """A 2-D DeviceMesh of (world / inner, inner) named ``names``: the inner dimension's ranks
+    are consecutive ([0, 1], [2, 3]), the outer's ``inner`` apart ([0, 2], [1, 3])."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if ctx.world_size % inner:
+        raise ValueError(f"{ctx.world_size} ranks do not tile a mesh of inner size {inner}")
+    return init_device_mesh(ctx.device.type, (ctx.world_size // inner, inner),
+                            mesh_dim_names=names)
+
+
+def fsdp_tp(ctx: Context) -> Step:
+    """FSDP2 x tensor parallel on a (dp, tp) DeviceMesh, as torchtitan composes them: each
+    block's two linears column- then row-parallel over ``tp`` (DTensor), then ``fully_shard``
+    per block and on the root over ``dp``, and ``clip_grad_norm_`` over the 2-D parameters.
+    ``args.tp`` is the tensor-parallel size (default 2)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
 
     a = ctx.args
+    width, layers = a.get("width", 256), a.get("layers", 2)
+    mesh = _mesh_2d(ctx, ("dp", "tp"), a.get("tp", 2))
+    torch.manual_seed(ctx.seed)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                          nn.Linear(4 * width, width))
+                            for _ in range(layers)]).to(ctx.device)
+    for block in model:
+        parallelize_module(block, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # a tp pair sees the same batch, the dp replicas different ones
+    torch.manual_seed(ctx.seed + 1 + mesh.get_local_rank("dp"))
+    batch = torch.randn(a.get("batch", 8), width, device=ctx.device)
+    return _train_step(model, opt, batch, clip=a.get("clip", 1.0))
+
+
+def hsdp(ctx: Context) -> Step:
+    """HSDP: FSDP2's ``fully_shard`` on a 2-D (replicate, shard) mesh, parameters sharded
+    within each ``args.shard``-rank group (default 2) and replicated across them."""
+    from torch.distributed.fsdp import fully_shard
+
+    a = ctx.args
+    model = _mlp(a.get("width", 256), a.get("layers", 4), ctx.seed, ctx.device)
+    mesh = _mesh_2d(ctx, ("replicate", "shard"), a.get("shard", 2))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(ctx.seed + 1 + ctx.rank)
+    batch = torch.randn(a.get("batch", 16), a.get("width", 256), device=ctx.device)
+    return _train_step(model, opt, batch, clip=a.get("clip", 1.0))
+
+
+def experts(ctx: Context) -> Step:
+    """Expert-parallel token routing as mixture-of-experts layers do it: per step each rank
+    routes ``args.tokens`` tokens to the experts (one per rank) in uneven counts that change
+    every step, exchanges the counts (``all_to_all_single``), dispatches the tokens with those
+    split sizes, runs its expert and sends the results back (two more ``all_to_all_single``
+    with uneven splits). ``args.group``: a configured group to run over (default the world)."""
+    a = ctx.args
+    name = a.get("group", "world")
+    group, ranks = ctx.group(name), ctx.group_ranks[name]
+    n, me, width = len(ranks), ranks.index(ctx.rank), a.get("width", 128)
+    tokens = a.get("tokens", 64)
+    torch.manual_seed(ctx.seed)
+    expert = nn.Linear(width, width).to(ctx.device)
+    steps = [0]
+
+    def routing(step: int) -> list[int]:
+        """How many of this rank's tokens go to each expert at ``step``: uneven, changing."""
+        weights = [1 + (step * 7 + me * 3 + e * 5) % (2 * n + 1) for e in range(n)]
+        counts = [tokens * w // sum(weights) for w in weights]
+        counts[(step + me) % n] += tokens - sum(counts)
+        return counts
+
+    def step() -> None:
+        send = routing(steps[0])
+        steps[0] += 1
+        sizes = torch.tensor(send, dtype=torch.int64, device=ctx.device)
+        got = torch.empty_like(sizes)
+        dist.all_to_all_single(got, sizes, group=group)
+        recv = got.tolist()
+        x = torch.randn(tokens, width, device=ctx.device)
+        routed = torch.empty(sum(recv), width, device=ctx.device)
+        dist.all_to_all_single(routed, x, recv, send, group=group)
+        with torch.no_grad():
+            out = expert(routed)
+        back = torch.empty(tokens, width, device=ctx.device)
+        dist.all_to_all_single(back, out, send, recv, group=group)
+
+    return step
+
+
+def pipeline(ctx: Context) -> Step:
+    """torch.distributed.pipelining over the world: an MLP cut into ``args.stages_per_rank``
+    stages per rank, stage ``i`` on rank ``i % world`` (the looped placement interleaved
+    schedules expect); ``args.schedule``: gpipe | 1f1b (one stage per rank) | interleaved1f1b
+    (several), ``args.microbatches`` per step."""
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+
+    a = ctx.args
+    kind = a.get("schedule", "gpipe")
     width, per_stage = a.get("width", 256), a.get("layers_per_stage", 2)
-    full = _mlp(width, per_stage * ctx.world_size, ctx.seed, ctx.device)
-    mine = full[ctx.rank * per_stage:(ctx.rank + 1) * per_stage]
-    stage = PipelineStage(mine, ctx.rank, ctx.world_size, ctx.device)
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[a.get("schedule", "gpipe")]
-    schedule = kind(stage, n_microbatches=a.get("microbatches", 4),
-                    loss_fn=lambda out, target: (out - target).square().mean())
-    opt = torch.optim.SGD(mine.parameters(), lr=0.01)
+    per_rank = a.get("stages_per_rank", 2 if kind == "interleaved1f1b" else 1)
+    n_stages = per_rank * ctx.world_size
+    full = _mlp(width, per_stage * n_stages, ctx.seed, ctx.device)
+    ids = [ctx.rank + k * ctx.world_size for k in range(per_rank)]
+    parts = [full[i * per_stage:(i + 1) * per_stage] for i in ids]
+    stages = [PipelineStage(part, i, n_stages, ctx.device) for part, i in zip(parts, ids)]
+    loss = lambda out, target: (out - target).square().mean()  # noqa: E731
+    n_micro = a.get("microbatches", 4)
+    if kind == "interleaved1f1b":
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=loss)
+    else:
+        if per_rank != 1:
+            raise ValueError(f"schedule {kind!r} runs one stage per rank, not {per_rank}")
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind](
+            stages[0], n_microbatches=n_micro, loss_fn=loss)
+    opt = torch.optim.SGD([p for part in parts for p in part.parameters()], lr=0.01)
     torch.manual_seed(ctx.seed + 1)
     batch = torch.randn(a.get("batch", 16), width, device=ctx.device)
-    first, last = ctx.rank == 0, ctx.rank == ctx.world_size - 1
+    first, last = 0 in ids, n_stages - 1 in ids
 
     def step() -> None:
         if first:

@@ -18,15 +18,21 @@ Per run dir (a ``commviz launch`` run with ``TORCH_FR_BUFFER_SIZE`` set, so each
   not the dump's ``p2p_seq_id`` (of ``p2p_checked`` compared: NCCL's recorder keeps p2p
   entries, gloo's none);
 - ``no_origin``: records without ``commviz.origin``; ``verify``: ``commviz verify``'s verdict;
-- ``ddp_buckets`` / ``ddp_buckets_named``: records of a DDP bucket / those naming its parameters.
+- ``ddp_buckets`` / ``ddp_buckets_named``: records of a DDP bucket / those naming its parameters;
+- ``lanes``: comm lanes in the merged trace (all ranks); ``lane_diff``: per rank, groups whose
+  lanes are not exactly one lane per group it has collectives in, or whose lane shows ranks other
+  than the group's own in torch's Flight Recorder dump (``pg_config``) or a group the rank is not
+  in; ``links``: cross-rank links between comm lanes; ``link_diff``: those joining slices of
+  different groups, or a rank outside the group's ranks in its dump.
 Exits 1 when any count that must be 0 is not.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,8 @@ from commviz.trace.kernels import parse_nccl  # noqa: E402
 from commviz.trace.run import load_run  # noqa: E402
 from commviz.verify import read_slices  # noqa: E402
 
-MUST_BE_ZERO = ("missing", "conflicts", "graph_diff", "fr_diff", "p2p_diff", "no_origin")
+MUST_BE_ZERO = ("missing", "conflicts", "graph_diff", "fr_diff", "p2p_diff", "no_origin",
+                "lane_diff", "link_diff")
 
 
 def _nccl_kernels(run: Any) -> int:
@@ -122,6 +129,63 @@ def _flight_recorder(run_dir: Path, run: Any) -> tuple[int, int, int, int]:
     return fr_diff, p2p_diff, p2p_checked, dumps
 
 
+def _torch_groups(run_dir: Path, run: Any) -> dict[int, dict[str, list[int]]]:
+    """Per rank, its process groups as torch knows them: pg name -> ranks, from the rank's
+    Flight Recorder dump (``pg_config``)."""
+    out = {}
+    for rank in run.ranks:
+        path = flightrec.dump_path(run_dir, rank)
+        if path.is_file():
+            config = loads_plain(path.read_bytes(), str(path)).get("pg_config", {})
+            out[rank] = {name: json.loads(c["ranks"]) for name, c in config.items()}
+    return out
+
+
+_RANK = re.compile(r"^rank (\d+) ")
+
+
+def _lanes_and_links(run_dir: Path, run: Any) -> dict[str, int]:
+    """Each rank's comm lanes against its groups, and every cross-rank link against the groups
+    (torch's own account of them: the Flight Recorder dumps' ``pg_config``)."""
+    groups = _torch_groups(run_dir, run)
+    slices, _ = read_slices(run_dir / "merged.pftrace")
+    lanes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    used: dict[int, set[str]] = defaultdict(set)
+    flows: dict[int, list[Any]] = defaultdict(list)
+    lane_diff = 0
+    for s in slices:
+        m = _RANK.match(s.process)
+        if m is None:
+            continue
+        rank, pg = int(m.group(1)), s.args.get(md.PG_NAME)
+        if s.track.startswith("PG ") and pg is not None:
+            lanes[rank][str(pg)].add(s.track)
+            for fid in s.flow_ids:
+                flows[fid].append((rank, str(pg)))
+        elif pg is not None and parse_nccl(s.name or ""):
+            used[rank].add(str(pg))
+    for rank, by_group in lanes.items():
+        known = groups.get(rank, {})
+        for pg, tracks in by_group.items():
+            shown = {t.partition("ranks ")[2].split(" ·")[0] for t in tracks}
+            if len(tracks) != 1 or pg not in known or rank not in known[pg] \
+                    or shown != {str(known[pg])}:
+                lane_diff += 1
+                print(f"  rank {rank}: group {pg}: lanes {sorted(tracks)}, torch: "
+                      f"{known.get(pg)}", file=sys.stderr)
+        lane_diff += len(used[rank] - set(by_group))
+    links = link_diff = 0
+    for points in flows.values():
+        if len({r for r, _ in points}) < 2:
+            continue
+        links += 1
+        pgs = {pg for _, pg in points}
+        if len(pgs) != 1 or any(r not in groups.get(r, {}).get(pg, ()) for r, pg in points):
+            link_diff += 1
+    return {"lanes": sum(len(v) for v in lanes.values()), "lane_diff": lane_diff,
+            "links": links, "link_diff": link_diff}
+
+
 def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
     run = load_run(run_dir)
     records = [r for item in run.ranks.values() if item.record is not None
@@ -151,6 +215,7 @@ def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
     row["fr_diff"], row["p2p_diff"], row["p2p_checked"], row["fr_dumps"] = \
         _flight_recorder(run_dir, run)
     row["p2p_records"] = sum(r.get(md.KIND) == "p2p" for r in records)
+    row.update(_lanes_and_links(run_dir, run))
     return row
 
 

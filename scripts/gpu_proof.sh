@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The 2-GPU proof on NCCL: every configs/gpu-2x-*.yaml launched as a user would, the graphed
-# ones beside their eager twins (cuda_graphs off), scripts/gpu_proof.py on each run (NCCL
-# kernels named, rightly; records against torch's Flight Recorder dumps; origins; verify), then
-# the GPU tests but the verdict scenarios' (scripts/gpu_verdict.sh runs those). The runs' inputs
+# The GPU proof on NCCL, `bash scripts/gpu_proof.sh [2x|4x]` (default 2x): every config of the
+# set launched as a user would (2x: configs/gpu-2x-*.yaml; 4x: configs/gpu-4x-*.yaml and
+# tp-dp-4gpu.yaml), the graphed ones beside their eager twins (cuda_graphs off),
+# scripts/gpu_proof.py on each run (NCCL kernels named, rightly; records against torch's Flight
+# Recorder dumps; origins; one comm lane per group; cross-rank links within a group; verify),
+# then the GPU tests but the verdict scenarios' (scripts/gpu_verdict.sh runs those). The runs' inputs
 # (traces, records, Flight Recorder dumps) are packed for tests/fixtures. proof.log and gpu_tests.log go to $OUT (the device tool's result folder, at most
 # 8 files come back) or /tmp/commviz-proof, with everything else packed in proof.tgz.
 # Wheels missing on the GPU image are taken from .whl/ (scripts/gpu_validate.sh says how).
@@ -22,17 +24,25 @@ launch() {  # NAME CONFIG [--set ...]: one run, its output in $runs/NAME.log
     --set "output.run_name=$name" "$@" >"$runs/$name.log" 2>&1
   echo "launch $name: rc $?" | tee -a "$out/launch.log"
 }
-# four jobs at a time (each 2 ranks on the 2 GPUs): correctness, not timing
-launch ddp gpu-2x-ddp & launch ddp-hook gpu-2x-ddp-hook & launch fsdp2 gpu-2x-fsdp2 & launch tp gpu-2x-tp & wait
-launch pp-gpipe gpu-2x-pp-gpipe & launch pp-1f1b gpu-2x-pp-1f1b & launch p2p-ring gpu-2x-p2p-ring &
-launch compiled gpu-2x-compiled & wait
-launch p2p-graphed gpu-2x-p2p-graphed & launch p2p-graphed-eager gpu-2x-p2p-graphed --set workload.cuda_graphs=false &
-launch graphs gpu-2x-graphs & launch graphs-eager gpu-2x-graphs --set workload.cuda_graphs=false & wait
+case ${1:-2x} in
+  2x)  # four jobs at a time (each 2 ranks on the 2 GPUs): correctness, not timing
+    launch ddp gpu-2x-ddp & launch ddp-hook gpu-2x-ddp-hook & launch fsdp2 gpu-2x-fsdp2 & launch tp gpu-2x-tp & wait
+    launch pp-gpipe gpu-2x-pp-gpipe & launch pp-1f1b gpu-2x-pp-1f1b & launch p2p-ring gpu-2x-p2p-ring &
+    launch compiled gpu-2x-compiled & wait
+    launch p2p-graphed gpu-2x-p2p-graphed & launch p2p-graphed-eager gpu-2x-p2p-graphed --set workload.cuda_graphs=false &
+    launch graphs gpu-2x-graphs & launch graphs-eager gpu-2x-graphs --set workload.cuda_graphs=false & wait
+    proven=("$runs"/{ddp,ddp-hook,fsdp2,tp,pp-gpipe,pp-1f1b,p2p-ring,compiled} "$runs/p2p-graphed=$runs/p2p-graphed-eager"
+            "$runs/graphs=$runs/graphs-eager" "$runs/p2p-graphed-eager" "$runs/graphs-eager") ;;
+  4x)  # three or four jobs at a time (each 4 ranks on the 4 GPUs)
+    launch ddp gpu-4x-ddp & launch fsdp-tp gpu-4x-fsdp-tp & launch hsdp gpu-4x-hsdp & launch experts gpu-4x-experts & wait
+    launch pp-1f1b gpu-4x-pp-1f1b & launch pp-interleaved gpu-4x-pp-interleaved & launch tp-dp tp-dp-4gpu &
+    launch tp-dp-eager tp-dp-4gpu --set workload.cuda_graphs=false & wait
+    proven=("$runs"/{ddp,fsdp-tp,hsdp,experts,pp-1f1b,pp-interleaved} "$runs/tp-dp=$runs/tp-dp-eager" "$runs/tp-dp-eager") ;;
+  *) echo "usage: gpu_proof.sh [2x|4x]" >&2; exit 2 ;;
+esac
 echo "launches done at ${SECONDS}s" | tee -a "$out/launch.log"
 for f in "$runs"/*.log; do echo "== $f"; tail -6 "$f"; done >"$out/launch_tails.log"
-timeout 150 python3 scripts/gpu_proof.py "$runs"/{ddp,ddp-hook,fsdp2,tp,pp-gpipe,pp-1f1b,p2p-ring,compiled} \
-  "$runs/p2p-graphed=$runs/p2p-graphed-eager" "$runs/graphs=$runs/graphs-eager" \
-  "$runs/p2p-graphed-eager" "$runs/graphs-eager" 2>&1 | tee "$out/proof.log"
+timeout 150 python3 scripts/gpu_proof.py "${proven[@]}" 2>&1 | tee "$out/proof.log"
 (cd "$runs" && tar czf "$out/proof_runs.tgz" --exclude='*.pftrace' --exclude='matched_*' \
   --exclude='comm_*' --exclude='plots' --exclude='*.png' */ *.log)
 # END: seconds this script may take in all (a device call's limit); later steps get what is left

@@ -42,6 +42,7 @@ BAD, AT_SEQ = 1, 5                       # broken_step.yaml: rank 1 breaks in ca
 HANG_AFTER_S = 4                         # the launch's live hang watch (--hang-after)
 MARK = "broke.txt"                       # broken_step.py writes it as the rank breaks
 STDOUT = "stdout.txt"                    # what the launch printed
+STATUS_LIVE = "status_live.txt"          # what `commviz status` said while the job hung
 # the graph hang is stopped from outside (NCCL's watchdog never sees it): Ctrl-C on the
 # launch (SIGINT to its process group) this long after the rank stopped replaying, time
 # enough for the hang watch to speak if it can
@@ -57,21 +58,27 @@ LINE = {"stuck": "# stuck in its own code", "raise": "raise RuntimeError(",
 
 
 # -- launching (GPU) ---------------------------------------------------------------------------
-def launch_all(root: Path, scenarios: tuple[str, ...] = CASES, *sets: str) -> dict[str, int]:
-    """Launch every scenario at once into ``root/CASE`` (each 2 ranks on the same 2 GPUs) and
-    wait for all; the launches' exit codes. ``sets``: more ``--set`` overrides for each."""
+def launch_all(root: Path, scenarios: tuple[str, ...] = CASES, *sets: str,
+               config: Path = CONFIG, status_after_s: dict[str, float] | None = None
+               ) -> dict[str, int]:
+    """Launch every scenario at once into ``root/CASE`` (each on the same GPUs) and wait for
+    all; the launches' exit codes. ``sets``: more ``--set`` overrides for each.
+    ``status_after_s``: for a scenario, ``commviz status`` is asked that long after its rank
+    broke, while the job still runs; what it printed lands in ``RUN_DIR/status_live.txt``."""
     procs = {}
     for case in scenarios:
         run_dir = root / case
         run_dir.mkdir(parents=True)
         with open(run_dir / STDOUT, "w") as out:
             procs[case] = subprocess.Popen(
-                [sys.executable, "-m", "commviz", "launch", str(CONFIG),
+                [sys.executable, "-m", "commviz", "launch", str(config),
                  "--hang-after", str(HANG_AFTER_S), "--set", f"output.dir={root}",
                  "--set", f"output.run_name={case}", "--set", f"workload.args.case={case}",
                  "--set", f"workload.args.mark={run_dir / MARK}", *sets],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    for case, after in (status_after_s or {}).items():
+        _ask_status(procs[case], root / case, after, deadline)
     if "graph" in procs:
         _stop_graph_hang(procs["graph"], root / "graph", deadline)
     codes = {}
@@ -84,10 +91,27 @@ def launch_all(root: Path, scenarios: tuple[str, ...] = CASES, *sets: str) -> di
     return codes
 
 
+def _wait_for_mark(proc: subprocess.Popen, run_dir: Path, deadline: float) -> None:
+    while not (run_dir / MARK).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _ask_status(proc: subprocess.Popen, run_dir: Path, after_s: float, deadline: float) -> None:
+    """``commviz status RUN_DIR`` as a user asks it while the job hangs, ``after_s`` after
+    the rank broke; its output (and when it was asked) in ``RUN_DIR/status_live.txt``."""
+    _wait_for_mark(proc, run_dir, deadline)
+    time.sleep(after_s)
+    asked = time.time()
+    done = subprocess.run([sys.executable, "-m", "commviz", "status", str(run_dir)],
+                          capture_output=True, text=True, timeout=60)
+    (run_dir / STATUS_LIVE).write_text(
+        f"# asked {asked:.3f} ({after_s} s after the mark), job still running: "
+        f"{proc.poll() is None}, rc {done.returncode}\n{done.stdout}{done.stderr}")
+
+
 def _stop_graph_hang(proc: subprocess.Popen, run_dir: Path, deadline: float) -> None:
     """Once the rank has stopped replaying: Ctrl-C, as a user (or an outer timeout) would."""
-    while not (run_dir / MARK).exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+    _wait_for_mark(proc, run_dir, deadline)
     time.sleep(GRAPH_STOP_AFTER_S)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
