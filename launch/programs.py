@@ -109,31 +109,95 @@ def _mesh_2d(ctx: Context, names: tuple[str, str], inner: int) -> Any:
                             mesh_dim_names=names)
 
 
-def fsdp_tp(ctx: Context) -> Step:
-    """FSDP2 x tensor parallel on a (dp, tp) DeviceMesh, as torchtitan composes them: each
-    block's two linears column- then row-parallel over ``tp`` (DTensor), then ``fully_shard``
-    per block and on the root over ``dp``, and ``clip_grad_norm_`` over the 2-D parameters.
-    ``args.tp`` is the tensor-parallel size (default 2)."""
+def _blocks(width: int, layers: int, seed: int, device: torch.device) -> nn.Sequential:
+    """Transformer-MLP-like blocks: a linear to 4x the width, GELU, a linear back."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                         nn.Linear(4 * width, width))
+                           for _ in range(layers)]).to(device)
+
+
+def _tp_then_fsdp(model: nn.Sequential, tp: Any, dp: Any) -> None:
+    """As torchtitan composes them: each block's linears column- then row-parallel over the
+    ``tp`` mesh (DTensor), then ``fully_shard`` per block and on the whole over ``dp``."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
-    a = ctx.args
-    width, layers = a.get("width", 256), a.get("layers", 2)
-    mesh = _mesh_2d(ctx, ("dp", "tp"), a.get("tp", 2))
-    torch.manual_seed(ctx.seed)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
-                                          nn.Linear(4 * width, width))
-                            for _ in range(layers)]).to(ctx.device)
     for block in model:
-        parallelize_module(block, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+        parallelize_module(block, tp, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(block, mesh=dp)
+    fully_shard(model, mesh=dp)
+
+
+def fsdp_tp(ctx: Context) -> Step:
+    """FSDP2 x tensor parallel on a (dp, tp) DeviceMesh (``_tp_then_fsdp``) with
+    ``clip_grad_norm_`` over the 2-D parameters. ``args.tp`` is the tensor-parallel size
+    (default 2)."""
+    a = ctx.args
+    mesh = _mesh_2d(ctx, ("dp", "tp"), a.get("tp", 2))
+    model = _blocks(a.get("width", 256), a.get("layers", 2), ctx.seed, ctx.device)
+    _tp_then_fsdp(model, mesh["tp"], mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # a tp pair sees the same batch, the dp replicas different ones
     torch.manual_seed(ctx.seed + 1 + mesh.get_local_rank("dp"))
-    batch = torch.randn(a.get("batch", 8), width, device=ctx.device)
+    batch = torch.randn(a.get("batch", 8), a.get("width", 256), device=ctx.device)
     return _train_step(model, opt, batch, clip=a.get("clip", 1.0))
+
+
+def three_d(ctx: Context) -> Step:
+    """3-D parallel: a 1F1B pipeline over ``pp`` whose stages are tensor parallel over ``tp``
+    and FSDP2-sharded over ``dp`` (``_tp_then_fsdp``), on a (pp, dp, tp) DeviceMesh;
+    ``args.pp``, ``args.tp`` (default 2 each; dp takes the rest of the world). With
+    ``args.graph_after: N`` the first N steps run eagerly, then the step is captured in a CUDA
+    graph (``commviz.launch.workloads.capture``) and replayed from then on."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from commviz.launch.workloads import capture
+
+    a = ctx.args
+    pp, tp = a.get("pp", 2), a.get("tp", 2)
+    if ctx.world_size % (pp * tp):
+        raise ValueError(f"{ctx.world_size} ranks do not tile pp {pp} x tp {tp}")
+    mesh = init_device_mesh(ctx.device.type, (pp, ctx.world_size // (pp * tp), tp),
+                            mesh_dim_names=("pp", "dp", "tp"))
+    width, per_stage, me = a.get("width", 256), a.get("layers_per_stage", 2), mesh.get_local_rank("pp")
+    mine = _blocks(width, per_stage * pp, ctx.seed, ctx.device)[me * per_stage:(me + 1) * per_stage]
+    _tp_then_fsdp(mine, mesh["tp"], mesh["dp"])
+    stage = PipelineStage(mine, me, pp, ctx.device, group=mesh.get_group("pp"))
+    schedule = Schedule1F1B(stage, n_microbatches=a.get("microbatches", 4),
+                            loss_fn=lambda out, target: (out - target).square().mean())
+    graph_after = a.get("graph_after")
+    if graph_after is not None and ctx.device.type != "cuda":
+        raise ValueError("args.graph_after captures CUDA graphs: it needs GPUs (set it to null)")
+    opt = torch.optim.AdamW(mine.parameters(), lr=1e-3, capturable=graph_after is not None)
+    torch.manual_seed(ctx.seed + 1 + mesh.get_local_rank("dp"))
+    batch = torch.randn(a.get("batch", 8), width, device=ctx.device)
+    target = torch.zeros_like(batch)
+
+    def eager() -> None:
+        if me == 0:
+            schedule.step(batch)
+        elif me == pp - 1:
+            schedule.step(target=target)
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    calls, replay = [0], []
+
+    def step() -> None:
+        calls[0] += 1
+        if graph_after is None or calls[0] <= graph_after:
+            eager()
+            return
+        if not replay:
+            replay.append(capture(eager, ctx, warmup=1))
+        replay[0]()
+
+    return step
 
 
 def hsdp(ctx: Context) -> Step:
