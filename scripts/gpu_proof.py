@@ -58,11 +58,16 @@ def _nccl_kernels(run: Any) -> int:
                for e in t.events if e.get("cat") == "kernel" and parse_nccl(e.get("name", "")))
 
 
-def _merged_kernels(run_dir: Path) -> tuple[list[Any], bool]:
-    """The NCCL kernel slices of the merged trace (not the comm lanes' copies), verify's ok."""
+def _merged(run_dir: Path) -> tuple[list[Any], bool]:
+    """Every slice of the merged trace (read once: it is the slow part), verify's ok."""
     slices, report = read_slices(run_dir / "merged.pftrace")
+    return slices, report.ok
+
+
+def _kernels(slices: list[Any]) -> list[Any]:
+    """The NCCL kernel slices of the merged trace (not the comm lanes' copies)."""
     return [s for s in slices if s.name and parse_nccl(s.name)
-            and not s.track.startswith(("PG ", "summary")) and not s.instant], report.ok
+            and not s.track.startswith(("PG ", "summary")) and not s.instant]
 
 
 def _named(s: Any) -> bool:
@@ -144,11 +149,10 @@ def _torch_groups(run_dir: Path, run: Any) -> dict[int, dict[str, list[int]]]:
 _RANK = re.compile(r"^rank (\d+) ")
 
 
-def _lanes_and_links(run_dir: Path, run: Any) -> dict[str, int]:
+def _lanes_and_links(run_dir: Path, run: Any, slices: list[Any]) -> dict[str, int]:
     """Each rank's comm lanes against its groups, and every cross-rank link against the groups
     (torch's own account of them: the Flight Recorder dumps' ``pg_config``)."""
     groups = _torch_groups(run_dir, run)
-    slices, _ = read_slices(run_dir / "merged.pftrace")
     lanes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     used: dict[int, set[str]] = defaultdict(set)
     flows: dict[int, list[Any]] = defaultdict(list)
@@ -191,7 +195,8 @@ def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
     records = [r for item in run.ranks.values() if item.record is not None
                for r in item.record["collectives"]]
     matches = match_run(run)
-    kernels, ok = _merged_kernels(run_dir)
+    slices, ok = _merged(run_dir)
+    kernels = _kernels(slices)
     row: dict[str, Any] = {
         "run": run_dir.name,
         "kernels": _nccl_kernels(run),
@@ -209,13 +214,13 @@ def prove(run_dir: Path, eager_dir: Path | None) -> dict[str, Any]:
     }
     row["missing"] = row["kernels"] - row["named"]
     if eager_dir is not None:
-        eager_kernels, _ = _merged_kernels(eager_dir)
+        eager_kernels = _kernels(_merged(eager_dir)[0])
         row["graph_diff"] = _graph_diff(kernels, eager_kernels, _active_steps(eager_dir))
         row["eager_twin"] = eager_dir.name
     row["fr_diff"], row["p2p_diff"], row["p2p_checked"], row["fr_dumps"] = \
         _flight_recorder(run_dir, run)
     row["p2p_records"] = sum(r.get(md.KIND) == "p2p" for r in records)
-    row.update(_lanes_and_links(run_dir, run))
+    row.update(_lanes_and_links(run_dir, run, slices))
     return row
 
 

@@ -29,6 +29,9 @@ from typing import Any
 
 import pytest
 
+# the module's first test waits for every kept run's merge (22 runs, up to 4 ranks each)
+pytestmark = pytest.mark.timeout(900)
+
 HERE = Path(__file__).parent
 GPU = HERE / "fixtures" / "gpu"
 PROOFS = ("proof-2xh100", "proof-4xh100")
