@@ -249,9 +249,10 @@ def test_coalesced_p2p_work_is_linear(tmp_path: Path) -> None:
             result = match_rank(trace, {"rank": 0, "collectives": collectives}, rank=0)
         kernel_of = {ev["args"]["correlation"]: i for i, ev in enumerate(trace.events)
                      if ev.get("cat") == "kernel"}
-        for g, corr in enumerate(launches, start=1):
-            assert result.kernel_args[kernel_of[corr]][md.P2P_OPS] == "send→1 8 KiB, recv←1 8 KiB"
-            assert result.kernel_args[kernel_of[corr]][md.P2P_SEQ] == f"{g},{g}"
+        for g, corr in enumerate(launches, start=1):       # group g: the g-th send and recv
+            label = result.kernel_args[kernel_of[corr]]
+            assert (label[md.P2P_OPS], label[md.P2P_SEQ]) == ("send→1 8 KiB, recv←1 8 KiB",
+                                                              f"{g},{g}")
         assert result.stats["coalesced_kernels"] == groups
         return counts[coalesced.__name__]
 

@@ -55,8 +55,8 @@ class Pairing:
 
 class Nearest:
     """Record positions of one identity by begin time, each taken once: the free one whose
-    begin is nearest a time (of equals, the first position). Many calls share an identity
-    (``annotate_collective`` blocks number themselves apart from it), so the taken ones are
+    begin is nearest a time (of equals, the first position). Many calls can share an identity
+    (receives from any source carry no peer and no sequence number), so the taken ones are
     skipped by pointers, never rescanned."""
 
     def __init__(self, entries: list[tuple[int, int]]) -> None:

@@ -4,12 +4,14 @@ A profiler flow event names a time on a thread, not a slice; several slices can 
 time (a 0-µs ``cudaPeekAtLastError`` or ``cudaFuncSetAttribute`` at the same microsecond as the
 ``cudaLaunchKernel`` it precedes). Kineto's launch flows carry the launch's correlation id as
 their id, and both the runtime call and its GPU work carry it as ``args.correlation``: those
-flows are bound by that id, so each reaches the call that launched the work. Their category
-changed over Kineto's life (``ac2g`` now; ``async_cpu_to_gpu`` / ``async_gpu`` in 2021-22;
-``async`` / ``launch`` in its first releases), so a flow of any category is a launch flow when
-its id is the correlation of a launch call at its start point and of GPU work at each end
-point. Other flows bind by time: the innermost slice of the track starting at the point's
-time, else the innermost holding it.
+flows are bound by that id, so each reaches the call that launched the work (of several slices
+with the id on the point's track, as every kernel of a CUDA graph replay on one stream carries
+its ``cudaGraphLaunch``'s, the one starting at the point). Their category changed over
+Kineto's life (``ac2g`` now; ``async_cpu_to_gpu`` / ``async_gpu`` in 2021-22; ``async`` /
+``launch`` in its first releases), so a flow of any category is a launch flow when its id is
+the correlation of a launch call at its start point and of GPU work at each end point. Other
+flows bind by time: the innermost slice of the track starting at the point's time, else the
+innermost holding it.
 A trace without launch flows (some exporters drop them) gets them from the correlation ids.
 """
 
