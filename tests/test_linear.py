@@ -36,6 +36,7 @@ from profiler_like import (KERNELS, NCCL_ALL_REDUCE, graph_record, write_any_sou
                            write_graph_replays, write_p2p_groups)
 
 LINEAR = 5.0            # most a linear step's work may grow for 4x the input (a scan: 16x)
+LOG_LINEAR = 6.0        # the same with a tree descent per point: n log n grows 4.9x at n=500
 COMMVIZ = Path(commviz.__file__).parent
 
 
@@ -294,7 +295,7 @@ def test_intervals_skip_what_ended_behind_a_long_open_one() -> None:
         assert held == [["blocked"]] * (n - 1)
         return counts[index.__name__]
 
-    assert growth(work, 500) < LINEAR
+    assert growth(work, 500) < LOG_LINEAR
 
 
 def test_flow_points_bound_by_time_skip_finished_siblings() -> None:
