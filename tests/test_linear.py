@@ -187,14 +187,16 @@ def test_a_trace_shaped_like_htas_trace_diff_merges_and_verifies(tmp_path: Path)
 
 # -- the graph matcher: which graph a replay ran, which node each kernel is ---------------------
 
-def _graph_match(root: Path, kernels: int, replays: int) -> tuple[graphed.GraphMatch, Any, dict]:
+def _graph_match(root: Path, kernels: int, replays: int
+                 ) -> tuple[graphed.GraphMatch, Any, dict[str, Any], int]:
+    """The graph matcher's result on a generated trace and record, and its lines run."""
     path = root / f"trace_{kernels}x{replays}.json.gz"
     launches = write_graph_replays(path, kernels=kernels, replays=replays, cpu_chains=1)
     record = graph_record(kernels, launches, {name: kernel_key(name) for name in KERNELS})
     trace = load_trace(path, rank=0)
     with lines_run(graphed) as counts:
         out = graphed.match_graphed(trace, record)
-    return out, trace, {"lines": counts[graphed.__name__], "record": record}
+    return out, trace, record, counts[graphed.__name__]
 
 
 @pytest.mark.parametrize("grown", ["kernels", "replays"])
@@ -204,9 +206,9 @@ def test_graph_matching_work_is_linear(tmp_path: Path, grown: str) -> None:
     same kernel): 4x the kernels per replay, or 4x the replays, cost about 4x."""
     def work(n: int) -> int:
         kernels, replays = (n, 20) if grown == "kernels" else (8, n)
-        out, trace, found = _graph_match(tmp_path, kernels, replays)
-        expected_matches(out, trace, found["record"])
-        return found["lines"]
+        out, trace, record, lines = _graph_match(tmp_path, kernels, replays)
+        expected_matches(out, trace, record)
+        return lines
 
     assert growth(work, 100 if grown == "kernels" else 200) < LINEAR
 
