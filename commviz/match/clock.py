@@ -11,6 +11,7 @@ it shares with an aligned rank is its offset. What was used for each rank is rep
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from commviz.match.artifact import Clock, RankArtifact
@@ -60,28 +61,44 @@ def derive(plan: ClockPlan, ends: dict[int, dict[tuple, int]]) -> list[str]:
     """Fill the pending ranks from collective end times (``ends[rank][instance key]``, ns on
     the rank's own clock for pending ranks and on the merged clock for the others).
 
+    Each instance's reference end is the median of its ends on the aligned ranks; a pending
+    rank's offset is the median over its instances of reference minus own end. A rank that
+    shares nothing with the aligned ranks waits until a rank derived before it gives one of
+    its instances a reference (its end, shifted onto the merged clock). Each rank's ends are
+    read once or twice, whatever the number of ranks.
+
     Returns one problem per rank no offset could be derived for (it keeps offset 0).
     """
+    aligned: dict[tuple, list[int]] = defaultdict(list)
+    for other in plan.offsets:
+        for key, end in ends.get(other, {}).items():
+            aligned[key].append(end)
+    reference = {key: statistics.median(found) for key, found in aligned.items()}
+    waiting: dict[tuple, list[int]] = defaultdict(list)    # key -> pending ranks holding it
+    queue = deque(plan.pending)
+    while queue:
+        rank = queue.popleft()
+        if rank in plan.offsets:
+            continue
+        mine = ends.get(rank, {})
+        diffs = [reference[key] - end for key, end in mine.items() if key in reference]
+        if not diffs:
+            for key in mine:
+                waiting[key].append(rank)
+            continue
+        offset = plan.offsets[rank] = int(statistics.median(diffs))
+        plan.sources[rank] = f"{DERIVED} ({len(diffs)} collective ends)"
+        for key, end in mine.items():
+            if key not in reference:
+                reference[key] = end + offset
+                queue.extend(waiting.pop(key, ()))
     problems = []
-    todo = list(plan.pending)
-    while todo:
-        progress = False
-        for rank in list(todo):
-            mine = ends.get(rank, {})
-            diffs = [ends[other][key] - end
-                     for other in plan.offsets if other in ends
-                     for key, end in mine.items() if key in ends[other]]
-            if diffs:
-                plan.offsets[rank] = int(statistics.median(diffs))
-                plan.sources[rank] = f"{DERIVED} ({len(diffs)} collective ends)"
-                todo.remove(rank)
-                progress = True
-        if not progress:
-            break
-    for rank in todo:
-        plan.offsets[rank], plan.sources[rank] = 0, NONE
-        problems.append(f"rank {rank}: on another host with no measured clock offset and no "
-                        "collective shared with an aligned rank; its times are left as recorded")
+    for rank in plan.pending:
+        if rank not in plan.offsets:
+            plan.offsets[rank], plan.sources[rank] = 0, NONE
+            problems.append(f"rank {rank}: on another host with no measured clock offset and "
+                            "no collective shared with an aligned rank; its times are left as "
+                            "recorded")
     plan.pending = []
     return problems
 

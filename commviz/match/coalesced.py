@@ -126,8 +126,11 @@ def match_coalesced(index: TraceIndex, collectives: list[dict[str, Any]], pairin
             continue
         after = max((_before(launches[launch.thread], launch.start),
                      _before(index.group_ends.get(launch.thread, []), launch.start)))
+        # calls that closed by the launch and began after ``after`` (so ended after it: a
+        # range's end is never before its start); the thread's earlier calls are not read
+        lo = bisect.bisect_right(items, (after, 1 << 62, 0))
         hi = bisect.bisect_right(items, (launch.start + TOLERANCE_NS, 1 << 62, 0))
-        members = sorted((start, pos) for end, start, pos in items[:hi]
+        members = sorted((start, pos) for end, start, pos in items[lo:hi]
                          if pos not in matched and start > after)
         positions = [pos for _, pos in members]
         if not positions:

@@ -36,6 +36,7 @@ the recorded collective, and its reduction and dtype must agree. Anything uncert
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,17 @@ class _Graph:
         for i, n in enumerate(self.nodes):
             self.by_key[n["kernel"]].append(i)
         self.after = [tuple(n.get("after") or ()) for n in self.nodes]
+        # each node's count of distinct predecessors, and who waits on each node: a replay's
+        # matching releases a node when its last predecessor is assigned, never rescans
+        self.waiting = [len(set(a)) for a in self.after]
+        self.dependents: dict[Any, list[int]] = defaultdict(list)
+        for i, after in enumerate(self.after):
+            for pred in set(after):
+                self.dependents[pred].append(i)
+        self.roots: dict[str, list[int]] = defaultdict(list)   # kernel -> nodes due at once
+        for i, n in enumerate(self.nodes):
+            if not self.waiting[i]:
+                self.roots[n["kernel"]].append(i)
         self.counts = Counter(n["kernel"] for n in self.nodes)
         self.fingerprint = Counter(rec.get("kernel_names") or {}) if self.complete else None
         self.blocks: dict[int, list[dict]] = {}     # node -> the coalesced p2p group it ran
@@ -150,6 +162,11 @@ def _int(value: Any) -> int | None:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def _fingerprint(counts: Counter) -> frozenset:
+    """A kernel multiset as a dict key (equal as Counters compare: zero counts left out)."""
+    return frozenset((key, n) for key, n in counts.items() if n)
 
 
 def _dims(args: dict[str, Any]) -> tuple | None:
@@ -265,8 +282,10 @@ class _Matcher:
             gid = meta.get(md.GRAPH)
             if gid is not None and meta.get(md.ORDINAL) is not None:
                 self.metas[(gid, meta.get(md.LANE), meta[md.ORDINAL])] = meta
-        self.windows = [(r["t_begin_ns"], r["t_end_ns"], r) for r in record.get("replays") or []
-                        if isinstance(r, dict) and "t_begin_ns" in r and "t_end_ns" in r]
+        self.windows = Intervals([(r["t_begin_ns"], r["t_end_ns"], r)
+                                  for r in record.get("replays") or []
+                                  if isinstance(r, dict) and "t_begin_ns" in r
+                                  and "t_end_ns" in r])
         self.by_node_id: dict[int, tuple[_Graph, int]] = {}
         for g in self.graphs.values():
             execs = list(g.rec.get("exec_ids") or [])
@@ -283,6 +302,12 @@ class _Matcher:
                 self.graphs[gid].claim_blocks(blocks)
         self.with_collectives = {gid for (gid, _, _), m in self.metas.items()
                                  if m.get(md.KIND) != "p2p"}     # graphs with other calls
+        # graphs by kernel fingerprint; none when a graph without one could be any replay
+        self.by_fingerprint: dict[frozenset, list[int]] | None = None
+        if all(g.fingerprint is not None for g in self.graphs.values()):
+            self.by_fingerprint = defaultdict(list)
+            for g in self.graphs.values():
+                self.by_fingerprint[_fingerprint(g.fingerprint)].append(g.gid)
 
     # -- which graph ----------------------------------------------------------------------------
     def identify(self, rep: _Replay) -> None:
@@ -291,17 +316,14 @@ class _Matcher:
             if args.get(md.GRAPH) in self.graphs:
                 rep.graph, rep.number, rep.how = args[md.GRAPH], args.get(md.REPLAY), "tag"
                 return
-        if self.windows:
-            wall = self.trace.ns(rep.ts)
-            hits = [r for t0, t1, r in self.windows
-                    if t0 <= wall <= t1 and r.get("graph") in self.graphs]
-            if len(hits) == 1:
-                rep.graph, rep.number, rep.how = hits[0]["graph"], hits[0].get("replay"), "time"
-                return
-        if any(g.fingerprint is None for g in self.graphs.values()):
+        hits = [r for r in self.windows.holding(self.trace.ns(rep.ts))
+                if r.get("graph") in self.graphs]
+        if len(hits) == 1:
+            rep.graph, rep.number, rep.how = hits[0]["graph"], hits[0].get("replay"), "time"
+            return
+        if self.by_fingerprint is None:
             return                  # a graph without a fingerprint could be this one too
-        names = Counter(k.key for k in rep.kernels)
-        fits = [g.gid for g in self.graphs.values() if g.fingerprint == names]
+        fits = self.by_fingerprint.get(_fingerprint(Counter(k.key for k in rep.kernels)), ())
         if len(fits) == 1:
             rep.graph, rep.how = fits[0], "fingerprint"
 
@@ -309,18 +331,25 @@ class _Matcher:
     def by_order(self, g: _Graph, rep: _Replay, use_evidence: bool
                  ) -> tuple[dict[int, int], dict[int, str]]:
         """kernel trace index -> node position, and kernel trace index -> why it is unmatched."""
-        assigned: set[int] = set()
         tainted: set[int] = set()
         got: dict[int, int] = {}
         why: dict[int, str] = {}
+        waiting = list(g.waiting)      # per node, its predecessors not assigned yet
+        due = {key: list(nodes) for key, nodes in g.roots.items()}  # per kernel, node order
+
+        def assign(i: int) -> None:
+            due[g.nodes[i]["kernel"]].remove(i)
+            for j in g.dependents.get(i, ()):
+                waiting[j] -= 1
+                if not waiting[j]:
+                    bisect.insort(due.setdefault(g.nodes[j]["kernel"], []), j)
+
         for k in rep.kernels:
-            pool = g.by_key.get(k.key)
-            if not pool:
+            if not g.by_key.get(k.key):
                 continue
-            cands = [i for i in pool if i not in assigned
-                     and (k.dims is None or not g.nodes[i].get("dims")
-                          or tuple(g.nodes[i]["dims"]) == k.dims)
-                     and all(p in assigned for p in g.after[i])]
+            cands = [i for i in due.get(k.key, ())
+                     if k.dims is None or not g.nodes[i].get("dims")
+                     or tuple(g.nodes[i]["dims"]) == k.dims]
             if not cands:
                 why[k.index] = ("its kernel and launch dims fit no captured node due at this "
                                 "point of the replay")
@@ -336,12 +365,12 @@ class _Matcher:
                         decided = yes[0]
                 if decided is None:
                     tainted.update(cands)
-                    assigned.add(choice)
+                    assign(choice)
                     why[k.index] = (f"{len(cands)} captured nodes running this kernel were due "
                                     "at once and nothing tells them apart")
                     continue
                 choice = decided
-            assigned.add(choice)
+            assign(choice)
             if choice in tainted:
                 why[k.index] = "an earlier ambiguous kernel may have taken its node"
                 continue
@@ -502,7 +531,7 @@ class _Matcher:
                 alone = g.gid in self.p2p_blocks and g.gid not in self.with_collectives
                 nodeless = [k for k in rep.kernels if alone and is_sendrecv(k.name)]
                 for k in rep.kernels:
-                    if parse_nccl(k.name) is not None and k not in nodeless:
+                    if parse_nccl(k.name) is not None and not (alone and is_sendrecv(k.name)):
                         self.unmatched(k, f"graph {g.gid} was not read at the end of its capture "
                                           "(no dependency order to match by)")
                 if nodeless:

@@ -9,6 +9,7 @@ or that carries a non-zero ``"graph node id"`` (torch >= 2.12) ran inside a CUDA
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,26 +48,52 @@ class NcclSpan:
 
 
 class Intervals:
-    """Intervals sorted by start, with a running max of their ends: which ones hold a time.
+    """Intervals sorted by start, with a tree of their latest ends: which ones hold a time.
 
-    A query costs a bisect plus the intervals still open at that time, never a scan of all.
+    A query costs a bisect plus a descent of the tree per interval found, never a walk over
+    the intervals that ended before the time (behind one long open interval, that walk would
+    be as long as the list).
     """
 
     def __init__(self, items: list[tuple[int, int, Any]]) -> None:
         items = sorted(items, key=lambda it: (it[0], -it[1]))
         self._starts = [it[0] for it in items]
         self._items = items
-        self._max_end: list[int] = []
-        for _, end, _ in items:
-            self._max_end.append(max(end, self._max_end[-1]) if self._max_end else end)
+        size = 1
+        while size < len(items):
+            size *= 2
+        self._size = size
+        # node n covers its children 2n and 2n+1; leaf size+j holds item j's end
+        tree: list[float] = [-math.inf] * (2 * size)
+        tree[size:size + len(items)] = [it[1] for it in items]
+        for n in range(size - 1, 0, -1):
+            tree[n] = max(tree[2 * n], tree[2 * n + 1])
+        self._tree = tree
+
+    def _last_ending_at_or_after(self, j: int, t: float) -> int:
+        """The last position <= ``j`` whose interval ends at or after ``t`` (-1: none)."""
+        tree, size = self._tree, self._size
+        n = size + j
+        if tree[n] >= t:
+            return j
+        while n > 1:                # everything from n's first leaf to j ends before t
+            if n & 1 and tree[n - 1] >= t:
+                n -= 1
+                while n < size:
+                    n = 2 * n + 1 if tree[2 * n + 1] >= t else 2 * n
+                return n - size
+            n >>= 1
+        return -1
 
     def holding(self, t: int, tol: int = 0) -> list[Any]:
         """Payloads of the intervals with ``start - tol <= t <= end + tol``, latest start first."""
         out = []
         j = bisect.bisect_right(self._starts, t + tol) - 1
-        while j >= 0 and self._max_end[j] + tol >= t:
-            if self._items[j][1] + tol >= t:
-                out.append(self._items[j][2])
+        while j >= 0:
+            j = self._last_ending_at_or_after(j, t - tol)
+            if j < 0:
+                break
+            out.append(self._items[j][2])
             j -= 1
         return out
 

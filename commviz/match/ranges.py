@@ -10,6 +10,7 @@ that fit equally well leave the range unpaired rather than guessed.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,50 @@ class Pairing:
         self.entry_of[span.index] = pos
 
 
+class Nearest:
+    """Record positions of one identity by begin time, each taken once: the free one whose
+    begin is nearest a time (of equals, the first position). Many calls can share an identity
+    (receives from any source carry no peer and no sequence number), so the taken ones are
+    skipped by pointers, never rescanned."""
+
+    def __init__(self, entries: list[tuple[int, int]]) -> None:
+        self.entries = sorted(entries)                     # (begin, position)
+        self.begins = [begin for begin, _ in self.entries]
+        n = len(self.entries)
+        self._right = list(range(n + 1))     # -> the first free entry at or after (n: none)
+        self._left = list(range(n + 1))      # i -> 1 + the last free entry before i (0: none)
+
+    @staticmethod
+    def _find(parent: list[int], i: int) -> int:
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:
+            parent[i], i = root, parent[i]
+        return root
+
+    def take(self, t: int) -> int | None:
+        """The position of the free entry nearest ``t``, now taken (None: all are taken)."""
+        begins, n = self.begins, len(self.entries)
+        at = bisect.bisect_left(begins, t)
+        right = self._find(self._right, at)                 # nearest at or after t
+        left = self._find(self._left, at) - 1               # nearest before t
+        after = begins[right] - t if right < n else math.inf
+        before = t - begins[left] if left >= 0 else math.inf
+        if after == before == math.inf:
+            return None
+        if before < after:
+            chosen = self._find(self._right, bisect.bisect_left(begins, begins[left]))
+        elif after < before:
+            chosen = right
+        else:                                               # as far before as after
+            chosen = min(right, self._find(self._right, bisect.bisect_left(begins, begins[left])),
+                         key=lambda j: self.entries[j][1])
+        self._right[chosen] = chosen + 1
+        self._left[chosen + 1] = chosen
+        return self.entries[chosen][1]
+
+
 def _encloses(span: Span, times: tuple[int, int], tol: int) -> bool:
     return span.start - tol <= times[0] and times[1] <= span.end + tol
 
@@ -60,21 +105,23 @@ def pair_ranges(index: TraceIndex, collectives: list[dict[str, Any]],
                 tol: int = TOLERANCE_NS) -> Pairing:
     """Pair ``collectives`` (the record's list, by position) with the trace's commviz ranges."""
     result = Pairing()
-    by_identity: dict[tuple[str, ...], list[int]] = {}
+    entries: dict[tuple[str, ...], list[tuple[int, int]]] = {}
     for pos, meta in enumerate(collectives):
-        by_identity.setdefault(identity(meta), []).append(pos)
+        begin = (_times(meta) or (0, 0))[0]
+        entries.setdefault(identity(meta), []).append((begin, pos))
+    by_identity = {ident: Nearest(found) for ident, found in entries.items()}
     timed: list[Span] = []
     for span in index.ranges:
         args = index.args(span.index)
         if md.OP not in args:
             timed.append(span)
             continue
-        free = [p for p in by_identity.get(identity(args), ()) if p not in result.range_of]
-        if not free:
+        found = by_identity.get(identity(args))
+        pos = found.take(span.start) if found is not None else None
+        if pos is None:
             result.unpaired.append((span, "no record entry with this range's op, group and "
                                           "sequence number (recorder off or entry dropped?)"))
             continue
-        pos = min(free, key=lambda p: abs((_times(collectives[p]) or (0, 0))[0] - span.start))
         times = _times(collectives[pos])
         if times is None or not _encloses(span, times, tol):
             result.time_mismatch += 1

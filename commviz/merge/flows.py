@@ -4,18 +4,21 @@ A profiler flow event names a time on a thread, not a slice; several slices can 
 time (a 0-µs ``cudaPeekAtLastError`` or ``cudaFuncSetAttribute`` at the same microsecond as the
 ``cudaLaunchKernel`` it precedes). Kineto's launch flows carry the launch's correlation id as
 their id, and both the runtime call and its GPU work carry it as ``args.correlation``: those
-flows are bound by that id, so each reaches the call that launched the work. Their category
-changed over Kineto's life (``ac2g`` now; ``async_cpu_to_gpu`` / ``async_gpu`` in 2021-22;
-``async`` / ``launch`` in its first releases), so a flow of any category is a launch flow when
-its id is the correlation of a launch call at its start point and of GPU work at each end
-point. Other flows bind by time: the innermost slice of the track starting at the point's
-time, else the innermost holding it.
+flows are bound by that id, so each reaches the call that launched the work (of several slices
+with the id on the point's track, as every kernel of a CUDA graph replay on one stream carries
+its ``cudaGraphLaunch``'s, the one starting at the point). Their category changed over
+Kineto's life (``ac2g`` now; ``async_cpu_to_gpu`` / ``async_gpu`` in 2021-22; ``async`` /
+``launch`` in its first releases), so a flow of any category is a launch flow when its id is
+the correlation of a launch call at its start point and of GPU work at each end point. Other
+flows bind by time: the innermost slice of the track starting at the point's time, else the
+innermost holding it.
 A trace without launch flows (some exporters drop them) gets them from the correlation ids.
 """
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import defaultdict
 from typing import Any, NamedTuple
 
@@ -42,48 +45,100 @@ class Edge(NamedTuple):
     target: int
 
 
-def holding(items: list[tuple[int, int, int]], ns: int) -> int | None:
-    """The innermost slice holding ``ns`` (latest start first, at most 10 s back)."""
-    j = bisect.bisect_right(items, (ns, 1, 0)) - 1
-    while j >= 0:
-        start, neg_end, index = items[j]
-        if -neg_end >= ns:
-            return index
-        if ns - start > MAX_FLOW_REACH_NS:
-            break
-        j -= 1
-    return None
+class Carriers(NamedTuple):
+    """The slices of one track that carry one correlation id."""
+
+    order: list[int]            # event indices, in event order
+    members: set[int]
+
+
+class Track:
+    """One track's slices, sorted ``(start, -end, index)`` items, with what lets a flow point
+    find its slice without a scan: each item's nearest earlier item that ends later."""
+
+    def __init__(self, items: list[tuple[int, int, int]]) -> None:
+        self.items = items
+        self.back = array("q", bytes(8 * len(items)))       # -1: no earlier item ends later
+        later: list[int] = []               # earlier items, each ending later than the next
+        for j, (_, neg_end, _) in enumerate(items):
+            while later and items[later[-1]][1] >= neg_end:
+                later.pop()
+            self.back[j] = later[-1] if later else -1
+            later.append(j)
+
+    def at(self, ns: int) -> list[int]:
+        """The slices starting at ``ns``."""
+        items = self.items
+        lo, hi = bisect.bisect_left(items, (ns,)), bisect.bisect_right(items, (ns, 1, 0))
+        return [items[j][2] for j in range(lo, hi)]
+
+    def holding(self, ns: int) -> int | None:
+        """The innermost slice holding ``ns``: the latest start (of several at one time, the
+        shortest), at most 10 s back. The walk jumps over items that end before the one it
+        leaves, so it is as long as the nesting is deep, not as the track."""
+        items, back = self.items, self.back
+        j = bisect.bisect_right(items, (ns, 1, 0)) - 1
+        while j >= 0:
+            start, neg_end, index = items[j]
+            if -neg_end >= ns:
+                return index
+            if ns - start > MAX_FLOW_REACH_NS:
+                return None
+            k = back[j]
+            if k + 1 < j and ns - items[k + 1][0] > MAX_FLOW_REACH_NS:
+                return None                 # the reach ends among the items jumped over
+            j = k
+        return None
 
 
 class Binder:
     """Binds flow points to slices of one rank (``items``: per track the sorted
-    (start, -end, index) tuples; ``correlated``: (seg, correlation id) -> event indices)."""
+    (start, -end, index) tuples; ``correlated``: (seg, correlation id) -> event indices, in
+    event order). Each track is indexed once, each correlation id once per flow: a point
+    costs a bisection, never a scan of its track or of the slices sharing its id."""
 
     def __init__(self, events: list[dict], items: dict[tuple, list],
                  correlated: dict[tuple, list[int]]) -> None:
         self.events, self.items, self.correlated = events, items, correlated
-        self._starts: dict[tuple, dict[int, int]] = {}
+        self._tracks: dict[tuple, Track] = {}
+        self._carriers: tuple[tuple, dict[tuple, Carriers]] = ((), {})
         self.unbound = 0
         self.launch_segments: set[int] = set()      # traces whose launch flows were bound
 
-    def by_correlation(self, p: FlowPoint) -> int | None:
-        """The slice of the point's track whose correlation id is the flow's id."""
-        found = [i for i in self.correlated.get((p.seg, p.fid), ())
-                 if (self.events[i].get("pid"), self.events[i].get("tid")) == p.key]
-        if len(found) > 1:                  # never seen; the one starting at the point wins
-            found = [i for i in found if i in self._starts_at(p.key, p.ns)] or found
-        return found[0] if found else None
+    def track(self, key: tuple) -> Track:
+        track = self._tracks.get(key)
+        if track is None:
+            track = self._tracks[key] = Track(self.items.get(key, []))
+        return track
 
-    def _starts_at(self, key: tuple, ns: int) -> set[int]:
-        return {i for s, _, i in self.items.get(key, ()) if s == ns}
+    def carriers(self, seg: int, fid: Any) -> dict[tuple, Carriers]:
+        """Per track, the slices of trace ``seg`` whose correlation id is ``fid``; kept for the
+        next call, since a flow's points are bound one after another."""
+        ident, by_track = self._carriers
+        if ident != (seg, fid):
+            order: dict[tuple, list[int]] = defaultdict(list)
+            for i in self.correlated.get((seg, fid), ()):
+                order[(self.events[i].get("pid"), self.events[i].get("tid"))].append(i)
+            by_track = {key: Carriers(found, set(found)) for key, found in order.items()}
+            self._carriers = ((seg, fid), by_track)
+        return by_track
+
+    def by_correlation(self, p: FlowPoint) -> int | None:
+        """The slice of the point's track whose correlation id is the flow's id; of several
+        (a graph replay: every kernel of one ``cudaGraphLaunch`` on a stream has its id) the
+        first starting at the point, else the first."""
+        found = self.carriers(p.seg, p.fid).get(p.key)
+        if found is None:
+            return None
+        if len(found.order) == 1:
+            return found.order[0]
+        track = self.track(p.key)
+        here = [i for i in track.at(p.ns) if i in found.members]
+        return min(here) if here else found.order[0]
 
     def by_time(self, p: FlowPoint) -> int | None:
-        table = self._starts.get(p.key)
-        if table is None:
-            # sorted by (start, -end): the last slice starting at a time is the innermost
-            table = self._starts[p.key] = {s: i for s, _, i in self.items.get(p.key, ())}
-        index = table.get(p.ns)
-        return index if index is not None else holding(self.items.get(p.key, []), p.ns)
+        """The innermost slice of the point's track starting at its time, else holding it."""
+        return self.track(p.key).holding(p.ns)
 
     def is_launch(self, points: list[FlowPoint], found: list[int | None]) -> bool:
         """Whether one flow's points (and the slices their correlation found) are a launch
