@@ -311,6 +311,9 @@ def main() -> None:
         "capture_ms_wrappers_only": statistics.median(cap_wrapped) * 1e3,
         "resolve_ms_after_capture": statistics.median(cap_resolve) * 1e3,
         "capture_query_us": query, "ctypes_call_us": ctypes_call,
+        "capture_rounds_ms": {"plain": [t * 1e3 for t in cap_plain],
+                              "wrappers_only": [t * 1e3 for t in cap_wrapped],
+                              **{b: [t * 1e3 for t in cap_annotated[b]] for b in backends}},
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
     }
     if rank == 0:

@@ -324,6 +324,7 @@ def test_kernel_calls_are_handed_to_their_capture_after_it_ends(
     capture has placed a call of its own, and each call gets its own kernel."""
     kernel = KernelNotes()
     monkeypatch.setattr(RECORDER, "native", kernel)
+    monkeypatch.setattr(RECORDER, "journal", None)
     monkeypatch.setattr(RECORDER, "shapes", [])
     monkeypatch.setattr(RECORDER, "_shape_ids", {})
     monkeypatch.setattr(RECORDER, "_captured", {})

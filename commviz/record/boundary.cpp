@@ -63,6 +63,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace py = pybind11;
@@ -579,6 +580,18 @@ class Native {
     return false;
   }
 
+  // The nodes the captured calls not taken yet saw their streams wait on in graph `graph`:
+  // nearly always kernel nodes (a synchronous collective's stream waits on its kernel), so
+  // `read_graph` reads them without asking their type first.
+  std::vector<uintptr_t> frontiers_in(uintptr_t graph) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uintptr_t> out;
+    for (const Captured& n : captured_) {
+      if (n.graph == graph) out.insert(out.end(), n.frontier.begin(), n.frontier.end());
+    }
+    return out;
+  }
+
   // The captured calls since the last take, oldest first, for Python to place in their graph:
   // (shape, flags, seq, t_begin, t_end, ordinal, capture id, graph, stream, frontier).
   py::list take_captured() {
@@ -851,6 +864,8 @@ py::object read_graph(uintptr_t graph_handle) {
   const GraphDriver& d = graph_driver();
   if (!d.ok() || graph_handle == 0) return py::none();
   void* graph = reinterpret_cast<void*>(graph_handle);
+  const std::vector<uintptr_t> frontiers = g_native->frontiers_in(graph_handle);
+  const std::unordered_set<uintptr_t> likely(frontiers.begin(), frontiers.end());
   std::vector<void*> nodes, sources, targets;
   std::vector<uint32_t> kernels, params;
   std::vector<uint64_t> tools;
@@ -882,12 +897,15 @@ py::object read_graph(uintptr_t graph_handle) {
     kernels.reserve(n);
     params.reserve(7 * n);
     for (size_t i = 0; i < nodes.size(); ++i) {
-      int type = -1;
+      // (reading a kernel's parameters off another kind of node fails, and failing is the
+      // driver's slow path: the type is asked first, but for the likely kernels)
+      int type = GraphDriver::KERNEL;
       GraphDriver::KernelParams p{};
-      if (d.type(nodes[i], &type) != 0 || type != GraphDriver::KERNEL ||
-          d.params(nodes[i], &p) != 0) {
+      if (!likely.count(reinterpret_cast<uintptr_t>(nodes[i])) &&
+          d.type(nodes[i], &type) != 0) {
         continue;
       }
+      if (type != GraphDriver::KERNEL || d.params(nodes[i], &p) != 0) continue;
       void* function = p.func != nullptr ? p.func : p.kern;
       auto it = name_index.find(function);
       if (it == name_index.end()) {
