@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--capture-collectives", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=200)
-    ap.add_argument("--capture-rounds", type=int, default=25)
+    ap.add_argument("--capture-rounds", type=int, default=41)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=0,
                     help="cProfile one annotated capture; print this many top functions")
