@@ -51,7 +51,7 @@ class GraphRead(NamedTuple):
     tools: Sequence[int] | None       # per kernel: its toolsId (CUDA >= 13.1 drivers)
 
     @classmethod
-    def native(cls, got: tuple) -> "GraphRead":
+    def native(cls, got: tuple) -> GraphRead:
         """From the boundary kernel's ``read_graph`` (packed arrays, read in place)."""
         nodes, sources, targets, kernels, names, params, tools = got
         return cls(memoryview(nodes).cast("Q"), memoryview(sources).cast("Q"),
