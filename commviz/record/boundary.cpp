@@ -828,8 +828,11 @@ struct GraphDriver {
   }
 };
 
+// The driver's graph entry points, looked up again until torch has loaded libcuda. Needs the GIL.
 const GraphDriver& graph_driver() {
-  static const GraphDriver driver = [] {
+  static GraphDriver driver;
+  if (driver.ok()) return driver;
+  driver = [] {
     GraphDriver d;
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (lib == nullptr) return d;
@@ -861,8 +864,9 @@ py::bytes as_bytes(const std::vector<T>& v) {
 // seven u32 per kernel (its name's index, then grid and block dims) and tools each kernel's
 // toolsId (u64; None where the driver has none). None where the driver cannot be asked.
 py::object read_graph(uintptr_t graph_handle) {
+  if (graph_handle == 0) return py::none();
   const GraphDriver& d = graph_driver();
-  if (!d.ok() || graph_handle == 0) return py::none();
+  if (!d.ok()) return py::none();
   void* graph = reinterpret_cast<void*>(graph_handle);
   const std::vector<uintptr_t> frontiers = g_native->frontiers_in(graph_handle);
   const std::unordered_set<uintptr_t> likely(frontiers.begin(), frontiers.end());
