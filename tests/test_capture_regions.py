@@ -8,6 +8,7 @@ runs on the H200s in ``test_gpu_graphs.py``.
 from __future__ import annotations
 
 import logging
+import struct
 import sys
 from typing import Any, Iterator
 
@@ -32,6 +33,7 @@ class FakeCapture:
         self.functions: dict[int, tuple[str, list[int]]] = {}
         self.frontier_of: dict[int, list[int]] = {}
         self.current = 1
+        self.capture_id = 77
         self.listing = lambda order: list(order)     # how cuGraphGetNodes lists them
 
     def add(self, stream: int, kernel: str | None = None) -> int:
@@ -60,7 +62,8 @@ class FakeCapture:
 
     # the backend interface of commviz.capture.bindings
     def capture_info(self, stream: int) -> bindings.CaptureInfo:
-        return bindings.CaptureInfo(77, 0xABC, list(self.frontier_of.get(stream, [])), stream)
+        return bindings.CaptureInfo(self.capture_id, 0xABC, list(self.frontier_of.get(stream, [])),
+                                    stream)
 
     def dependents(self, node: int) -> list[int]:
         return list(self.succs[node])
@@ -102,15 +105,19 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
     monkeypatch.setattr(region, "_capturing", lambda: True)
     monkeypatch.setattr(graphs.cupti, "node_id", lambda h: (1 << 32) | graph.order.index(h))
     monkeypatch.setattr(graphs.cupti, "graph_id", lambda g: 1)
+    monkeypatch.setattr(RECORDER, "native", None)     # the boundary kernel: see KernelNotes
     # (the package exports the class ``mark``, which hides the module of the same name)
     monkeypatch.setattr(sys.modules["commviz.capture.marks"], "_capturing", lambda: True)
     was_installed = hooks.installed()
+    records = list(RECORDER.graphs)
     yield graph
     if not was_installed:
         hooks.uninstall()
+    graphs.CAPTURES.unresolved.clear()
+    graphs.CAPTURES.ended.clear()
     for state in list(graphs.CAPTURES.open.values()):
-        RECORDER.graphs.remove(state.record)
         graphs.forget(state)
+    RECORDER.graphs[:] = records
 
 
 def record(op: str, lane: int, nelems: int = 4096, ranks: int = 2) -> list[Any]:
@@ -280,3 +287,91 @@ def test_kernel_parameters_unpack_as_the_driver_lays_them_out(
         monkeypatch.setitem(bindings._func_names, handle, f"kernel_via_{field}")
         assert driver._read_kernel(params) == (f"kernel_via_{field}", [3, 2, 1, 512, 1, 1])
         setattr(params, field, 0)
+
+
+class KernelNotes:
+    """The boundary kernel's side of a synchronous collective under capture, as the capture code
+    sees it: the note each call leaves as it returns (``take_captured``'s tuples: the call's
+    entry, capture id, graph, stream and the stream's frontier), kept until they are taken."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[Any, ...]] = []
+        self.ordinal = 0
+
+    def call(self, fake: FakeCapture, shape: int, kernel: str, nccl: int) -> None:
+        """A call the kernel records natively: ProcessGroupNCCL's nodes, then its note."""
+        fake.wait(nccl, S)
+        fake.add(nccl, kernel)
+        fake.add(nccl)
+        fake.wait(S, nccl)
+        self.ordinal += 1
+        info = fake.capture_info(S)
+        self.notes.append((shape, 2, self.ordinal, 0, 1, self.ordinal, info.capture_id,
+                           info.graph, S, info.frontier))
+
+    def has_captured(self, capture_id: int) -> bool:
+        return any(note[6] == capture_id for note in self.notes)
+
+    def take_captured(self) -> list[tuple[Any, ...]]:
+        notes, self.notes = self.notes, []
+        return notes
+
+
+def test_kernel_calls_are_handed_to_their_capture_after_it_ends(
+        fake: FakeCapture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of a capture takes none of the boundary kernel's notes (capture time is what
+    users wait for); they still find their capture by its id afterwards, even once another
+    capture has placed a call of its own, and each call gets its own kernel."""
+    kernel = KernelNotes()
+    monkeypatch.setattr(RECORDER, "native", kernel)
+    monkeypatch.setattr(RECORDER, "journal", None)
+    monkeypatch.setattr(RECORDER, "shapes", [])
+    monkeypatch.setattr(RECORDER, "_shape_ids", {})
+    monkeypatch.setattr(RECORDER, "_captured", {})
+    shape = RECORDER.add_shape(record("all_reduce", 10)[:md.R_SEQ], None)
+    kernel.call(fake, shape, AR, N_WORLD)
+    kernel.call(fake, shape, AR, N_WORLD)
+    first = graphs.state_for(fake.capture_info(S))
+    first.read()                                 # the capture hooks, as the capture ends
+    graphs.forget(first)
+    assert len(kernel.notes) == 2 and first.raw is not None
+    assert graphs.CAPTURES.ended[77] is first
+
+    fake.capture_id = 78                         # the next capture, one call placed by Python
+    later = collective(fake, "all_gather", 10, AG, N_WORLD)
+    assert not kernel.notes and len(first.native) == 2
+    second = graphs.state_for(fake.capture_info(S))
+    assert later[md.R_GRAPH] == second.gid and later[md.R_ORDINAL] == 1
+    second.read()
+    graphs.resolve_all()
+    assert not graphs.CAPTURES.ended and first.record["complete"]
+    placed = [RECORDER._captured[ordinal] for ordinal in (1, 2)]
+    assert [rec[md.R_GRAPH] for rec in placed] == [first.gid] * 2
+    assert [rec[md.R_ORDINAL] for rec in placed] == [1, 2]
+    ars = [h for h in fake.order if fake.functions.get(h, ("",))[0] == AR]
+    assert [rec[md.R_GRAPH_NODES] for rec in placed] == \
+        [[(1 << 32) | fake.order.index(h)] for h in ars]
+
+
+def test_the_kernels_packed_read_is_the_node_by_node_read(fake: FakeCapture) -> None:
+    """``read_graph`` in boundary.cpp packs a graph as its comment there lays it out; unpacked
+    (``GraphRead.native``), it says what the read through a backend says."""
+    fake.add(S, GEMM)
+    collective(fake, "all_reduce", 10, AR, N_WORLD)
+    collective(fake, "broadcast", 11, BC, N_TP)
+    python = bindings.read(0xABC)
+    names = sorted({name for name, _ in python.descs().values()})
+    kernels = [i for i, h in enumerate(fake.order) if h in fake.functions]
+    params = [v for i in kernels for v in (names.index(fake.functions[fake.order[i]][0]),
+                                           *fake.functions[fake.order[i]][1])]
+    packed = (struct.pack(f"{len(fake.order)}Q", *fake.order),
+              struct.pack(f"{len(python.sources)}Q", *python.sources),
+              struct.pack(f"{len(python.targets)}Q", *python.targets),
+              struct.pack(f"{len(kernels)}I", *kernels), names,
+              struct.pack(f"{len(params)}I", *params), struct.pack(f"{len(kernels)}Q", *kernels))
+    native = bindings.GraphRead.native(packed)
+    assert list(native.nodes) == list(python.nodes) == fake.order
+    assert native.edges() == python.edges() == fake.edges(0xABC)
+    assert list(native.kernels) == list(python.kernels) == kernels
+    assert native.descs() == python.descs() == {h: fake.functions[h] for h in fake.functions}
+    assert python.tools is None and list(native.tools) == kernels

@@ -5,6 +5,10 @@ Two interchangeable backends with the same functions: ``driver`` calls the CUDA 
 per collective); ``bindings`` goes through ``cuda.bindings`` (shipped with torch's CUDA wheels).
 ``COMMVIZ_CAPTURE_BACKEND=driver|bindings`` picks one; by default the driver, else bindings.
 Handles are plain ints throughout.
+
+``read`` takes a whole graph as its capture ends (``GraphRead``). With the driver backend and
+the boundary kernel built, that is one C++ call on the same driver (``read_graph`` in
+``commviz/record/boundary.cpp``, about 0.1 us a node); otherwise node by node here.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import ctypes
 import os
 import struct
 import threading
-from typing import Any
+from typing import Any, NamedTuple, Sequence
+
+from commviz.record import recorder as _rec
 
 _BUF = 16                      # first guess of a node's dependents: one call in the common case
 _func_names: dict[int, str] = {}
@@ -31,6 +37,36 @@ class CaptureInfo:
         self.graph = graph
         self.frontier = frontier
         self.stream = stream
+
+
+class GraphRead(NamedTuple):
+    """A whole graph as read at the end of its capture (the graph itself is gone after that)."""
+
+    nodes: Sequence[int]              # node handles in the driver's listing order
+    sources: Sequence[int]            # edge i runs from sources[i] to targets[i]
+    targets: Sequence[int]
+    kernels: Sequence[int]            # positions in ``nodes`` of the (named) kernel nodes
+    names: list[str]                  # the distinct kernel function names (mangled)
+    params: Sequence[int]             # per kernel: its name's index in ``names``, then dims
+    tools: Sequence[int] | None       # per kernel: its toolsId (CUDA >= 13.1 drivers)
+
+    @classmethod
+    def native(cls, got: tuple) -> GraphRead:
+        """From the boundary kernel's ``read_graph`` (packed arrays, read in place)."""
+        nodes, sources, targets, kernels, names, params, tools = got
+        return cls(memoryview(nodes).cast("Q"), memoryview(sources).cast("Q"),
+                   memoryview(targets).cast("Q"), memoryview(kernels).cast("I"), names,
+                   memoryview(params).cast("I"),
+                   memoryview(tools).cast("Q") if tools is not None else None)
+
+    def edges(self) -> list[tuple[int, int]]:
+        return list(zip(self.sources, self.targets))
+
+    def descs(self) -> dict[int, tuple[str, list[int]]]:
+        """Each kernel node's (name, launch dims ``[gx, gy, gz, bx, by, bz]``)."""
+        nodes, names, p = self.nodes, self.names, list(self.params)
+        return {nodes[k]: (names[p[7 * i]], p[7 * i + 1:7 * i + 7])
+                for i, k in enumerate(self.kernels)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +404,29 @@ def nodes(graph: int) -> list[int]:
 def edges(graph: int) -> list[tuple[int, int]]:
     """Every (from, to) dependency edge of ``graph``."""
     return _backend.edges(graph)
+
+
+def read(graph: int, likely: frozenset[int] | set[int] = frozenset()) -> GraphRead:
+    """The whole live ``graph`` (``GraphRead``; empty where it cannot be read). ``likely``: nodes
+    most probably kernels (see ``kernels``), for the node-by-node read."""
+    if isinstance(_backend, _Driver):
+        native = getattr(_rec.RECORDER.native, "read_graph", None)
+        got = native(graph) if native is not None else None
+        if got is not None:
+            return GraphRead.native(got)
+    nodes = _backend.nodes(graph)
+    edges = _backend.edges(graph)
+    positions, names, params = [], {}, []
+    for i, desc in enumerate(_backend.kernels(nodes, likely)):
+        if desc is not None:
+            positions.append(i)
+            params.append(names.setdefault(desc[0], len(names)))
+            params.extend(desc[1])
+    kernels = [nodes[i] for i in positions]
+    tools = [_backend.tools_id(h) for h in kernels] \
+        if kernels and _backend.tools_id(kernels[0]) is not None else None
+    return GraphRead(nodes, [a for a, _ in edges], [b for _, b in edges], positions,
+                     list(names), params, tools)
 
 
 def kernel(node: int) -> tuple[str, list[int]] | None:

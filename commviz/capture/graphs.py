@@ -11,12 +11,13 @@ A capture gets a small commviz graph id (``commviz.graph``, 1, 2, ... per proces
 
 Capture time is what users wait for, so the end of capture (``capture_end`` of
 ``torch.cuda.CUDAGraph``, still inside the capture) only reads what the live graph alone can
-tell (``read``: nodes, edges, kernel names and dims, node ids that cannot be computed). The
-record is finished later (``resolve``, run before records are written): the deferred
-collectives' kernels, every kernel's name (the replay fingerprint), the order of the kernels
-the matcher has to tell apart with the nearest such kernels each one depends on, and their
-CUPTI node ids. After instantiation the exec graph's CUPTI id is added: replayed kernels carry
-it (torch >= 2.12).
+tell (``read``: nodes, edges, kernel names and dims, node ids that cannot be computed; one C++
+call, ``bindings.read``); even the boundary kernel's calls stay where it noted them. The
+record is finished later (``resolve``, run before records are written): those calls placed in
+their graph, the deferred collectives' kernels, every kernel's name (the replay fingerprint),
+the order of the kernels the matcher has to tell apart with the nearest such kernels each one
+depends on, and their CUPTI node ids. After instantiation the exec graph's CUPTI id is added:
+replayed kernels carry it (torch >= 2.12).
 
 The record (``RECORDER.graphs``) is a plain dict::
 
@@ -65,12 +66,14 @@ log = logging.getLogger("commviz.capture")
 class Captures:
     """The process's capture state in one place: the captures open (by capture id, or the one
     this thread began where no backend can read capture ids), the ones read at capture end
-    whose records are not finished yet, and the capture problems already reported."""
+    whose records are not finished yet (``ended`` by capture id: the boundary kernel's calls
+    are handed to them later), and the capture problems already reported."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.gids = itertools.count(1)
         self.open: dict[int, "GraphState"] = {}
+        self.ended: dict[int, "GraphState"] = {}
         self.local = threading.local()      # .current: the capture this thread began
         self.unresolved: list["GraphState"] = []
         self.warned: set[str] = set()
@@ -119,7 +122,8 @@ class GraphState:
         # synchronous collectives the boundary kernel recorded, not placed yet: its notes
         # (``Recorder.take_captured``), all later than every call in ``pending``
         self.native: list[tuple[Any, ...]] = []
-        self.raw: tuple | None = None           # what ``read`` took off the graph
+        # what ``read`` took off the graph, and the CUPTI ids and toolsIds of its kernels
+        self.raw: tuple[cb.GraphRead, dict[int, int] | None] | None = None
         # who gets which nodes' ids once they are known: a compact record or a mark's dict
         self.claims: list[tuple[Any, list[Node]]] = []
         self.replays = 0
@@ -189,41 +193,43 @@ class GraphState:
         """At capture end (still capturing), read what only the live graph can tell: its nodes
         and edges, each kernel's name and dims, and node ids where they cannot be computed.
         The rest is plain Python on these lists and waits for ``resolve`` (records are resolved
-        before they are written), so the capture does not pay for it."""
-        if self.raw is None and self._worth_reading():
-            nodes, edges = cb.nodes(self.graph), cb.edges(self.graph)
-            known, others = self.nodes, self.others
-            unknown = [h for h in nodes if h not in known and h not in others]
+        before they are written), so the capture does not pay for it, nor for handing it the
+        boundary kernel's calls (``adopt_native``)."""
+        native = self._native_waiting()
+        if self.raw is None and self._worth_reading(native):
             # what a synchronous collective's stream waited on is nearly always its kernel
             likely = {h for _, _, after in self.pending for h in after}
             likely.update(h for note in self.native for h in note[9])
-            descs = cb.kernels(unknown, likely)
-            kernels = list(known) + [h for h, d in zip(unknown, descs) if d is not None]
-            self.raw = (nodes, edges, unknown, descs, self._read_ids(nodes, kernels))
-        if self.raw is not None or self.native:     # the kernel's calls are placed then too
+            got = cb.read(self.graph, likely)
+            self.raw = (got, self._read_ids(got))
+        if self.raw is not None or self.native or native:   # the calls are placed then too
             with CAPTURES.lock:
                 if self not in CAPTURES.unresolved:
                     CAPTURES.unresolved.append(self)
 
-    def _worth_reading(self) -> bool:
+    def _native_waiting(self) -> bool:
+        """Whether the boundary kernel holds calls of this capture, not handed over yet."""
+        native = _rec.RECORDER.native
+        return self.capture_id is not None and native is not None and \
+            native.has_captured(self.capture_id)
+
+    def _worth_reading(self, native: bool) -> bool:
         """A graph to read: readable, and with collectives or marks in it to match."""
         if self.graph is None or not cb.available() or self.record["complete"]:
             return False
-        return bool(self.pending or self.native) or any(
+        return bool(native or self.pending or self.native) or any(
             n["ordinal"] is not None or n["marks"] for n in self.nodes.values())
 
-    def _read_ids(self, nodes: list[int], kernels: list[int]) -> tuple[dict | None, dict | None]:
-        """(CUPTI ids, toolsIds) of the kernel nodes; CUPTI ids None when they can be computed:
-        CUPTI numbers a graph's nodes in creation order, the order the graph lists them in, so
-        when a few real queries agree the rest follow from the node's place in the list."""
-        base = self.record["cupti_graph_id"]
+    def _read_ids(self, got: cb.GraphRead) -> dict[int, int] | None:
+        """The CUPTI ids of the kernel nodes; None when they can be computed: CUPTI numbers a
+        graph's nodes in creation order, the order the graph lists them in, so when a few real
+        queries agree the rest follow from the node's place in the list."""
+        base, nodes, kernels = self.record["cupti_graph_id"], got.nodes, got.kernels
         samples = {kernels[0], kernels[len(kernels) // 2], kernels[-1]} if kernels else set()
-        computed = base is not None and all(
-            cupti.node_id(h) == (base << 32) | nodes.index(h) for h in samples)
-        ids = None if computed else {h: cupti.node_id(h) for h in kernels}
-        tools = {h: cb.tools_id(h) for h in kernels} \
-            if kernels and cb.tools_id(kernels[0]) is not None else None
-        return ids, tools
+        if base is not None and all(cupti.node_id(nodes[i]) == (base << 32) | i
+                                    for i in samples):
+            return None
+        return {nodes[i]: cupti.node_id(nodes[i]) for i in kernels}
 
     def resolve(self) -> None:
         """Finish the record from what ``read`` took off the graph: the synchronous
@@ -232,13 +238,17 @@ class GraphState:
         raw, self.raw = self.raw, None
         if raw is None:
             return
-        nodes, edges, unknown, descs, (ids, tools) = raw
-        graph = _Graph(nodes, edges)
+        got, ids = raw
+        nodes = got.nodes.tolist() if isinstance(got.nodes, memoryview) else list(got.nodes)
+        graph = _Graph(nodes, got.edges())
+        descs = got.descs()
+        tools = dict(zip((nodes[i] for i in got.kernels), got.tools)) \
+            if got.tools is not None else None
         known = self.nodes
         keys = {h: (n["kernel"], n["dims"]) for h, n in known.items()}
-        for handle, desc in zip(unknown, descs):
-            if desc is not None:
-                keys[handle] = (kernel_key(desc[0]), desc[1])
+        for handle, (name, dims) in descs.items():
+            if handle not in keys:
+                keys[handle] = (kernel_key(name), dims)
         names = Counter(key for key, _ in keys.values())
         if self.pending:
             self._label_pending(graph, keys)
@@ -481,11 +491,11 @@ def state_for(info: cb.CaptureInfo | None) -> GraphState:
         if state is None:
             state = CAPTURES.local.current = GraphState(None, None)
         return state
-    state = CAPTURES.open.get(info.capture_id)
+    state = CAPTURES.open.get(info.capture_id) or CAPTURES.ended.get(info.capture_id)
     if state is not None:
         return state
     with CAPTURES.lock:
-        state = CAPTURES.open.get(info.capture_id)
+        state = CAPTURES.open.get(info.capture_id) or CAPTURES.ended.get(info.capture_id)
         if state is None:
             state = CAPTURES.open[info.capture_id] = GraphState(info.capture_id, info.graph)
         return state
@@ -493,8 +503,9 @@ def state_for(info: cb.CaptureInfo | None) -> GraphState:
 
 def adopt_native() -> None:
     """Hand each capture the synchronous collectives the boundary kernel recorded in it since
-    the last call (the kernel read each one's frontier as it returned), in call order. Cheap,
-    as capture time is what users wait for: they are placed later (``place_native``)."""
+    the last call (the kernel read each one's frontier as it returned), in call order: before
+    the records are resolved, or before a call is placed in its graph by Python (``region``).
+    They are placed later (``place_native``)."""
     last_id, state = None, None
     for note in _rec.RECORDER.take_captured():
         capture_id = note[6]
@@ -517,6 +528,9 @@ def resolve_all() -> None:
     with CAPTURES.lock:
         waiting = list(CAPTURES.unresolved)
         CAPTURES.unresolved.clear()
+        for state in waiting:
+            if state.capture_id is not None:
+                CAPTURES.ended.pop(state.capture_id, None)
     for state in waiting:
         try:
             state.resolve()
@@ -528,9 +542,13 @@ _rec.RECORDER.before_payload.append(resolve_all)
 
 
 def forget(state: GraphState) -> None:
+    """The capture ``state`` ended: no longer open, but found by its id until it is resolved
+    (the boundary kernel's calls in it are handed to it then)."""
     with CAPTURES.lock:
         if state.capture_id is not None:
             CAPTURES.open.pop(state.capture_id, None)
+            if state in CAPTURES.unresolved:
+                CAPTURES.ended[state.capture_id] = state
     if getattr(CAPTURES.local, "current", None) is state:
         CAPTURES.local.current = None
 

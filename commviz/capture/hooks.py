@@ -4,10 +4,10 @@
 ``make_graphed_callables`` and direct use are all covered):
 
 - ``capture_begin``: the capture gets its commviz graph id;
-- ``capture_end``: before capture really ends, the collectives the boundary kernel recorded
-  in it are handed to it (``graphs.adopt_native``) and the whole graph is read once
-  (``GraphState.read``; the record is finished later, before it is written); after it, the
-  exec graph's id is noted;
+- ``capture_end``: before capture really ends, the whole graph is read once, in one C++ call
+  (``GraphState.read``); the record is finished later, before it is written, and the
+  collectives the boundary kernel recorded in the capture are handed to it then
+  (``graphs.adopt_native``); after it, the exec graph's id is noted;
 - ``instantiate``: the exec graph's id (``keep_graph=True`` instantiates late);
 - ``replay``: counts replays and, while a profiler runs, wraps the launch in a
   ``commviz::graph_replay`` range whose args are ``commviz.graph`` and ``commviz.replay``
@@ -82,7 +82,6 @@ def _capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
 def _capture_end(self: Any) -> None:
     state = state_of(self)
     try:
-        graphs.adopt_native()             # the boundary kernel's calls in this capture
         if state is None:                 # hooks installed mid-capture: find it by its stream
             state, _ = graphs.current_capture()
             _bind(self, state)

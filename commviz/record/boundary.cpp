@@ -63,6 +63,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace py = pybind11;
@@ -569,6 +570,28 @@ class Native {
     captured_.push_back(std::move(note));
   }
 
+  // Whether a call captured in capture `id` waits to be taken: the capture hooks ask as the
+  // capture ends (its graph is read only if it holds collectives), and take the calls later.
+  bool has_captured(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = captured_.rbegin(); it != captured_.rend(); ++it) {
+      if (it->capture_id == id) return true;
+    }
+    return false;
+  }
+
+  // The nodes the captured calls not taken yet saw their streams wait on in graph `graph`:
+  // nearly always kernel nodes (a synchronous collective's stream waits on its kernel), so
+  // `read_graph` reads them without asking their type first.
+  std::vector<uintptr_t> frontiers_in(uintptr_t graph) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uintptr_t> out;
+    for (const Captured& n : captured_) {
+      if (n.graph == graph) out.insert(out.end(), n.frontier.begin(), n.frontier.end());
+    }
+    return out;
+  }
+
   // The captured calls since the last take, oldest first, for Python to place in their graph:
   // (shape, flags, seq, t_begin, t_end, ordinal, capture id, graph, stream, frontier).
   py::list take_captured() {
@@ -742,10 +765,12 @@ void* current_stream(const at::Tensor& tensor) {
       .native_handle();
 }
 
-// While a capture may be running: PLAIN if this call's stream is not capturing, CAPTURED for a
-// synchronous call on a capturing stream once the capture hooks are in (they place the call
-// in its graph at capture end), else PYTHON (asynchronous work the stream does not wait for is
-// walked by Python; no driver entry point; a broken capture). Needs the GIL.
+// While a capture may be running. A synchronous call once the capture hooks are in (they place
+// the call in its graph at capture end) is CAPTURED: whether its stream really captures is read
+// as it returns, together with the frontier (`note_captured`), so it costs one driver query,
+// not a second one before the call. Any other call is PLAIN if its stream is not capturing,
+// else PYTHON (asynchronous work the stream does not wait for is walked by Python; a capture
+// without the hooks; no driver entry point). Needs the GIL.
 Mode capture_mode(const at::Tensor& tensor, bool async_op, void** stream) {
   if (!find_capture_info()) return Mode::PYTHON;
   try {
@@ -753,11 +778,172 @@ Mode capture_mode(const at::Tensor& tensor, bool async_op, void** stream) {
   } catch (const std::exception&) {
     return Mode::PYTHON;
   }
-  const CaptureInfo info = capture_info(*stream);
-  if (info.status == CAPTURE_NONE) return Mode::PLAIN;
-  if (info.status != CAPTURE_ACTIVE || async_op) return Mode::PYTHON;
-  py::object installed = g_py->hooks.attr(g_py->installed_attr)();
-  return PyObject_IsTrue(installed.ptr()) ? Mode::CAPTURED : Mode::PYTHON;
+  if (!async_op) {
+    py::object installed = g_py->hooks.attr(g_py->installed_attr)();
+    if (PyObject_IsTrue(installed.ptr())) return Mode::CAPTURED;
+  }
+  return capture_info(*stream).status == CAPTURE_NONE ? Mode::PLAIN : Mode::PYTHON;
+}
+
+// -- CUDA graph capture: the whole graph, read once as its capture ends ----------------------
+//
+// The capture hooks read a graph before torch ends its capture (the graph is gone after
+// that): its nodes, its edges, and each kernel node's function name, launch dims and toolsId
+// (commviz.capture.bindings.read). Through Python that is several driver calls and a few
+// microseconds a node, paid while the user waits for the capture; here it is one call for the
+// whole graph. The entry points are resolved in the libcuda.so.1 torch loaded, like
+// cuStreamGetCaptureInfo above.
+struct GraphDriver {
+  // CUDA_KERNEL_NODE_PARAMS_v2, as the driver lays it out
+  struct KernelParams {
+    void* func;
+    unsigned int dims[6];  // grid x, y, z, block x, y, z
+    unsigned int shared_mem;
+    void** kernel_params;
+    void** extra;
+    void* kern;
+    void* ctx;
+  };
+  using Listing = int (*)(void*, void**, size_t*);
+  using EdgesV2 = int (*)(void*, void**, void**, void*, size_t*);
+  using EdgesV1 = int (*)(void*, void**, void**, size_t*);
+  using NodeType = int (*)(void*, int*);
+  using Params = int (*)(void*, KernelParams*);
+  using Name = int (*)(const char**, void*);
+  using ToolsId = int (*)(void*, unsigned long long*);
+
+  Listing nodes = nullptr;
+  EdgesV2 edges_v2 = nullptr;
+  EdgesV1 edges_v1 = nullptr;
+  NodeType type = nullptr;
+  Params params = nullptr;
+  Name func_name = nullptr, kernel_name = nullptr;
+  ToolsId tools = nullptr;  // CUDA >= 13.1 drivers
+
+  static constexpr int KERNEL = 0;  // CU_GRAPH_NODE_TYPE_KERNEL
+
+  bool ok() const {
+    return nodes != nullptr && (edges_v2 != nullptr || edges_v1 != nullptr) &&
+           type != nullptr && params != nullptr && func_name != nullptr;
+  }
+};
+
+// The driver's graph entry points, looked up again until torch has loaded libcuda. Needs the GIL.
+const GraphDriver& graph_driver() {
+  static GraphDriver driver;
+  if (driver.ok()) return driver;
+  driver = [] {
+    GraphDriver d;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) return d;
+    auto find = [lib](const char* name) { return dlsym(lib, name); };
+    d.nodes = reinterpret_cast<GraphDriver::Listing>(find("cuGraphGetNodes"));
+    d.edges_v2 = reinterpret_cast<GraphDriver::EdgesV2>(find("cuGraphGetEdges_v2"));
+    if (d.edges_v2 == nullptr) {
+      d.edges_v1 = reinterpret_cast<GraphDriver::EdgesV1>(find("cuGraphGetEdges"));
+    }
+    d.type = reinterpret_cast<GraphDriver::NodeType>(find("cuGraphNodeGetType"));
+    d.params = reinterpret_cast<GraphDriver::Params>(find("cuGraphKernelNodeGetParams_v2"));
+    d.func_name = reinterpret_cast<GraphDriver::Name>(find("cuFuncGetName"));
+    d.kernel_name = reinterpret_cast<GraphDriver::Name>(find("cuKernelGetName"));
+    d.tools = reinterpret_cast<GraphDriver::ToolsId>(find("cuGraphNodeGetToolsId"));
+    return d;
+  }();
+  return driver;
+}
+
+template <typename T>
+py::bytes as_bytes(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// The graph `graph` (a CUgraph, live: under capture or kept): (nodes, edge sources, edge
+// targets, kernels, names, params, tools) where nodes are the handles in the driver's listing
+// order (u64), edge i runs from sources[i] to targets[i] (u64), kernels are the positions of
+// the kernel nodes in that listing (u32), names the distinct function names (mangled), params
+// seven u32 per kernel (its name's index, then grid and block dims) and tools each kernel's
+// toolsId (u64; None where the driver has none). None where the driver cannot be asked.
+py::object read_graph(uintptr_t graph_handle) {
+  if (graph_handle == 0) return py::none();
+  const GraphDriver& d = graph_driver();
+  if (!d.ok()) return py::none();
+  void* graph = reinterpret_cast<void*>(graph_handle);
+  const std::vector<uintptr_t> frontiers = g_native->frontiers_in(graph_handle);
+  const std::unordered_set<uintptr_t> likely(frontiers.begin(), frontiers.end());
+  std::vector<void*> nodes, sources, targets;
+  std::vector<uint32_t> kernels, params;
+  std::vector<uint64_t> tools;
+  std::vector<std::string> names;
+  bool with_tools = d.tools != nullptr;
+  bool read = [&]() {
+    py::gil_scoped_release nogil;
+    size_t n = 0;
+    if (d.nodes(graph, nullptr, &n) != 0) return false;
+    nodes.resize(n);
+    if (n > 0 && d.nodes(graph, nodes.data(), &n) != 0) return false;
+    nodes.resize(n);
+    size_t m = 0;
+    int rc = d.edges_v2 != nullptr ? d.edges_v2(graph, nullptr, nullptr, nullptr, &m)
+                                   : d.edges_v1(graph, nullptr, nullptr, &m);
+    if (rc != 0) return false;
+    sources.resize(m);
+    targets.resize(m);
+    if (m > 0) {
+      std::vector<uint64_t> edge_data(m);  // CUgraphEdgeData: 8 bytes an edge
+      rc = d.edges_v2 != nullptr
+               ? d.edges_v2(graph, sources.data(), targets.data(), edge_data.data(), &m)
+               : d.edges_v1(graph, sources.data(), targets.data(), &m);
+      if (rc != 0) return false;
+      sources.resize(m);
+      targets.resize(m);
+    }
+    std::unordered_map<void*, uint32_t> name_index;  // function -> its index in `names`
+    kernels.reserve(n);
+    params.reserve(7 * n);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      // (reading a kernel's parameters off another kind of node fails, and failing is the
+      // driver's slow path: the type is asked first, but for the likely kernels)
+      int type = GraphDriver::KERNEL;
+      GraphDriver::KernelParams p{};
+      if (!likely.count(reinterpret_cast<uintptr_t>(nodes[i])) &&
+          d.type(nodes[i], &type) != 0) {
+        continue;
+      }
+      if (type != GraphDriver::KERNEL || d.params(nodes[i], &p) != 0) continue;
+      void* function = p.func != nullptr ? p.func : p.kern;
+      auto it = name_index.find(function);
+      if (it == name_index.end()) {
+        const char* name = nullptr;
+        int err = p.func != nullptr ? d.func_name(&name, p.func)
+                  : d.kernel_name != nullptr ? d.kernel_name(&name, p.kern)
+                                             : -1;
+        if (err != 0 || name == nullptr) continue;  // unnamed: not listed as a kernel
+        it = name_index.emplace(function, static_cast<uint32_t>(names.size())).first;
+        names.emplace_back(name);
+      }
+      kernels.push_back(static_cast<uint32_t>(i));
+      params.push_back(it->second);
+      params.insert(params.end(), p.dims, p.dims + 6);
+      if (with_tools) {
+        unsigned long long id = 0;
+        if (d.tools(nodes[i], &id) != 0) {
+          with_tools = false;  // not supported by this driver: none at all
+        } else {
+          tools.push_back(id);
+        }
+      }
+    }
+    return true;
+  }();
+  if (!read) return py::none();
+  py::list py_names;
+  for (const std::string& name : names) {
+    py_names.append(py::reinterpret_steal<py::object>(
+        PyUnicode_DecodeUTF8(name.data(), static_cast<Py_ssize_t>(name.size()), "replace")));
+  }
+  return py::make_tuple(as_bytes(nodes), as_bytes(sources), as_bytes(targets),
+                        as_bytes(kernels), py_names, as_bytes(params),
+                        with_tools ? py::object(as_bytes(tools)) : py::none());
 }
 
 // The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
@@ -958,11 +1144,11 @@ class Kernel {
   void run_native(Run run,
                   c10d::ProcessGroup& pg, const Args& call, PyObject* info, int64_t seq,
                   const Where& where, void* stream) {
-    const int32_t captured = stream != nullptr ? CAPTURED : 0;
     try {
       call_original(run, call);
     } catch (const std::exception& exc) {
-      g_native->end(where, seq, now_ns(), FAILED | captured);
+      const bool captured = stream != nullptr && capture_info(stream).status > CAPTURE_NONE;
+      g_native->end(where, seq, now_ns(), FAILED | (captured ? CAPTURED : 0));
       py::gil_scoped_acquire gil;
       try {
         g_py->failed(where.ordinal, py::str(exc.what()));
@@ -978,14 +1164,17 @@ class Kernel {
       set_last_seq(info, reported);
       seq = reported;
     }
-    g_native->end(where, seq, t_end, captured);
-    if (stream != nullptr) note_captured(where, seq, t_end, stream);
+    const int32_t flags = stream != nullptr ? note_captured(where, seq, t_end, stream) : 0;
+    g_native->end(where, seq, t_end, flags);
   }
 
-  // The frontier of the capturing stream as the call returns: the collective's last node is
-  // what the stream now waits on (Python resolves it against the whole graph later).
-  static void note_captured(const Where& where, int64_t seq, int64_t t_end, void* stream) {
+  // Whether a call that may be captured was (CAPTURED, or 0: its stream was not capturing, or
+  // the driver could not say), read as it returns, and if so the frontier of its stream then:
+  // the collective's last node is what the stream now waits on (Python resolves it against
+  // the whole graph later). One driver query.
+  static int32_t note_captured(const Where& where, int64_t seq, int64_t t_end, void* stream) {
     const CaptureInfo info = capture_info(stream);
+    if (info.status <= CAPTURE_NONE) return 0;
     Native::Captured note{};
     note.call = Call{where.shape, CAPTURED, seq, where.t_begin, t_end, where.ordinal};
     note.stream = reinterpret_cast<uintptr_t>(stream);
@@ -998,6 +1187,7 @@ class Kernel {
       }
     }
     g_native->captured(std::move(note));
+    return CAPTURED;
   }
 
   void run_python(Run run,
@@ -1339,4 +1529,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("calls_error", []() { return g_native->error(); }, "why the file stopped, or ''");
   m.def("take_captured", []() { return g_native->take_captured(); },
         "the calls recorded under capture since the last take, for Python to place");
+  // CUDA graph capture: what the capture hooks ask as a capture ends
+  m.def("has_captured", [](uint64_t id) { return g_native->has_captured(id); },
+        "whether calls captured in this capture wait to be taken");
+  m.def("read_graph", &read_graph, "a live graph's nodes, edges and kernels, in one call");
 }
