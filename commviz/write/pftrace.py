@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Iterable
 import orjson
 
 from commviz.write.proto import (
-    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, MERGE_BY_KEY,
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, LOW14, MERGE_BY_KEY,
     ORDER_EXPLICIT, PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END,
     SMALL, VARINT, F, f_bytes, f_double, f_str, f_varint, packet, tag, varint)
 
@@ -261,7 +261,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
     head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
     head_len = len(head)
     pending = seq.pending
-    small, big = SMALL, varint
+    small, big, low14 = SMALL, varint, LOW14
     dumps = orjson.dumps
     extra = extra or {}
     flows = flows or {}
@@ -273,7 +273,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
             t = stack.pop()
             d = t - last
             last = t
-            vd = small[d] if d < 16384 else big(d)
+            vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+                  if d < 0x10000000 else big(d))
             out += end_hdr[len(vd)] + vd + end_tail
         ev = events[index]
         name = ev.get("name", "")
@@ -311,7 +312,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                 for k, p_int, p_double in plan.ids:
                     v = args[k]
                     if v.__class__ is int and 0 <= v < _INT63:
-                        inner = p_int + (small[v] if v < 16384 else big(v))
+                        inner = p_int + (small[v] if v < 16384 else low14[v & 0x3FFF] + small[
+                            v >> 14] if v < 0x10000000 else big(v))
                     elif v.__class__ is float:
                         inner = p_double + _pack_double(v)
                     else:                   # an id of another type: encoded arg by arg
@@ -364,18 +366,21 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         te = b"".join(parts)
         d = start - last
         last = start
-        vd = small[d] if d < 16384 else big(d)
+        vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+              if d < 0x10000000 else big(d))
+        n = len(te)
+        lte = small[n] if n < 16384 else big(n)
         if pending:
             body = b"".join((_TS, vd, head, _INTERNED, big(len(pending)), pending, _TRACK_EVENT,
-                             big(len(te)), te))
+                             lte, te))
             pending.clear()
             out += b"\x0a"
             out += big(len(body))
             out += body
         else:
-            lte = big(len(te))
-            out += b"".join((b"\x0a", big(2 + len(vd) + head_len + len(lte) + len(te)), _TS, vd,
-                             head, _TRACK_EVENT, lte, te))
+            n += 2 + len(vd) + head_len + len(lte)
+            out += b"".join((b"\x0a", small[n] if n < 16384 else big(n), _TS, vd, head,
+                             _TRACK_EVENT, lte, te))
         if start != -neg_end:
             stack.append(-neg_end)
         count += 1
@@ -383,7 +388,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         t = stack.pop()
         d = t - last
         last = t
-        vd = small[d] if d < 16384 else big(d)
+        vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+              if d < 0x10000000 else big(d))
         out += end_hdr[len(vd)] + vd + end_tail
     seq.last_ts = last
     return count
