@@ -404,15 +404,16 @@ def split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]
     backs: list[list[tuple[int, int, int]]] = []
     stacks: list[list[int]] = []
     for item in items:
-        start, neg_end = item[0], item[1]
-        end = -neg_end
-        for back, stack in zip(backs, stacks):
+        start, end = item[0], -item[1]
+        n = 0
+        for stack in stacks:
             while stack and stack[-1] <= start:
                 stack.pop()
             if not stack or stack[-1] >= end:
-                back.append(item)
+                backs[n].append(item)
                 stack.append(end)
                 break
+            n += 1
         else:
             backs.append([item])
             stacks.append([end])
