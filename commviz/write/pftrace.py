@@ -239,11 +239,9 @@ def _plan(seq: Sequence, keys: tuple) -> _ArgsPlan | None:
         plan = seq.plans[keys] = _ArgsPlan(seq, keys)
     size = len(plan.cache)
     if size >= plan.next_check:
-        checks = [n for n in PLAN_CHECKS if n > size]
-        plan.next_check = checks[0] if checks else PLAN_CACHE_MAX + 1
         if size and not plan.same_ids(seq, keys):
             plan = seq.plans[keys] = _ArgsPlan(seq, keys)
-            plan.next_check = checks[0] if checks else PLAN_CACHE_MAX + 1
+        plan.next_check = next((n for n in PLAN_CHECKS if n > size), PLAN_CACHE_MAX + 1)
     return plan
 
 
@@ -295,7 +293,7 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         if args:
             order = tuple(args)
             plan = plans.get(order)
-            if plan is None or len(plan.cache) >= plan.next_check:
+            if plan is None:
                 plan = _plan(seq, order)
             runs = ck = None
             if plan is not None:
@@ -360,6 +358,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                 parts.append(b)
             if ck is not None and len(plan.cache) < PLAN_CACHE_MAX:
                 plan.store(ck, args, parts[n0:])
+                if len(plan.cache) >= plan.next_check:
+                    _plan(seq, order)       # which keys are ids, looked at again
         f = flows.get(index)
         if f:
             parts.append(f)
