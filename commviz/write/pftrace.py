@@ -33,8 +33,8 @@ from commviz.write.proto import (
 FLUSH_BYTES = 4 << 20
 CACHE_LIMIT = 2048            # past this many distinct ints of one key, they are not cached
 DYNAMIC_MIN = 64              # a number key with more distinct values is an id: left out of
-PLAN_CHECKS = (64, 256, 1024, 4096)   # the args cache key, looked at again at these sizes
-PLAN_CACHE_MAX = 8192         # args of one key order cached per sequence, at most
+PLAN_CHECKS = (64, 256, 1024)         # the args cache key, looked at again at these sizes
+PLAN_CACHE_MAX = 4096         # args of one key order cached per sequence, at most
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
 
