@@ -10,15 +10,20 @@ run, side by side:
 (c) parsing the same inputs with orjson and nothing else, one after the other;
 (d) parsing the largest rank's input alone (the peak-RSS yardstick);
 
-then the four targets of issue 12, each with PASS or MISS: (b)/(a) events/s >= 10x; (b)/(a)
-bytes per event <= 0.35x; (b) time <= 1.0x (c) time; the largest peak RSS of any one merge
-process (main or worker) <= 1.2x (d)'s. Then the merge's peak RSS at 2, 8 and 32 ranks of one
-trace size, to show memory follows the largest rank's trace, not the number of ranks. Every
-measured program runs in a child process of its own, so peaks do not mix. Needs numpy, orjson
-and perfetto (commviz's merge needs nothing else); Linux (/proc) for the RSS figures.
+then the four targets (issues 12 and 32), each with PASS or MISS: (b)/(a) events/s >= 10x;
+(b)/(a) bytes per event <= 0.35x; (b) time <= 1.5x (c) time (issue 32; issue 12 asked 1.0x with
+16 cores); the largest peak RSS of any one merge process (main or worker) <= 1.2x (d)'s. Then
+the merge's peak RSS at 2, 8 and 32 ranks of one trace size, to show memory follows the largest
+rank's trace, not the number of ranks. Every measured program runs in a child process of its
+own, so peaks do not mix. Needs numpy, orjson and perfetto (commviz's merge needs nothing
+else); Linux (/proc) for the RSS figures.
 
-The merge is parallel over ranks and the baseline and the parse are serial: the speed target
-needs about 8 cores or more (on 2 cores, parsing alone with orjson is only ~4.4x the baseline).
+The merge is parallel over ranks and the baseline and the parse are serial: on 2 cores, parsing
+alone with orjson is only about 5x the baseline on these inputs, so 10x there means converting a
+rank in about the time orjson takes to parse it. Every row also gives its CPU seconds (user +
+system, worker processes included): on a machine shared with other work the wall-clock ratios
+move with the load, the CPU seconds much less. ``taskset -c 0,1 python scripts/bench_merge.py``
+measures 2 cores of a bigger machine (cores and default workers follow the CPU affinity).
 
     python scripts/bench_merge.py                       # 8 ranks x 200k events, workers = cores
     python scripts/bench_merge.py --ranks 16 --events 500000 --baseline-ranks 4 --workers 16
@@ -31,6 +36,7 @@ import gzip
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -233,6 +239,21 @@ def _inputs(run: Path, ranks: int) -> dict[int, Path]:
             for r, p in paths.items()}
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its reaped children (the merge's workers:
+    the pool joins them before ``merge_run`` returns)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def _cores() -> int:
+    """The cores this process may run on (``taskset`` narrows them), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     """Run one measured program; print its figures as JSON (the parent reads the last line)."""
     run = Path(run_dir)
@@ -243,6 +264,7 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     elif kind == "largest":
         rank = max(paths, key=lambda r: paths[r].stat().st_size)
         paths = {rank: paths[rank]}
+    cpu = _cpu_seconds()
     t = time.perf_counter()
     if kind == "baseline":
         result["events"] = baseline_merge(paths, Path(out))
@@ -254,6 +276,7 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
                            if isinstance(v, (int, float))}
         result["problems"] = len(res.problems)
     result["seconds"] = time.perf_counter() - t
+    result["cpu_seconds"] = _cpu_seconds() - cpu
     result["bytes"] = Path(out).stat().st_size if kind in ("baseline", "merge") else 0
     result["rss_self_mib"] = _hwm_mib()
     print(json.dumps(result))
@@ -297,7 +320,7 @@ def _fmt_row(label: str, r: dict[str, Any]) -> str:
     ev, sec = r["events"], r["seconds"]
     size = (f"{r['bytes'] / 1e6:10.1f} {r['bytes'] / ev:9.1f}" if r.get("bytes")
             else f"{'-':>10} {'-':>9}")
-    return (f"{label:<36} {ev:>10,} {sec:8.2f} {ev / sec:>11,.0f} {size} "
+    return (f"{label:<36} {ev:>10,} {sec:8.2f} {r['cpu_seconds']:8.2f} {ev / sec:>11,.0f} {size} "
             f"{r['rss_process_mib']:12.0f}")
 
 
@@ -316,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-ranks", type=int, default=2,
                     help="ranks the baseline converts (it holds the whole trace in memory: about "
                          "1.3 KB per packet); its events/s and bytes/event are compared")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="merge worker processes (default: the cores, os.cpu_count())")
+    ap.add_argument("--workers", type=int, default=_cores(),
+                    help="merge worker processes (default: the cores this process may use)")
     ap.add_argument("--rss-scan", default="2,8,32",
                     help="rank counts for the peak-RSS scan ('' to skip)")
     ap.add_argument("--rss-events", type=int, default=20_000, help="events per rank in the scan")
@@ -339,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
               f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
               f"generated in {time.perf_counter() - t:.1f}s")
-        print(f"machine: {os.cpu_count()} cores, merge workers {a.workers}, load average "
+        print(f"machine: {_cores()} cores, merge workers {a.workers}, load average "
               f"{os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
         res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
@@ -349,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         res_c = measure("parse", run, work / "unused", ranks=a.ranks)
         res_d = measure("largest", run, work / "unused", ranks=a.ranks)
 
-        print(f"\n{'':<36} {'events':>10} {'seconds':>8} {'events/s':>11} {'MB':>10} "
+        print(f"\n{'':<36} {'events':>10} {'seconds':>8} {'cpu s':>8} {'events/s':>11} {'MB':>10} "
               f"{'B/event':>9} {'peak MiB/pr':>12}")
         print(_fmt_row(f"(a) baseline, {base_ranks} of {a.ranks} ranks", res_a))
         print(_fmt_row(f"(b) commviz merge, {a.ranks} ranks", res_b))
@@ -365,15 +388,20 @@ def main(argv: list[str] | None = None) -> int:
         size = ((res_b["bytes"] / res_b["events"]) / (res_a["bytes"] / res_a["events"])
                 if have else None)
         vs_parse = res_b["seconds"] / res_c["seconds"] if have else None
+        cpu_speed = ((res_a["cpu_seconds"] / res_a["events"])
+                     / (res_b["cpu_seconds"] / res_b["events"]) if have else None)
         rss = res_b["rss_process_mib"] / res_d["rss_process_mib"] if have else None
-        print(f"\ntargets (issue 12), {os.cpu_count()} cores, {a.workers} merge workers")
+        print(f"\ntargets (issues 12, 32), {_cores()} cores, {a.workers} merge workers")
         for line, passed in (
                 _target("(b)/(a) events per second", speed, ">=", 10),
                 _target("(b)/(a) bytes per event", size, "<=", 0.35),
-                _target("(b) merge time / (c) parse time", vs_parse, "<=", 1.0),
+                _target("(b) merge time / (c) parse time", vs_parse, "<=", 1.5),
                 _target("(b) peak RSS per process / (d) parse of largest rank", rss, "<=", 1.2)):
             print(line)
             ok = ok and passed
+        if have:
+            print(f"  CPU seconds per event, (a)/(b): {cpu_speed:.2f}x; (b)/(c) CPU seconds: "
+                  f"{res_b['cpu_seconds'] / res_c['cpu_seconds']:.2f}x (all processes; no target)")
         if have and "stats" in res_b:
             print(f"  merge stats: {res_b['stats']}; problems: {res_b['problems']}")
 

@@ -170,6 +170,12 @@ def test_rank_from_file_name() -> None:
      "empty trace"),
     ("norank.json", b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}]}',
      "cannot tell the rank"),
+    ("latin1_rank0.json", b'{"traceEvents": [{"ph": "X", "name": "caf\xe9", "ts": 1}]}',
+     "not valid JSON"),
+    ("object_rank0.json", b'{"traceEvents": {"ph": "X", "name": "a", "ts": 1}}',
+     "no traceEvents list"),
+    ("base_rank0.json", b'{"baseTimeNanoseconds": "soon", "traceEvents": [{"ph": "X", "ts": 1}]}',
+     "baseTimeNanoseconds is not an integer"),
 ])
 def test_bad_traces_raise_naming_the_file(recorded: Path, tmp_path: Path, name: str,
                                           data: bytes | None, says: str) -> None:
@@ -296,6 +302,7 @@ def test_one_rank_alone(copy: Path) -> None:
     ("ts", float("nan"), "ts is not a finite number"),
     ("ts", "soon", "ts is not a finite number"),
     ("ts", 1e30, "wall time overflows int64 nanoseconds"),
+    ("ts", 10 ** 400, "ts is not a finite number"),           # an integer no float holds
     ("ts", -1e18, "wall time overflows int64 nanoseconds"),
     ("dur", -5.0, "negative duration"),
     ("dur", 1e30, "lasts far longer than the trace's own span"),

@@ -8,6 +8,7 @@ check what trace processor would rebuild: times, nesting, interning, flows, back
 from __future__ import annotations
 
 import io
+import math
 import random
 
 import orjson
@@ -244,3 +245,36 @@ def test_args_round_trip_exactly(tmp_path) -> None:
         want = {k: orjson.dumps(v).decode() if isinstance(v, list) else v
                 for k, v in want.items()}
         assert s.args == want
+
+
+def test_cached_args_round_trip_as_each_event_holds_them(tmp_path) -> None:
+    """The writer caches a key order's encoded args by their non-id values: what comes back
+    is still each event's own args, with ids of int and float type, values that change, None
+    NaN and infinity at one key (all JSON null), and a string where an id was."""
+    events = []
+    for i in range(1500):
+        args = {"External id": i * 7919, "kind": ("a", "b", "c")[i % 3], "rate": i / 7,
+                "dims": [[i % 5, 8], []], "maybe": (None, float("nan"), 1.5, float("inf"))[i % 4]}
+        if i % 500 == 499:
+            args["External id"] = f"id-{i}"
+        events.append({"name": "op", "cat": "cpu_op", "args": args})
+    buf = io.BytesIO()
+    piece = Piece(buf, 1)
+    seq = piece.sequence(piece.new_uuid())
+    piece.buf += seq.start(5)
+    emit_slices(seq, piece.buf, [(10 + 3 * i, -(11 + 3 * i), i) for i in range(1500)], events)
+    piece.flush()
+    done, _ = _read(buf.getvalue(), tmp_path)
+    assert len(done) == 1500
+    for s in done:
+        want = events[(s.start - 10) // 3]["args"]
+        got = dict(s.args)
+        maybe = got.pop("maybe")
+        if want["maybe"] is None:
+            assert maybe == "null"
+        elif not math.isfinite(want["maybe"]):
+            assert isinstance(maybe, float) and repr(maybe) == repr(want["maybe"])
+        else:
+            assert maybe == want["maybe"]
+        assert got == {k: orjson.dumps(v).decode() if isinstance(v, list) else v
+                       for k, v in want.items() if k != "maybe"}

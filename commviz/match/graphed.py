@@ -211,11 +211,15 @@ class _Index:
         for i, ev in enumerate(events):
             if not isinstance(ev, dict) or ev.get("ph") != "X":
                 continue
-            cat, name = ev.get("cat"), str(ev.get("name", ""))
-            args = ev.get("args") or {}
+            cat = ev.get("cat")
             if cat in _WORK_CATS:
                 work.append((i, ev))
                 continue
+            name = str(ev.get("name", ""))
+            args = ev.get("args") or {}
+            if cat not in LAUNCH_CATS and name != md.REPLAY_RANGE and not name.startswith(
+                    md.MARK_RANGE_PREFIX):
+                continue                    # most CPU ops: nothing here joins on them
             thread = (ev.get("pid"), ev.get("tid"))
             try:
                 ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)

@@ -116,13 +116,22 @@ class TraceIndex:
         for i, ev in enumerate(self.events):
             if not isinstance(ev, dict) or ev.get("ph") != "X":
                 continue
+            cat, name = ev.get("cat"), ev.get("name", "")
+            args = ev.get("args") or {}
+            if cat in LAUNCH_CATS:
+                corr = args.get("correlation")
+                if corr is None:
+                    continue
+            elif cat != "kernel" and not (
+                    (name.startswith(RANGE_PREFIX) and not is_other_range(name))
+                    or (name == PARAM_COMMS and args.get("External id") is not None)
+                    or (name == COALESCED_RANGE and cat not in GPU_CATS)):
+                continue                    # most events: nothing here joins on them
             try:
                 t0 = ns(float(ev["ts"]))
                 t1 = t0 + round(float(ev.get("dur") or 0) * 1000)
             except (KeyError, TypeError, ValueError):
                 continue
-            cat, name = ev.get("cat"), ev.get("name", "")
-            args = ev.get("args") or {}
             if cat == "kernel":
                 self.kernels += 1
                 nccl = parse_nccl(name)
@@ -131,11 +140,9 @@ class TraceIndex:
                 continue
             span = Span(i, t0, t1, (ev.get("pid"), ev.get("tid")))
             if cat in LAUNCH_CATS:
-                corr = args.get("correlation")
-                if corr is not None:
-                    self.launches[corr] = span
-                    if is_graph_launch(name, cat, args):
-                        self.graph_launches.add(corr)
+                self.launches[corr] = span
+                if is_graph_launch(name, cat, args):
+                    self.graph_launches.add(corr)
             elif name.startswith(RANGE_PREFIX) and not is_other_range(name):
                 self.ranges.append(span)
             elif name == PARAM_COMMS and args.get("External id") is not None:

@@ -198,7 +198,7 @@ class _Layout:
         self.skipped: dict[str, int] = defaultdict(int)
         self.negative = 0
         self.out_of_range = 0               # events before 0 or past MAX_NS: left out, counted
-        gpu_cats = GPU_CATS
+        gpu_cats, gpu, items, correlated = GPU_CATS, self.gpu, self.items, self.correlated
         inside = spans.inside if spans is not None else None
         for seg, (lo, hi, base) in enumerate(segments):
             for i in range(lo, hi):
@@ -207,7 +207,8 @@ class _Layout:
                 if ph == "X":
                     key = (ev.get("pid"), ev.get("tid"))
                     start = base + round(ev["ts"] * 1000)
-                    dur = round((ev.get("dur") or 0) * 1000)
+                    dur = ev.get("dur")
+                    dur = round(dur * 1000) if dur else 0
                     if dur < 0:                     # invalid: kept as an instant, and counted
                         self.negative += 1
                         dur = 0
@@ -216,12 +217,14 @@ class _Layout:
                         continue
                     if inside is not None and not inside(start):
                         continue
-                    self.items[key].append((start, -(start + dur), i))
+                    items[key].append((start, -(start + dur), i))
                     if ev.get("cat") in gpu_cats:
-                        self.gpu.add(key)
-                    corr = (ev.get("args") or {}).get("correlation")
-                    if corr is not None:
-                        self.correlated[(seg, corr)].append(i)
+                        gpu.add(key)
+                    args = ev.get("args")
+                    if args:
+                        corr = args.get("correlation")
+                        if corr is not None:
+                            correlated[(seg, corr)].append(i)
                 elif ph == "M":
                     self._meta(ev)
                 elif ph in _TIMED:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from commviz.trace.kernels import GPU_WORK_CATS, is_graph_launch, is_graphed
+from commviz.trace.kernels import GPU_WORK_CATS, LAUNCH_CATS, is_graph_launch, is_graphed
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +32,11 @@ class GpuOp:
 def _graph_launches(events: Iterable[dict]) -> set[Any]:
     out = set()
     for ev in events:
-        args = ev.get("args") or {}
-        if is_graph_launch(str(ev.get("name", "")), str(ev.get("cat")), args):
-            out.add(args.get("correlation"))
+        cat = ev.get("cat")
+        if cat.__class__ is str and cat in LAUNCH_CATS:      # is_graph_launch needs one
+            args = ev.get("args") or {}
+            if is_graph_launch(str(ev.get("name", "")), cat, args):
+                out.add(args.get("correlation"))
     out.discard(None)
     return out
 
@@ -43,18 +45,20 @@ def gpu_ops(trace: Any) -> list[GpuOp]:
     """Every complete GPU event of ``trace`` (a ``commviz.trace.load.Trace``), by start time."""
     launches = _graph_launches(trace.events)
     out = []
+    rank, ns = trace.rank, trace.ns
+    work_cats = GPU_WORK_CATS
     for ev in trace.events:
-        if ev.get("ph") != "X" or ev.get("cat") not in GPU_WORK_CATS:
+        cat = ev.get("cat")
+        if cat.__class__ is not str or cat not in work_cats or ev.get("ph") != "X":
             continue
         args = ev.get("args") or {}
         try:
             stream = int(args.get("stream", -1))
-            start = trace.ns(float(ev["ts"]))
+            start = ns(float(ev["ts"]))
             end = start + round(float(ev.get("dur", 0)) * 1000)
         except (TypeError, ValueError, KeyError):
             continue
         graphed = is_graphed(args, launches)
-        out.append(GpuOp(trace.rank, stream, str(ev.get("name", "")), str(ev["cat"]), start, end,
-                         graphed))
+        out.append(GpuOp(rank, stream, str(ev.get("name", "")), cat, start, end, graphed))
     out.sort(key=lambda o: (o.start_ns, o.end_ns))
     return out

@@ -55,7 +55,10 @@ def write_rank_fragment(out: Path, *, rank: int, name: str, events: list[dict],
             nonlocal count
             if count:
                 buf.extend(b",")
-            buf.extend(dumps(ev, option=orjson.OPT_NON_STR_KEYS))
+            try:
+                buf.extend(dumps(ev, option=orjson.OPT_NON_STR_KEYS))
+            except TypeError:           # an integer past 64 bits (the decoder keeps them)
+                buf.extend(json.dumps(ev, ensure_ascii=False, default=str).encode())
             count += 1
 
         for lo, hi, seg_base in segments:

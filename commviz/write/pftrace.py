@@ -8,24 +8,33 @@ and string values are interned per sequence; the encoded bytes of repeated annot
 cached. Events of one track are written in nesting order (an END before a BEGIN at the same
 time, a parent's BEGIN before its child's), which also keeps the deltas non-negative.
 
+A profiler event's args repeat but for a few ids (``External id``, ``correlation``, ``Ev Idx``):
+per sequence and per key order, the encoded annotations are cached by the args' other values
+(``_ArgsPlan``), so an event's args cost one lookup plus its ids, not one step per arg.
+
 A piece (one rank, or the cross-rank part) owns a range of sequence ids and track uuids, so
 pieces written separately can be concatenated into one valid trace.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+from operator import itemgetter
 from typing import Any, BinaryIO, Iterable
 
 import orjson
 
 from commviz.write.proto import (
-    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, MERGE_BY_KEY,
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, LOW14, MERGE_BY_KEY,
     ORDER_EXPLICIT, PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END,
     SMALL, VARINT, F, f_bytes, f_double, f_str, f_varint, packet, tag, varint)
 
 FLUSH_BYTES = 4 << 20
 CACHE_LIMIT = 2048            # past this many distinct ints of one key, they are not cached
+DYNAMIC_MIN = 64              # a number key with more distinct values is an id: left out of
+PLAN_CHECKS = (64, 256, 1024)         # the args cache key, looked at again at these sizes
+PLAN_CACHE_MAX = 4096         # args of one key order cached per sequence, at most
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
 
@@ -40,6 +49,7 @@ _A_STRING_IID = tag(F.A_STRING_IID, VARINT)
 _TS = tag(F.TIMESTAMP, VARINT)
 _INTERNED = tag(F.INTERNED, LEN)
 _TRACK_EVENT = tag(F.TRACK_EVENT, LEN)
+_INT63 = 1 << 63
 
 
 def flow_field(flow_id: int) -> bytes:
@@ -55,7 +65,7 @@ class Sequence:
     """One track's packet sequence: its interning tables, caches and running clock."""
 
     __slots__ = ("seq_id", "uuid", "last_ts", "head", "end_hdr", "end_tail", "names", "cats",
-                 "keys", "strings", "next_iid", "pending")
+                 "keys", "strings", "next_iid", "pending", "plans")
 
     def __init__(self, seq_id: int, uuid: int) -> None:
         self.seq_id = seq_id
@@ -73,6 +83,7 @@ class Sequence:
         self.strings: dict[Any, int] = {}          # interned string values (str or JSON bytes)
         self.next_iid = 1
         self.pending = bytearray()                 # InternedData entries not yet written
+        self.plans: dict[tuple, _ArgsPlan] = {}     # args key order -> its encoded-args cache
 
     # -- interning (cache misses only) ----------------------------------------------------------
     def _iid(self) -> int:
@@ -172,6 +183,68 @@ class Sequence:
                       + f_bytes(F.TRACK_EVENT, track_event))
 
 
+def _is_id(entry: list) -> bool:
+    """Whether an annotation key has had many distinct numbers (an id, not a setting)."""
+    return entry[2] is None or len(entry[2]) > DYNAMIC_MIN or len(entry[3]) > DYNAMIC_MIN
+
+
+class _ArgsPlan:
+    """The encoded annotations of one args key order on one sequence, cached by the values of
+    its non-id keys (their JSON); the ids (ints and floats of keys with many distinct values)
+    are encoded per event between the cached byte runs.
+
+    A cached run only holds strings the sequence has interned already (an event with the same
+    values interned them), so a hit writes exactly what the per-arg encoding would.
+    """
+
+    __slots__ = ("ids", "pos", "fixed", "n_fixed", "cache", "next_check")
+
+    def __init__(self, seq: Sequence, keys: tuple) -> None:
+        entries = [seq.keys[k] for k in keys]
+        self.pos = [i for i, e in enumerate(entries) if _is_id(e)]
+        self.ids = [(keys[i], entries[i][0] + _A_INT, entries[i][0] + _A_DOUBLE)
+                    for i in self.pos]
+        fixed = [k for i, k in enumerate(keys) if i not in self.pos]
+        self.n_fixed = len(fixed)
+        # the non-id values (a bare value for one key): their JSON is the cache key
+        self.fixed = itemgetter(*fixed) if fixed else None
+        self.cache: dict[bytes, tuple[bytes, ...]] = {}
+        self.next_check = 0
+
+    def same_ids(self, seq: Sequence, keys: tuple) -> bool:
+        return self.pos == [i for i, k in enumerate(keys) if _is_id(seq.keys[k])]
+
+    def store(self, key: bytes, args: dict, encoded: list[bytes]) -> None:
+        """Cache one event's per-arg encodings as byte runs around its ids."""
+        fixed = self.fixed(args) if self.fixed is not None else ()
+        for v in (fixed if self.n_fixed != 1 else (fixed,)):
+            # JSON null is None, NaN and infinity alike: only the first is a string annotation
+            if v is None or (v.__class__ is float and not math.isfinite(v)):
+                return
+        runs, prev = [], 0
+        for i in self.pos:
+            runs.append(b"".join(encoded[prev:i]))
+            prev = i + 1
+        runs.append(b"".join(encoded[prev:]))
+        self.cache[key] = tuple(runs)
+
+
+def _plan(seq: Sequence, keys: tuple) -> _ArgsPlan | None:
+    """The args plan of a key order, made or made again as the sequence learns which keys are
+    ids; None while some key has never been encoded on this sequence."""
+    plan = seq.plans.get(keys)
+    if plan is None:
+        if not all(k in seq.keys for k in keys):
+            return None
+        plan = seq.plans[keys] = _ArgsPlan(seq, keys)
+    size = len(plan.cache)
+    if size >= plan.next_check:
+        if size and not plan.same_ids(seq, keys):
+            plan = seq.plans[keys] = _ArgsPlan(seq, keys)
+        plan.next_check = next((n for n in PLAN_CHECKS if n > size), PLAN_CACHE_MAX + 1)
+    return plan
+
+
 def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, int]],
                 events: list[dict], extra: dict[int, dict] | None = None,
                 flows: dict[int, bytes] | None = None) -> int:
@@ -182,11 +255,11 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
     ``extra[index]``: args to add; ``flows[index]``: encoded flow ids (``flow_field``).
     A zero-duration slice is an INSTANT. This is the hot loop: everything is inlined.
     """
-    names, cats, keys = seq.names, seq.cats, seq.keys
+    names, cats, keys, plans = seq.names, seq.cats, seq.keys, seq.plans
     head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
     head_len = len(head)
     pending = seq.pending
-    small, big = SMALL, varint
+    small, big, low14 = SMALL, varint, LOW14
     dumps = orjson.dumps
     extra = extra or {}
     flows = flows or {}
@@ -198,7 +271,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
             t = stack.pop()
             d = t - last
             last = t
-            vd = small[d] if d < 16384 else big(d)
+            vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+                  if d < 0x10000000 else big(d))
             out += end_hdr[len(vd)] + vd + end_tail
         ev = events[index]
         name = ev.get("name", "")
@@ -217,6 +291,37 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         if more:
             args = {**args, **more} if args else more
         if args:
+            order = tuple(args)
+            plan = plans.get(order)
+            if plan is None:
+                plan = _plan(seq, order)
+            runs = ck = None
+            if plan is not None:
+                try:
+                    ck = dumps(plan.fixed(args)) if plan.fixed is not None else b""
+                except TypeError:           # an integer past 64 bits, a non-str dict key
+                    ck = None
+                else:
+                    runs = plan.cache.get(ck)
+            n0 = len(parts)
+            if runs is not None:            # cached: only the ids are encoded
+                parts.append(runs[0])
+                j = 1
+                for k, p_int, p_double in plan.ids:
+                    v = args[k]
+                    if v.__class__ is int and 0 <= v < _INT63:
+                        inner = p_int + (small[v] if v < 16384 else low14[v & 0x3FFF] + small[
+                            v >> 14] if v < 0x10000000 else big(v))
+                    elif v.__class__ is float:
+                        inner = p_double + _pack_double(v)
+                    else:                   # an id of another type: encoded arg by arg
+                        del parts[n0:]
+                        runs = None
+                        break
+                    parts.append(_ANN + small[len(inner)] + inner)
+                    parts.append(runs[j])
+                    j += 1
+        if args and runs is None:
             for k, v in args.items():
                 entry = keys.get(k)
                 if entry is None:
@@ -236,10 +341,14 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                         if b is None:
                             b = seq.ann_int(entry, v)
                 elif t is list:
-                    text = dumps(v)
-                    b = entry[1].get(text)
-                    if b is None:
-                        b = seq.ann_str(entry, text)
+                    try:
+                        text = dumps(v)
+                    except TypeError:       # an integer past 64 bits: as any other value
+                        b = seq.ann_value(entry, v)
+                    else:
+                        b = entry[1].get(text)
+                        if b is None:
+                            b = seq.ann_str(entry, text)
                 elif t is float:
                     b = entry[3].get(v)
                     if b is None:
@@ -247,24 +356,31 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                 else:
                     b = seq.ann_value(entry, v)
                 parts.append(b)
+            if ck is not None and len(plan.cache) < PLAN_CACHE_MAX:
+                plan.store(ck, args, parts[n0:])
+                if len(plan.cache) >= plan.next_check:
+                    _plan(seq, order)       # which keys are ids, looked at again
         f = flows.get(index)
         if f:
             parts.append(f)
         te = b"".join(parts)
         d = start - last
         last = start
-        vd = small[d] if d < 16384 else big(d)
+        vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+              if d < 0x10000000 else big(d))
+        n = len(te)
+        lte = small[n] if n < 16384 else big(n)
         if pending:
             body = b"".join((_TS, vd, head, _INTERNED, big(len(pending)), pending, _TRACK_EVENT,
-                             big(len(te)), te))
+                             lte, te))
             pending.clear()
             out += b"\x0a"
             out += big(len(body))
             out += body
         else:
-            lte = big(len(te))
-            out += b"".join((b"\x0a", big(2 + len(vd) + head_len + len(lte) + len(te)), _TS, vd,
-                             head, _TRACK_EVENT, lte, te))
+            n += 2 + len(vd) + head_len + len(lte)
+            out += b"".join((b"\x0a", small[n] if n < 16384 else big(n), _TS, vd, head,
+                             _TRACK_EVENT, lte, te))
         if start != -neg_end:
             stack.append(-neg_end)
         count += 1
@@ -272,7 +388,8 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         t = stack.pop()
         d = t - last
         last = t
-        vd = small[d] if d < 16384 else big(d)
+        vd = (small[d] if d < 16384 else low14[d & 0x3FFF] + small[d >> 14]
+              if d < 0x10000000 else big(d))
         out += end_hdr[len(vd)] + vd + end_tail
     seq.last_ts = last
     return count
@@ -287,15 +404,16 @@ def split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]
     backs: list[list[tuple[int, int, int]]] = []
     stacks: list[list[int]] = []
     for item in items:
-        start, neg_end = item[0], item[1]
-        end = -neg_end
-        for back, stack in zip(backs, stacks):
+        start, end = item[0], -item[1]
+        n = 0
+        for stack in stacks:
             while stack and stack[-1] <= start:
                 stack.pop()
             if not stack or stack[-1] >= end:
-                back.append(item)
+                backs[n].append(item)
                 stack.append(end)
                 break
+            n += 1
         else:
             backs.append([item])
             stacks.append([end])
