@@ -128,6 +128,23 @@ def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
 
 
+# -- kept runs (CPU) ---------------------------------------------------------------------------
+# what names the GPU machine's paths: stacks, failure files, logs
+RELOCATED = ("stacks_rank*.txt", "logs/*.json", "*.log", "*.txt")
+
+
+def relocated_copy(kept: Path, name: str, scratch: Path, repo: Path) -> Path:
+    """A copy of the kept run ``kept/name`` (nothing is written into the fixtures), its paths
+    into the GPU machine's checkout (``kept/repo.txt``) made this checkout's: what is commviz's
+    own code there is here too, so the verdict tells it from the job's as it did there."""
+    there = (kept / "repo.txt").read_text().strip()
+    run = shutil.copytree(kept / name, scratch / name)
+    for pattern in RELOCATED:
+        for path in run.glob(pattern):
+            path.write_text(path.read_text().replace(there, str(repo)))
+    return run
+
+
 # -- what torch's Flight Recorder says --------------------------------------------------------
 class Flight(NamedTuple):
     """torch's Flight Recorder on one run: its analyzer's findings, where it could run

@@ -10,7 +10,6 @@ dumps NCCL wrote there.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,11 @@ from pathlib import Path
 import pytest
 
 from nccl_verdict import (BAD, CASES, JOB_NAME, KIND, check_agrees_with_flight_recorder,
-                          check_verdict, flight, launch_verdict, unrecorded)
+                          check_verdict, flight, launch_verdict, relocated_copy, unrecorded)
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "tests" / "fixtures" / "gpu" / "verdict-2xh100"
 JOB = KEPT / JOB_NAME
-# what names the GPU machine's paths: stacks, failure files, logs
-RELOCATED = ("stacks_rank*.txt", "logs/*.json", "*.log", "*.txt")
 # run dir -> scenario: the second GPU run's, and the first run's size mismatch, in which the
 # 16-element rank's watchdog acted first (the second run's: the other's)
 RUNS = {**{case: case for case in CASES}, "size-run1": "size"}
@@ -32,15 +29,7 @@ RUNS = {**{case: case for case in CASES}, "size-run1": "size"}
 
 @pytest.fixture
 def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    """A copy of the kept run (nothing is written into the fixtures), its paths into the GPU
-    machine's checkout made this checkout's: what is commviz's own code there is here too, so
-    the verdict tells it from the job's as it did there."""
-    there = (KEPT / "repo.txt").read_text().strip()
-    run = shutil.copytree(KEPT / request.param, tmp_path / request.param)
-    for pattern in RELOCATED:
-        for path in run.glob(pattern):
-            path.write_text(path.read_text().replace(there, str(REPO)))
-    return run
+    return relocated_copy(KEPT, request.param, tmp_path, REPO)
 
 
 @pytest.mark.parametrize("run_dir", RUNS, indirect=True)
