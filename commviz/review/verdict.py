@@ -64,6 +64,8 @@ MAX_PER_GROUP = 10
 PATTERN_SPAN = 8
 # calls shown per rank of those made after NCCL's watchdog timed out its collective
 SHOWN_AFTER = 4
+# alike transfers (same kind and culprits, one side never posted) told on one line from this many
+SHOWN_ALIKE = 3
 
 
 class FailureKind(StrEnum):
@@ -93,7 +95,7 @@ class CallState(StrEnum):
     WAITING = "never returned"           # still inside when the rank was torn down or last seen
     # an NCCL collective that returned once queued, whose GPU work never completed (Flight
     # Recorder's entry: scheduled or started)
-    ENQUEUED = "enqueued, never completed on the GPU (Flight Recorder)"
+    ENQUEUED = "enqueued, never completed on the GPU per Flight Recorder"
 
 
 class Channel(NamedTuple):
@@ -931,10 +933,12 @@ def render_lines(v: Verdict) -> list[str]:
         lines.append(f"  rank {r}: {s.how()}; last call {_where(s.last)}")
         where = s.stopped_at
         if where is not None:
-            lines.append(f"    stopped at {where}")
+            gpu = s.at is not None and where == s.at.frame()     # its Python was past it
+            lines.append(f"    stopped at {where}" + (" (the call its GPU waits in)" if gpu else ""))
     lines.append("  each rank's last call:")
     for r, s in sorted(v.ranks.items()):
-        lines.append(f"    rank {r}: {_where(s.last)}")
+        queued = f", behind {s.blocked.label()}" if s.blocked not in (None, s.last) else ""
+        lines.append(f"    rank {r}: {_where(s.last)}{queued}")
     after = {r: s.after_timeout for r, s in sorted(v.ranks.items()) if s.after_timeout}
     if after:
         lines.append("  made after NCCL's watchdog timed out the rank's collective (set aside, its "
@@ -945,16 +949,67 @@ def render_lines(v: Verdict) -> list[str]:
     for inc in v.consequences:
         cause = inc.cause
         behind = f"{cause.title() if cause else '?'}"
-        if inc.waits_on:
+        waiting = format_ranks(r for r in inc.calls if r not in inc.waits_on)
+        if inc.before:       # its missing ranks never reached the cause, which comes first
+            lines.append(f"  then {inc.title()}: rank(s) {waiting} wait in it on rank(s) "
+                         f"{format_ranks(inc.missing)} missing, held up before {behind}, which "
+                         "comes first in their order of groups")
+        elif inc.behind and cause is not None:
+            lines.append(f"  then {inc.title()}: rank(s) {waiting} wait in it on rank(s) "
+                         f"{format_ranks(inc.behind)}, whose part is queued behind {behind}, "
+                         f"which waits on rank(s) {format_ranks(cause.waits_on)}")
+        elif inc.waits_on:
             lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
                          + ("missing, " if inc.missing else "") + f"waiting in {behind}")
         else:                # every rank came: the group's earlier collective never completed
             lines.append(f"  then {inc.title()}: queued behind {behind}")
-    for inc in v.others:
-        lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
-                     f"{format_ranks(inc.culprits)}: {inc.why}")
+    for alike in _alike(v.others):
+        if len(alike) >= SHOWN_ALIKE:
+            lines.append(_unposted(alike))
+            continue
+        for inc in alike:
+            lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
+                         f"{format_ranks(inc.culprits)}: {inc.why}")
     lines.append(f"  open next: {v.open_next()}")
     return lines
+
+
+def _alike(incidents: list[Incident]) -> list[list[Incident]]:
+    """Incidents in order, the transfers one side never posted that have the same kind and
+    culprits together (a crashed pipeline stage leaves one per transfer with it)."""
+    out: list[list[Incident]] = []
+    at: dict[tuple[FailureKind, tuple[int, ...]], list[Incident]] = {}
+    for inc in incidents:
+        if inc.channel is None or not inc.missing:
+            out.append([inc])
+            continue
+        key = (inc.kind, inc.culprits)
+        if key not in at:
+            at[key] = []
+            out.append(at[key])
+        at[key].append(inc)
+    return out
+
+
+def _numbers(seqs: list[int]) -> str:
+    """Transfer numbers as runs: "#18-21,23"."""
+    return "#" + format_ranks(seqs)
+
+
+def _unposted(alike: list[Incident]) -> str:
+    """One line for many transfers whose other side the culprits never posted: per rank that
+    posted its side, its sends and receives by peer, as runs of numbers."""
+    posted: dict[int, dict[tuple[str, int | None], list[int]]] = defaultdict(
+        lambda: defaultdict(list))
+    for inc in alike:
+        for r, c in inc.calls.items():
+            posted[r][(c.signature.op, c.peer)].append(c.seq)
+    first = alike[0]
+    per_rank = "; ".join(f"rank {r} " + ", ".join(
+        f"{md.p2p_op(op, peer)} {_numbers(seqs)}" for (op, peer), seqs in ops.items())
+        for r, ops in sorted(posted.items()))
+    return (f"  also {first.kind}: rank(s) {format_ranks(first.culprits)} never posted the "
+            f"other side of {len(alike)} more transfers: {per_rank}")
 
 
 def _short(text: str | None, limit: int = 120) -> str:
