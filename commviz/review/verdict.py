@@ -210,7 +210,8 @@ class RankState:
         return ((self.stacks.raised_at() if self.stacks is not None else None)
                 or (st.raised_at(raised) if raised else None)
                 or (self.stacks.user_frame() if self.stacks is not None else None)
-                or (at.frame() if at is not None and not at.returned else None))
+                or (at.frame() if at is not None and at.state in (
+                    CallState.ENQUEUED, CallState.WAITING, CallState.FAILED) else None))
 
     @property
     def aborted(self) -> bool:
@@ -933,8 +934,9 @@ def render_lines(v: Verdict) -> list[str]:
         lines.append(f"  rank {r}: {s.how()}; last call {_where(s.last)}")
         where = s.stopped_at
         if where is not None:
-            gpu = s.at is not None and where == s.at.frame()     # its Python was past it
-            lines.append(f"    stopped at {where}" + (" (the call its GPU waits in)" if gpu else ""))
+            site = s.at is not None and where == s.at.frame()    # no line of its own code
+            lines.append(f"    stopped at {where}"
+                         + (f" (its call there: {s.at.state})" if site and s.at else ""))
     lines.append("  each rank's last call:")
     for r, s in sorted(v.ranks.items()):
         queued = f", behind {s.blocked.label()}" if s.blocked not in (None, s.last) else ""
