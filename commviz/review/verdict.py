@@ -17,12 +17,24 @@ sender, receiver): rank a's send #n to b meets b's receive #n from a. Unlike the
   went on to the world's), the root is the one whose missing rank broke the order of groups
   it had kept until then; where a transfer is in the circle (two ranks both receive from each
   other first), it is a deadlock of all the ranks in it;
+- ranks missing from collectives of several groups (rank 1 stuck before tp#5 is missing from
+  tp#5 and from dp#5) were held up before the one their own repeating order of groups reaches
+  first: that one is the root, the others follow from it;
+- an all_to_all's uneven splits are compared pairwise (``desync.split_mismatch``): what rank i
+  sends to j must be what j takes from i; the rank whose splits its peers' do not match is the
+  culprit of a size mismatch;
 - the kind says why the culprit was missing (``FailureKind``): it raised, was killed, skipped
   the collective and went on, or hung in its own code (its stack says where);
 - a transfer is more than "a size or syntax mismatch": a send or receive whose peer never
   posted its side (the peer is the culprit), a send and its receive that differ in size or
   dtype (the side whose size changed from the transfer before is the culprit, else both), a
   deadlock, or a transfer that failed on a side.
+
+On NCCL a collective returns once it is queued. Where a rank's Flight Recorder dump has one
+unfinished, its call is ``enqueued, never completed on the GPU`` (``CallState.ENQUEUED``), not
+completed, and the rank waits in the first such one: its later GPU work is queued behind it.
+A collective every member made alike, whose part on some is queued behind their earlier
+unfinished one, waits on those members (``Incident.behind``).
 
 On NCCL a rank's calls made after the watchdog timed out one of its collectives that never
 completed (its Flight Recorder dump: the collective's creation + its timeout) are set aside,
@@ -1024,12 +1036,19 @@ def _channel_json(ch: Channel | None) -> dict[str, Any] | None:
     return None if ch is None else {"src": ch.src, "dst": ch.dst}
 
 
+def _split_json(split: tuple[int, ...] | None) -> list[int] | None:
+    return None if split is None else list(split)
+
+
 def _call_json(c: Call | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {"pg": c.pg, "pg_desc": c.pg_desc, "seq": c.seq, "op": c.signature.op,
             "p2p": _channel_json(c.channel), "label": c.label(),
             "in_nelems": c.signature.in_nelems, "out_nelems": c.signature.out_nelems,
+            "in_total": c.signature.in_total, "out_total": c.signature.out_total,
+            "in_split": _split_json(c.signature.in_split),
+            "out_split": _split_json(c.signature.out_split),
             "dtype": c.signature.dtype, "callsite": c.callsite, "origin": c.origin,
             "state": str(c.state), "begin_ns": c.begin_ns, "end_ns": c.end_ns, "error": c.error}
 
@@ -1040,6 +1059,8 @@ def _incident_json(i: Incident, v: Verdict) -> dict[str, Any]:
             "p2p": _channel_json(i.channel), "title": i.title(),
             "culprits": list(i.culprits), "missing": list(i.missing),
             "waits_on": list(i.waits_on), "why": i.why,
+            "behind": list(i.behind), "before": i.before,
+            "split_pairs": None if i.splits is None else [list(p) for p in i.splits.pairs],
             "ranks": sorted(i.calls),
             "calls": {str(r): _call_json(c) for r, c in sorted(i.calls.items())},
             "waited_ns": {str(r): v.ranks[r].waited_ns(c) for r, c in sorted(i.calls.items())},
