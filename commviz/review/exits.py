@@ -184,8 +184,8 @@ def _reason(data: Mapping[str, object]) -> str:
     error it caught, ``raise ... from``: torch.distributed.pipelining's "[Stage 1] failed to
     run forward") is told by the first one raised, the root cause, and what it became."""
     error = str(data.get("error") or "unknown error")
-    chained = st.raised(str(data.get("traceback") or ""))
-    if chained is not None and len(st.chain(str(data.get("traceback")))) > 1:
+    traceback = str(data.get("traceback") or "")
+    if len(st.chain(traceback)) > 1 and (chained := st.raised(traceback)) is not None:
         return first_line(chained)
     return first_line(st.exception_line(error) or error)
 

@@ -6,9 +6,9 @@ ends or fails (``commviz.launch.flight``), when the job turned the recorder on. 
 torch's (``python -m torch.distributed.flight_recorder.fr_trace RUN_DIR/flight_recorder``
 reads them as they are). What the verdict takes from them: the state torch's recorder gave each
 rank's collective (``scheduled``, ``started``, ``completed``), per group and sequence number,
-which of its NCCL collectives never completed on the GPU, and when NCCL's watchdog timed out the first of the rank's collectives that never completed. A dump
-is a pickle of plain data, read as such (``commviz.record.store.loads_plain``): nothing in it
-is run.
+which of its NCCL collectives never completed on the GPU, and when NCCL's watchdog timed out
+the first of those. A dump is a pickle of plain data, read as such
+(``commviz.record.store.loads_plain``): nothing in it is run.
 """
 
 from __future__ import annotations
