@@ -45,8 +45,8 @@ def test_kept_nccl_run_desync_is_flight_recorders(tmp_path: Path) -> None:
     # rank 1's own call, as Flight Recorder has its sizes (rows x 16)
     (entry,) = [e for e in fl.entries[BAD] if e["collective_seq_id"] == SEQ]
     rows, width = entry["output_sizes"][0]
-    assert sides[(BAD,)]["out_total"] == rows * width
-    assert sum(sides[(BAD,)]["out_split"]) == rows
+    assert sides[(BAD,)]["sizes"]["out_total"] == rows * width
+    assert sum(sides[(BAD,)]["sizes"]["out_split"]) == rows
 
 
 def _a2a(rank: int, send: list[int], take: list[int], *, op: str = "all_to_all_single",

@@ -42,9 +42,21 @@ ALL_TO_ALL = frozenset({"all_to_all", "all_to_all_single"})
 
 
 @dataclass(frozen=True, slots=True)
+class Sizes:
+    """One rank's own side of an all_to_all, not compared across its ranks (their uneven splits
+    differ by design: ``split_mismatch`` pairs them up): its totals and splits."""
+
+    uneven: bool
+    in_total: int | None = None
+    out_total: int | None = None
+    in_split: tuple[int, ...] | None = None    # (): split evenly; None: not recorded
+    out_split: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Signature:
-    """What must agree across the ranks of one collective (the compared fields), and, not
-    compared, this rank's own totals and uneven splits (``split_mismatch`` compares those)."""
+    """What must agree across the ranks of one collective (the compared fields), and, for an
+    all_to_all, this rank's own ``sizes``."""
 
     op: str
     in_nelems: int | None                # None: not compared (uneven splits, the root's side)
@@ -52,27 +64,35 @@ class Signature:
     dtype: str | None
     root: int | None
     reduce_op: str | None
-    in_total: int | None = field(default=None, compare=False)
-    out_total: int | None = field(default=None, compare=False)
-    # () : split evenly; None: not known (no split recorded)
-    in_split: tuple[int, ...] | None = field(default=None, compare=False)
-    out_split: tuple[int, ...] | None = field(default=None, compare=False)
-    uneven: bool = field(default=False, compare=False)
+    sizes: Sizes | None = field(default=None, compare=False)
+
+    @property
+    def uneven(self) -> bool:
+        return self.sizes is not None and self.sizes.uneven
+
+    @property
+    def in_total(self) -> int | None:
+        return self.sizes.in_total if self.sizes is not None else self.in_nelems
+
+    @property
+    def out_total(self) -> int | None:
+        return self.sizes.out_total if self.sizes is not None else self.out_nelems
 
     def shared(self) -> Signature:
         """What every rank of the collective has alike: without this rank's uneven splits."""
         if not self.uneven:
             return self
         return Signature(self.op, self.in_nelems, self.out_nelems, self.dtype, self.root,
-                         self.reduce_op, uneven=True)
+                         self.reduce_op, Sizes(uneven=True))
 
     def _sizes(self) -> str:
-        if not self.uneven:
+        z = self.sizes
+        if z is None or not z.uneven:
             return f"{self.in_nelems}->{self.out_nelems} elems"
-        if self.in_total is None and self.out_total is None:
+        if z.in_total is None and z.out_total is None:
             return "uneven splits"
-        return (f"{self.in_total}->{self.out_total} elems, split {_split(self.in_split)}->"
-                f"{_split(self.out_split)}")
+        return (f"{z.in_total}->{z.out_total} elems, split {_split(z.in_split)}->"
+                f"{_split(z.out_split)}")
 
     def __str__(self) -> str:
         parts = [f"{self.dtype}", self._sizes()]
@@ -104,14 +124,14 @@ def signature_of(op: str, a: Mapping[str, Any]) -> Signature:
     """What must agree across the ranks of one collective, from its metadata (``a``): not the
     sizes of uneven splits (kept apart, for ``split_mismatch``), nor the side of a scatter or
     gather only its root has."""
-    in_split, out_split = _parse_split(a.get(md.IN_SPLIT)), _parse_split(a.get(md.OUT_SPLIT))
-    uneven = bool(in_split) or bool(out_split)
+    in_s, out_s = a.get(md.IN_SPLIT), a.get(md.OUT_SPLIT)
+    uneven = in_s not in ("[]", None) or out_s not in ("[]", None)
+    sizes = Sizes(uneven, a.get(md.IN_NELEMS), a.get(md.OUT_NELEMS), _parse_split(in_s),
+                  _parse_split(out_s)) if uneven or op in ALL_TO_ALL else None
     return Signature(
         op=op, in_nelems=None if uneven or op in _ROOT_ONLY_IN else a.get(md.IN_NELEMS),
         out_nelems=None if uneven or op in _ROOT_ONLY_OUT else a.get(md.OUT_NELEMS),
-        dtype=a.get(md.DTYPE), root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP),
-        in_total=a.get(md.IN_NELEMS), out_total=a.get(md.OUT_NELEMS), in_split=in_split,
-        out_split=out_split, uneven=uneven)
+        dtype=a.get(md.DTYPE), root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP), sizes=sizes)
 
 
 class SplitMismatch(NamedTuple):
@@ -123,9 +143,15 @@ class SplitMismatch(NamedTuple):
     detail: str
 
 
+def _side(sig: Signature, inbound: bool) -> tuple[tuple[int, ...] | None, int | None]:
+    """One side's split and total (what it takes, ``inbound``, or what it sends)."""
+    z = sig.sizes or Sizes(False)
+    return (z.out_split, z.out_total) if inbound else (z.in_split, z.in_total)
+
+
 def _elements(sig: Signature, inbound: bool, n: int) -> tuple[int, ...] | None:
     """One side's split in elements (None: not known)."""
-    split, total = (sig.out_split, sig.out_total) if inbound else (sig.in_split, sig.in_total)
+    split, total = _side(sig, inbound)
     if split is None or total is None:
         return None
     if not split:
@@ -142,7 +168,7 @@ def _elements(sig: Signature, inbound: bool, n: int) -> tuple[int, ...] | None:
 
 def _in_units(elems: Sequence[int], sig: Signature, inbound: bool) -> str:
     """Element counts in the units the rank's own split is given in (rows of dim 0)."""
-    split, total = (sig.out_split, sig.out_total) if inbound else (sig.in_split, sig.in_total)
+    split, total = _side(sig, inbound)
     row = total // sum(split) if sig.op != "all_to_all" and split and sum(split) and total \
         and total % sum(split) == 0 else 1
     if all(e % row == 0 for e in elems):
@@ -181,14 +207,15 @@ def split_mismatch(sigs: Mapping[int, Signature], ranks: Sequence[int]) -> Split
         out_of = [j for i, j in pairs if i == r]
         if into and (len(into) > 1 or into != [r] or not out_of):
             theirs = [sends[i][at[r]] for i in ranks]             # type: ignore[index]
-            said.append(f"rank {r} takes {_split(sig.out_split)} (of {sig.out_total} elems) "
-                        f"from ranks {format_ranks(ranks)}, which send it "
-                        f"{_in_units(theirs, sig, True)}")
+            split, total = _side(sig, True)
+            said.append(f"rank {r} takes {_split(split)} (of {total} elems) from ranks "
+                        f"{format_ranks(ranks)}, which send it {_in_units(theirs, sig, True)}")
         if out_of and (len(out_of) > 1 or out_of != [r] or not into):
             theirs = [takes[j][at[r]] for j in ranks]             # type: ignore[index]
-            said.append(f"rank {r} sends {_split(sig.in_split)} (of {sig.in_total} elems) "
-                        f"to ranks {format_ranks(ranks)}, which take "
-                        f"{_in_units(theirs, sig, False)} from it")
+            split, total = _side(sig, False)
+            said.append(f"rank {r} sends {_split(split)} (of {total} elems) to ranks "
+                        f"{format_ranks(ranks)}, which take {_in_units(theirs, sig, False)} "
+                        "from it")
     return SplitMismatch(pairs, culprits, "; ".join(said))
 
 

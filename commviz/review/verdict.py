@@ -1043,12 +1043,13 @@ def _split_json(split: tuple[int, ...] | None) -> list[int] | None:
 def _call_json(c: Call | None) -> dict[str, Any] | None:
     if c is None:
         return None
+    sizes = c.signature.sizes
     return {"pg": c.pg, "pg_desc": c.pg_desc, "seq": c.seq, "op": c.signature.op,
             "p2p": _channel_json(c.channel), "label": c.label(),
             "in_nelems": c.signature.in_nelems, "out_nelems": c.signature.out_nelems,
             "in_total": c.signature.in_total, "out_total": c.signature.out_total,
-            "in_split": _split_json(c.signature.in_split),
-            "out_split": _split_json(c.signature.out_split),
+            "in_split": _split_json(sizes.in_split if sizes else None),
+            "out_split": _split_json(sizes.out_split if sizes else None),
             "dtype": c.signature.dtype, "callsite": c.callsite, "origin": c.origin,
             "state": str(c.state), "begin_ns": c.begin_ns, "end_ns": c.end_ns, "error": c.error}
 
