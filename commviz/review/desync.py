@@ -352,7 +352,9 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
             for r in ranks:
                 found[by_rank[r].get(seq)].append(r)
             if len(found) == 1 and None not in found:
-                split = split_mismatch({r: by_rank[r][seq] for r in ranks}, sorted(members[pg]))
+                (sig,) = found
+                split = None if sig is None or sig.op not in ALL_TO_ALL else split_mismatch(
+                    {r: by_rank[r][seq] for r in ranks}, sorted(members[pg]))
                 if split is None:
                     continue
                 out.append(_split_desync(pg, desc[pg], seq, split, by_rank))
