@@ -47,6 +47,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def flights(runs: Path) -> dict[str, Flight]:
+    """Each run's Flight Recorder, read once (its analyzer takes seconds)."""
+    return {case: gloo_flight(runs / case, runs / f"fr_{case}") for case in mv.CASES}
+
+
 def gloo_flight(run_dir: Path, scratch: Path) -> Flight:
     """torch's Flight Recorder on a gloo run: its dumps, their group table (which gloo leaves
     empty) filled from their own entries (each group's name and description, and the ranks
@@ -68,8 +74,9 @@ def gloo_flight(run_dir: Path, scratch: Path) -> Flight:
 
 
 @pytest.mark.parametrize("case", mv.CASES)
-def test_verdict_agrees_with_flight_recorder(runs: Path, case: str, tmp_path: Path) -> None:
-    fl = gloo_flight(runs / case, tmp_path / "fr")
+def test_verdict_agrees_with_flight_recorder(runs: Path, flights: dict[str, Flight],
+                                             case: str) -> None:
+    fl = flights[case]
     if case == "pp_raise":           # gloo's recorder keeps no transfer: nothing to line up
         assert fl.findings is None and not any(fl.entries.values()), fl.entries
     mv.check_agrees_with_flight_recorder(case, launch_verdict(runs / case), fl)
@@ -88,13 +95,14 @@ def test_told_live_and_printed(runs: Path, case: str) -> None:
 
 
 @pytest.mark.parametrize("case", mv.CASES)
-def test_nothing_recorded_is_lost(runs: Path, case: str, tmp_path: Path) -> None:
+def test_nothing_recorded_is_lost(runs: Path, flights: dict[str, Flight], case: str) -> None:
     """Every Flight Recorder entry has its record, with the same op, sizes and group."""
-    fl = gloo_flight(runs / case, tmp_path / "fr")
+    fl = flights[case]
     assert fl.dumps and unrecorded(runs / case, fl.dumps) == {r: [] for r in fl.dumps}
 
 
-def test_uneven_splits_told_and_in_the_desync_table(runs: Path, tmp_path: Path) -> None:
+def test_uneven_splits_told_and_in_the_desync_table(runs: Path, flights: dict[str, Flight],
+                                                    tmp_path: Path) -> None:
     """The dispatch of step 5: gloo's enforce on rank 1 (its failure file), torch's analyzer
     finds the totals of that all_to_all disagree; the verdict shows each rank's totals (its
     Flight Recorder entry's sizes) and the report's desync table the same collective, rank 1
@@ -102,7 +110,7 @@ def test_uneven_splits_told_and_in_the_desync_table(runs: Path, tmp_path: Path) 
     run = runs / "a2a_splits"
     failed = json.loads((run / "logs" / "failed_rank1.json").read_text())
     assert "inLengthPerRank[myRank] == outLengthPerRank[myRank]" in failed["error"], failed
-    fl = gloo_flight(run, tmp_path / "fr")
+    fl = flights["a2a_splits"]
     assert fl.findings is not None and ("default_pg", A2A_SEQ) in fl.findings, fl.findings
     v = launch_verdict(run)
     assert v is not None and v.root is not None
