@@ -56,14 +56,16 @@ def check_agrees_with_flight_recorder(case: str, v: Verdict | None, fl: Flight) 
         assert (v.root.pg_desc, v.root.seq) == key, v.render()
 
 
-def check_verdict(case: str, v: Verdict | None, run_dir: Path) -> None:
-    """Beyond Flight Recorder: why (the kind), who (the culprit) and where the culprit was."""
+def check_verdict(case: str, v: Verdict | None, run_dir: Path, job: Path = JOBS / JOB_NAME
+                  ) -> None:
+    """Beyond Flight Recorder: why (the kind), who (the culprit) and where the culprit was
+    (``job``: the job as it ran, whose lines the stacks name)."""
     assert v is not None, f"no verdict on {run_dir}"
     text = v.render()
     assert v.kind is KIND[case] and v.culprits == (BAD,), text
     stopped = v.ranks[BAD].stopped_at
     assert stopped is not None and (Path(stopped.file).name, stopped.line) == \
-        (JOB_NAME, scenario_line(case)), text
+        (JOB_NAME, scenario_line(case, job)), text
     if case == "tp_stuck":            # the other pair waits in dp, on the first pair
         waiting = {r for inc in v.consequences if inc.pg_desc == "dp" for r in inc.calls}
         assert {2, 3} <= waiting, text

@@ -54,6 +54,10 @@ _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])?
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _TB_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+), in (.*)$', re.M)
 _FATAL_RE = re.compile(r"^Fatal Python error: (.*)$")
+# what joins the tracebacks of a chained exception (the first raised printed first)
+_CHAINED_RE = re.compile(r"^(?:The above exception was the direct cause of the following "
+                         r"exception:|During handling of the above exception, another "
+                         r"exception occurred:)$", re.M)
 
 _files: dict[str, IO[str]] = {}            # kept open: faulthandler writes to their fds
 _headers: dict[str, int] = {}              # each file's size before anything was dumped
@@ -238,7 +242,8 @@ class Frame:
 
     def __str__(self) -> str:
         text = self.source()
-        return f"{self.file}:{self.line} in {self.func}" + (f": {text}" if text else "")
+        func = f" in {self.func}" if self.func else ""       # "": a call site, not a stack's
+        return f"{self.file}:{self.line}{func}" + (f": {text}" if text else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,12 +302,60 @@ def is_user(file: str) -> bool:
                 or file.startswith(_library_dirs()))
 
 
+def chain(traceback_text: str) -> list[str]:
+    """A formatted traceback's part per exception of its chain, the first raised first (a
+    framework that wraps an error, ``raise ... from``, prints the original first)."""
+    return [part for part in _CHAINED_RE.split(traceback_text) if part.strip()]
+
+
 def raised_at(traceback_text: str) -> Frame | None:
     """The innermost frame of the program's own code in a formatted traceback: the line that
-    raised (or called what raised)."""
-    frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
-              for m in _TB_FRAME_RE.finditer(traceback_text)]
-    return next((f for f in reversed(frames) if is_user(f.file)), None)
+    raised (or called what raised); of a chained exception, the first one raised that passed
+    through the program's own code (the original error, not the wrapper around it)."""
+    for part in chain(traceback_text):
+        frames = [Frame(m.group(1), int(m.group(2)), m.group(3))
+                  for m in _TB_FRAME_RE.finditer(part)]
+        frame = next((f for f in reversed(frames) if is_user(f.file)), None)
+        if frame is not None:
+            return frame
+    return None
+
+
+def exception_line(text: str) -> str:
+    """An exception's message on one line: its first, joined with the next where the first
+    says nothing past the type (``RuntimeError: `` with the message on the lines after)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    if len(lines) > 1 and (first.endswith(":") or ":" not in first):
+        first = f"{first} {lines[1]}"
+    return first.rstrip(":").strip()
+
+
+def _exception_of(part: str) -> str:
+    """The exception one part of a formatted traceback ends with (its frames skipped)."""
+    lines = part.strip().splitlines()
+    at = next((i for i, line in enumerate(lines) if line and not line[0].isspace()
+               and not line.startswith("Traceback (")), None)
+    return "" if at is None else exception_line("\n".join(lines[at:]))
+
+
+def raised(traceback_text: str) -> str | None:
+    """What a formatted traceback raised, on one line: of a chained exception the first one
+    raised, and what it was raised again as ("RuntimeError: injected (raised again as
+    RuntimeError: [Stage 1] failed to run forward)"). None: no exception in it."""
+    said = [e for e in map(_exception_of, chain(traceback_text)) if e]
+    if not said:
+        return None
+    return said[0] if len(said) == 1 else f"{said[0]} (raised again as {said[-1]})"
+
+
+def _chain_goes_on(lines: list[str], i: int) -> bool:
+    """Whether the blank line ``i`` of an exception's section is inside its chain (the next
+    text joins another traceback to it) rather than its end."""
+    after = next((line for line in lines[i + 1:] if line.strip()), "")
+    return bool(_CHAINED_RE.match(after)) or after.startswith("Traceback (")
 
 
 def read_stacks(path: Path) -> Stacks | None:
@@ -332,11 +385,11 @@ def read_stacks(path: Path) -> Stacks | None:
         elif line.startswith(EXCEPTION):
             current = None
             block = []
-            while i < len(lines) and lines[i].strip():
+            while i < len(lines) and (lines[i].strip() or _chain_goes_on(lines, i)):
                 block.append(lines[i])
                 i += 1
             out.traceback = "\n".join(block)
-            out.exception = block[-1].strip() if block else None
+            out.exception = raised(out.traceback)
         elif not line.strip():
             current = None
     if not out.threads and out.fatal is None and out.exception is None:

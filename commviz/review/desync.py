@@ -3,8 +3,10 @@
 Like the flight recorder's analyzer, each group's collectives are lined up by sequence number
 on every rank that has data, and the first sequence number where the ranks disagree is
 reported, with the ranks on each side. What is compared per collective: its type (the
-torch.distributed function), its sizes (in/out elements; not for ``all_to_allv``, whose
-splits may differ by design), its dtype, and its root and reduction. The kinds:
+torch.distributed function), its sizes (in/out elements), its dtype, and its root and
+reduction. An all_to_all's uneven splits differ across ranks by design: they are compared
+pairwise instead (``split_mismatch``: rank i's input split for j must be rank j's output split
+for i), and a rank whose splits its peers' do not match is a ``size`` desync. The kinds:
 
 - ``missing``: some ranks have no collective at that number (they stopped early, hung, or
   skipped one: then their later collectives line up with the others' one step on);
@@ -21,29 +23,79 @@ are left out.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from commviz import metadata as md
 from commviz.metadata import StrEnum
 from commviz.match.model import CommEvent
 from commviz.merge.instances import parse_ranks
+from commviz.merge.select import format_ranks
 
 # How many steps ahead a skip or a reorder is looked for, and confirmed over.
 LOOKAHEAD = 8
 
 
+# the collectives whose splits may be uneven: the list form's splits are its tensors' numels, the
+# single tensor's are rows of dim 0 (as the profiler records them)
+ALL_TO_ALL = frozenset({"all_to_all", "all_to_all_single"})
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """One rank's own side of an all_to_all, not compared across its ranks (their uneven splits
+    differ by design: ``split_mismatch`` pairs them up): its totals and splits."""
+
+    uneven: bool
+    in_total: int | None = None
+    out_total: int | None = None
+    in_split: tuple[int, ...] | None = None    # (): split evenly; None: not recorded
+    out_split: tuple[int, ...] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Signature:
+    """What must agree across the ranks of one collective (the compared fields), and, for an
+    all_to_all, this rank's own ``sizes``."""
+
     op: str
-    in_nelems: int | None
+    in_nelems: int | None                # None: not compared (uneven splits, the root's side)
     out_nelems: int | None
     dtype: str | None
     root: int | None
     reduce_op: str | None
+    sizes: Sizes | None = field(default=None, compare=False)
+
+    @property
+    def uneven(self) -> bool:
+        return self.sizes is not None and self.sizes.uneven
+
+    @property
+    def in_total(self) -> int | None:
+        return self.sizes.in_total if self.sizes is not None else self.in_nelems
+
+    @property
+    def out_total(self) -> int | None:
+        return self.sizes.out_total if self.sizes is not None else self.out_nelems
+
+    def shared(self) -> Signature:
+        """What every rank of the collective has alike: without this rank's uneven splits."""
+        if not self.uneven:
+            return self
+        return Signature(self.op, self.in_nelems, self.out_nelems, self.dtype, self.root,
+                         self.reduce_op, Sizes(uneven=True))
+
+    def _sizes(self) -> str:
+        z = self.sizes
+        if z is None or not z.uneven:
+            return f"{self.in_nelems}->{self.out_nelems} elems"
+        if z.in_total is None and z.out_total is None:
+            return "uneven splits"
+        return (f"{z.in_total}->{z.out_total} elems, split {_split(z.in_split)}->"
+                f"{_split(z.out_split)}")
 
     def __str__(self) -> str:
-        parts = [f"{self.dtype}", f"{self.in_nelems}->{self.out_nelems} elems"]
+        parts = [f"{self.dtype}", self._sizes()]
         if self.root is not None:
             parts.append(f"root {self.root}")
         if self.reduce_op is not None:
@@ -59,15 +111,112 @@ def signature(ev: CommEvent) -> Signature:
 _ROOT_ONLY_IN, _ROOT_ONLY_OUT = frozenset({"scatter"}), frozenset({"gather"})
 
 
+def _split(split: tuple[int, ...] | None) -> str:
+    return "?" if split is None else str(list(split)) if split else "even"
+
+
+def _parse_split(value: Any) -> tuple[int, ...] | None:
+    """A recorded split ("[2, 4]"; "[]": even) as ints; None where none was recorded."""
+    return None if value is None else parse_ranks(value)
+
+
 def signature_of(op: str, a: Mapping[str, Any]) -> Signature:
     """What must agree across the ranks of one collective, from its metadata (``a``): not the
-    sizes of uneven splits, nor the side of a scatter or gather only its root has."""
-    uneven = a.get(md.IN_SPLIT, "[]") not in ("[]", None) or a.get(md.OUT_SPLIT, "[]") not in (
-        "[]", None)
+    sizes of uneven splits (kept apart, for ``split_mismatch``), nor the side of a scatter or
+    gather only its root has."""
+    in_s, out_s = a.get(md.IN_SPLIT), a.get(md.OUT_SPLIT)
+    uneven = in_s not in ("[]", None) or out_s not in ("[]", None)
+    sizes = Sizes(uneven, a.get(md.IN_NELEMS), a.get(md.OUT_NELEMS), _parse_split(in_s),
+                  _parse_split(out_s)) if uneven or op in ALL_TO_ALL else None
     return Signature(
         op=op, in_nelems=None if uneven or op in _ROOT_ONLY_IN else a.get(md.IN_NELEMS),
         out_nelems=None if uneven or op in _ROOT_ONLY_OUT else a.get(md.OUT_NELEMS),
-        dtype=a.get(md.DTYPE), root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP))
+        dtype=a.get(md.DTYPE), root=a.get(md.ROOT), reduce_op=a.get(md.REDUCE_OP), sizes=sizes)
+
+
+class SplitMismatch(NamedTuple):
+    """An all_to_all whose ranks' splits do not pair up: what rank i sends to j (its input
+    split for j) must be what j takes from i (its output split for i)."""
+
+    pairs: tuple[tuple[int, int], ...]   # (sender, receiver) whose two sides differ
+    culprits: tuple[int, ...]            # in every such pair; else in the most of them
+    detail: str
+
+
+def _side(sig: Signature, inbound: bool) -> tuple[tuple[int, ...] | None, int | None]:
+    """One side's split and total (what it takes, ``inbound``, or what it sends)."""
+    z = sig.sizes or Sizes(False)
+    return (z.out_split, z.out_total) if inbound else (z.in_split, z.in_total)
+
+
+def _elements(sig: Signature, inbound: bool, n: int) -> tuple[int, ...] | None:
+    """One side's split in elements (None: not known)."""
+    split, total = _side(sig, inbound)
+    if split is None or total is None:
+        return None
+    if not split:
+        return (total // n,) * n if total % n == 0 else None
+    if len(split) != n:
+        return None
+    if sig.op == "all_to_all":           # the list form: each tensor's numel already
+        return tuple(split)
+    rows = sum(split)
+    if rows == 0 or total % rows:
+        return (0,) * n if total == 0 else None
+    return tuple(s * (total // rows) for s in split)
+
+
+def _in_units(elems: Sequence[int], sig: Signature, inbound: bool) -> str:
+    """Element counts in the units the rank's own split is given in (rows of dim 0)."""
+    split, total = _side(sig, inbound)
+    row = total // sum(split) if sig.op != "all_to_all" and split and sum(split) and total \
+        and total % sum(split) == 0 else 1
+    if all(e % row == 0 for e in elems):
+        return str([e // row for e in elems])
+    return f"{list(elems)} elems"
+
+
+def split_mismatch(sigs: Mapping[int, Signature], ranks: Sequence[int]) -> SplitMismatch | None:
+    """Whether the uneven splits of one all_to_all (``sigs``: each member's call) pair up;
+    ``ranks``: the group's members in group-rank order (the order splits index). None: they
+    do, or what they are is not known on every member."""
+    if len(ranks) < 2 or any(r not in sigs for r in ranks):
+        return None
+    calls = [sigs[r] for r in ranks]
+    if not any(s.uneven for s in calls) or any(s.op not in ALL_TO_ALL for s in calls):
+        return None
+    n = len(ranks)
+    sends = {r: _elements(sigs[r], False, n) for r in ranks}
+    takes = {r: _elements(sigs[r], True, n) for r in ranks}
+    if any(v is None for v in (*sends.values(), *takes.values())):
+        return None
+    at = {r: i for i, r in enumerate(ranks)}
+    pairs = tuple((i, j) for i in ranks for j in ranks
+                  if sends[i][at[j]] != takes[j][at[i]])          # type: ignore[index]
+    if not pairs:
+        return None
+    culprits = tuple(r for r in ranks if all(r in p for p in pairs))
+    if not culprits:
+        count = Counter(r for p in pairs for r in set(p))
+        top = max(count.values())
+        culprits = tuple(r for r in ranks if count[r] == top)
+    said = []
+    for r in culprits:
+        sig = sigs[r]
+        into = [i for i, j in pairs if j == r]
+        out_of = [j for i, j in pairs if i == r]
+        if into and (len(into) > 1 or into != [r] or not out_of):
+            theirs = [sends[i][at[r]] for i in ranks]             # type: ignore[index]
+            split, total = _side(sig, True)
+            said.append(f"rank {r} takes {_split(split)} (of {total} elems) from ranks "
+                        f"{format_ranks(ranks)}, which send it {_in_units(theirs, sig, True)}")
+        if out_of and (len(out_of) > 1 or out_of != [r] or not into):
+            theirs = [takes[j][at[r]] for j in ranks]             # type: ignore[index]
+            split, total = _side(sig, False)
+            said.append(f"rank {r} sends {_split(split)} (of {total} elems) to ranks "
+                        f"{format_ranks(ranks)}, which take {_in_units(theirs, sig, False)} "
+                        "from it")
+    return SplitMismatch(pairs, culprits, "; ".join(said))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +352,13 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
             for r in ranks:
                 found[by_rank[r].get(seq)].append(r)
             if len(found) == 1 and None not in found:
-                continue
+                (sig,) = found
+                split = None if sig is None or sig.op not in ALL_TO_ALL else split_mismatch(
+                    {r: by_rank[r][seq] for r in ranks}, sorted(members[pg]))
+                if split is None:
+                    continue
+                out.append(_split_desync(pg, desc[pg], seq, split, by_rank))
+                break
             sides = sorted((Side(tuple(rs), sig) for sig, rs in found.items()),
                            key=lambda s: (-len(s.ranks), s.signature is None, s.ranks))
             if len(sides) == 1:          # every rank lacks it: a hole in all records, not a desync
@@ -213,3 +368,16 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
                               detail=detail))
             break
     return out
+
+
+def _split_desync(pg: str, pg_desc: str, seq: int, split: SplitMismatch,
+                  by_rank: dict[int, dict[int, Signature]]) -> Desync:
+    """An all_to_all whose splits do not pair up: the ranks that agree (their common
+    signature), then each culprit with its own splits."""
+    ranks = sorted(by_rank)
+    agree = tuple(r for r in ranks if r not in split.culprits)
+    sides = ([Side(agree, by_rank[agree[0]][seq].shared())] if agree else []) + [
+        Side((r,), by_rank[r][seq]) for r in split.culprits]
+    return Desync(pg=pg, pg_desc=pg_desc, seq=seq, kind=DesyncKind.SIZE, sides=tuple(sides),
+                  detail=f"the splits do not pair up (what rank i sends to j must be what j "
+                         f"takes from i): {split.detail}")

@@ -5,7 +5,8 @@ Two sources say why ranks failed:
 
 - the worker's own ``failed_rank{R}.json`` (``commviz.launch.worker``; ``FailedFile``), written
   for every Python-level failure, with a nanosecond timestamp and the traceback: the line it
-  raised on, where the rank left no stacks of its raise (on NCCL, only its live ones);
+  raised on, where the rank left no stacks of its raise (on NCCL, only its live ones), and, of
+  an exception a framework wrapped (``raise ... from``), the original one;
 - the elastic agent's per-rank results, one ``elastic_node{N}.json`` per node
   (``commviz.launch.elastic``: torch's ``ProcessFailure`` of every failed rank, also of ranks
   that died without running Python's handlers: a signal, a crash), declared once
@@ -36,6 +37,7 @@ from typing_extensions import TypedDict
 
 from commviz.errors import SourceError
 from commviz.filetype import STRICT, FileType
+from commviz.record import stacks as st
 
 LOG_DIR = "logs"    # under the run dir: torchrun's per-rank logs, the failure and results files
 FAILED = "failed_rank{rank}.json"
@@ -172,10 +174,20 @@ def worker_failures(log_dir: Path) -> dict[int, Failure]:
             rank = int(data["rank"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        out[rank] = Failure(rank, first_line(str(data.get("error", "unknown error"))),
-                            data.get("host"), bool(data.get("stopped")),
+        out[rank] = Failure(rank, _reason(data), data.get("host"), bool(data.get("stopped")),
                             data.get("time_ns"), path)
     return out
+
+
+def _reason(data: Mapping[str, object]) -> str:
+    """A failure file's error on one line. A chained exception (a framework that wraps the
+    error it caught, ``raise ... from``: torch.distributed.pipelining's "[Stage 1] failed to
+    run forward") is told by the first one raised, the root cause, and what it became."""
+    error = str(data.get("error") or "unknown error")
+    traceback = str(data.get("traceback") or "")
+    if len(st.chain(traceback)) > 1 and (chained := st.raised(traceback)) is not None:
+        return first_line(chained)
+    return first_line(st.exception_line(error) or error)
 
 
 def failures(log_dir: Path, said: Mapping[int, Said] | None = None) -> list[Failure]:

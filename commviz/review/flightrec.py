@@ -6,9 +6,9 @@ ends or fails (``commviz.launch.flight``), when the job turned the recorder on. 
 torch's (``python -m torch.distributed.flight_recorder.fr_trace RUN_DIR/flight_recorder``
 reads them as they are). What the verdict takes from them: the state torch's recorder gave each
 rank's collective (``scheduled``, ``started``, ``completed``), per group and sequence number,
-and when NCCL's watchdog timed out the first of the rank's collectives that never completed. A dump
-is a pickle of plain data, read as such (``commviz.record.store.loads_plain``): nothing in it
-is run.
+which of its NCCL collectives never completed on the GPU, and when NCCL's watchdog timed out
+the first of those. A dump is a pickle of plain data, read as such
+(``commviz.record.store.loads_plain``): nothing in it is run.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class Dump(NamedTuple):
     """What the verdict takes from one rank's dump."""
 
     states: States
+    # its NCCL collectives whose GPU work the dump shows unfinished (enqueued, never
+    # completed): an NCCL call returns once it is queued, so its record alone says "completed"
+    unfinished: frozenset[tuple[str, int]]
     # when the first of its NCCL collectives that the dump shows unfinished passed its timeout
     # (its creation + timeout_ms, the rank's wall clock): NCCL's watchdog times it out then,
     # and tears the rank's communicators down
@@ -59,17 +62,25 @@ def read(run_dir: str | Path) -> dict[int, Dump]:
             continue
         try:
             entries = loads_plain(path.read_bytes(), str(path))["entries"]
+            collectives = {(str(e["process_group"][0]), int(e["collective_seq_id"])): e
+                           for e in entries if not e.get("is_p2p")}
             out[int(rank)] = Dump(
-                {(str(e["process_group"][0]), int(e["collective_seq_id"])): str(e["state"])
-                 for e in entries if not e.get("is_p2p")}, _timed_out_ns(entries))
+                {key: str(e["state"]) for key, e in collectives.items()},
+                frozenset(key for key, e in collectives.items() if _watched(e)
+                          and e.get("state") != "completed"), _timed_out_ns(entries))
         except (OSError, CommvizError, KeyError, TypeError, ValueError, IndexError) as exc:
             warnings.warn(f"{path}: not a Flight Recorder dump ({exc})", stacklevel=2)
     return out
 
 
+def _watched(entry: dict[str, Any]) -> bool:
+    """An NCCL collective's entry: its state is the GPU work's."""
+    return str(entry.get("profiling_name", "")).startswith(WATCHED) and not entry.get("is_p2p")
+
+
 def _timed_out_ns(entries: list[dict[str, Any]]) -> int | None:
     """The earliest timeout (creation + ``timeout_ms``) of an NCCL collective not completed."""
     ends = [int(e["time_created_ns"]) + int(e["timeout_ms"]) * 1_000_000 for e in entries
-            if str(e.get("profiling_name", "")).startswith(WATCHED) and not e.get("is_p2p")
-            and e.get("state") != "completed" and e.get("time_created_ns") and e.get("timeout_ms")]
+            if _watched(e) and e.get("state") != "completed" and e.get("time_created_ns")
+            and e.get("timeout_ms")]
     return min(ends, default=None)

@@ -17,12 +17,24 @@ sender, receiver): rank a's send #n to b meets b's receive #n from a. Unlike the
   went on to the world's), the root is the one whose missing rank broke the order of groups
   it had kept until then; where a transfer is in the circle (two ranks both receive from each
   other first), it is a deadlock of all the ranks in it;
+- ranks missing from collectives of several groups (rank 1 stuck before tp#5 is missing from
+  tp#5 and from dp#5) were held up before the one their own repeating order of groups reaches
+  first: that one is the root, the others follow from it;
+- an all_to_all's uneven splits are compared pairwise (``desync.split_mismatch``): what rank i
+  sends to j must be what j takes from i; the rank whose splits its peers' do not match is the
+  culprit of a size mismatch;
 - the kind says why the culprit was missing (``FailureKind``): it raised, was killed, skipped
   the collective and went on, or hung in its own code (its stack says where);
 - a transfer is more than "a size or syntax mismatch": a send or receive whose peer never
   posted its side (the peer is the culprit), a send and its receive that differ in size or
   dtype (the side whose size changed from the transfer before is the culprit, else both), a
   deadlock, or a transfer that failed on a side.
+
+On NCCL a collective returns once it is queued. Where a rank's Flight Recorder dump has one
+unfinished, its call is ``enqueued, never completed on the GPU`` (``CallState.ENQUEUED``), not
+completed, and the rank waits in the first such one: its later GPU work is queued behind it.
+A collective every member made alike, whose part on some is queued behind their earlier
+unfinished one, waits on those members (``Incident.behind``).
 
 On NCCL a rank's calls made after the watchdog timed out one of its collectives that never
 completed (its Flight Recorder dump: the collective's creation + its timeout) are set aside,
@@ -53,7 +65,8 @@ from commviz.metadata import StrEnum
 from commviz.record import stacks as st
 from commviz.record.journal import EXIT as JOURNAL_EXIT, NEVER_RETURNED
 from commviz.review import flightrec
-from commviz.review.desync import DesyncKind, Signature, first_diff, signature_of
+from commviz.review.desync import (DesyncKind, Signature, SplitMismatch, first_diff,
+                                   signature_of, split_mismatch)
 from commviz.review.exits import Exit
 from commviz.trace.run import Run, load_run
 
@@ -63,6 +76,8 @@ MAX_PER_GROUP = 10
 PATTERN_SPAN = 8
 # calls shown per rank of those made after NCCL's watchdog timed out its collective
 SHOWN_AFTER = 4
+# alike transfers (same kind and culprits, one side never posted) told on one line from this many
+SHOWN_ALIKE = 3
 
 
 class FailureKind(StrEnum):
@@ -90,6 +105,9 @@ class CallState(StrEnum):
     UNMATCHED = "never matched"          # a transfer whose peer never posted the other side
     FAILED = "failed"                    # it raised
     WAITING = "never returned"           # still inside when the rank was torn down or last seen
+    # an NCCL collective that returned once queued, whose GPU work never completed (Flight
+    # Recorder's entry: scheduled or started)
+    ENQUEUED = "enqueued, never completed on the GPU per Flight Recorder"
 
 
 class Channel(NamedTuple):
@@ -119,6 +137,7 @@ class Call:
     unmatched: bool = False              # a transfer whose peer never posted the other side
     went_on: bool = False                # no end recorded, but its rank made later calls
     graph: int | None = None             # the CUDA graph it was captured into
+    enqueued: bool = False               # returned, its GPU work never completed (``ENQUEUED``)
 
     @property
     def state(self) -> CallState:
@@ -127,14 +146,19 @@ class Call:
         if (self.end_ns is None and not self.went_on) or self.error:
             return CallState.WAITING
         if self.channel is None:
-            return CallState.COMPLETED
+            return CallState.ENQUEUED if self.enqueued else CallState.COMPLETED
         return CallState.UNMATCHED if self.unmatched else CallState.POSTED
 
     @property
     def returned(self) -> bool:
         """It returned without an error (a transfer: was posted, and its peer posted the other
-        side)."""
+        side; an NCCL collective: its GPU work completed, where Flight Recorder says)."""
         return self.state in (CallState.COMPLETED, CallState.POSTED)
+
+    @property
+    def left(self) -> bool:
+        """Its rank's Python went on from it: it returned, or was queued on the GPU."""
+        return self.returned or self.state is CallState.ENQUEUED
 
     @property
     def peer(self) -> int | None:
@@ -161,6 +185,11 @@ class Call:
             return f"{self.pg_desc or self.pg} {self.transfer()}"
         return f"{self.pg_desc or self.pg}#{self.seq} {self.signature}"
 
+    def frame(self) -> st.Frame | None:
+        """Its call site as a stack frame (the function is not recorded)."""
+        file, _, line = (self.callsite or "").rpartition(":")
+        return st.Frame(file, int(line), "") if file and line.isdigit() else None
+
 
 @dataclass
 class RankState:
@@ -174,14 +203,27 @@ class RankState:
     seen_ns: int | None = None           # the last time it was known alive (record written)
     timed_out_ns: int | None = None      # when NCCL's watchdog timed out a collective of it
     after_timeout: list[Call] = field(default_factory=list)   # the calls it made since, set aside
+    # its first collective whose GPU work never completed (Flight Recorder): the rest of its
+    # GPU work is queued behind it, so there it waits, whatever it queued since
+    blocked: Call | None = None
+
+    @property
+    def at(self) -> Call | None:
+        """Where it waits: the collective its GPU is held up in, else its last call."""
+        return self.blocked or self.last
 
     @property
     def stopped_at(self) -> st.Frame | None:
-        """The line of the program's own code it was on when its stacks were taken."""
+        """The line of the program's own code it was on when its stacks were taken; where
+        they show none (its Python waits in a library, on the GPU), the call site of the
+        collective it waits in."""
         raised = self.launch_exit.traceback if self.launch_exit is not None else None
+        at = self.at
         return ((self.stacks.raised_at() if self.stacks is not None else None)
                 or (st.raised_at(raised) if raised else None)
-                or (self.stacks.user_frame() if self.stacks is not None else None))
+                or (self.stacks.user_frame() if self.stacks is not None else None)
+                or (at.frame() if at is not None and at.state in (
+                    CallState.ENQUEUED, CallState.WAITING, CallState.FAILED) else None))
 
     @property
     def aborted(self) -> bool:
@@ -211,6 +253,8 @@ class RankState:
         if call.begin_ns is None or state is CallState.POSTED:
             return None
         end = self.seen_ns if call.end_ns is None or state is CallState.UNMATCHED else call.end_ns
+        if state is CallState.ENQUEUED:  # its GPU waited until the watchdog gave up, or the end
+            end = self.timed_out_ns or self.seen_ns
         return None if end is None else max(0, end - call.begin_ns)
 
     def how(self) -> str:
@@ -252,13 +296,20 @@ class Incident:
     why: str = ""
     cause: "Incident | None" = None      # the incident this one follows from
     channel: Channel | None = None       # a transfer's; None: a collective
+    splits: SplitMismatch | None = None  # an all_to_all whose splits do not pair up
+    # members whose GPU work for it is queued behind an earlier collective of theirs that never
+    # completed (``RankState.blocked``): its other members wait on them
+    behind: tuple[int, ...] = ()
+    # its missing ranks reach ``cause`` first, in their own order of groups, and never did
+    before: bool = False
 
     @property
     def waits_on(self) -> tuple[int, ...]:
-        """The ranks it waits on: those missing from it; of a transfer both sides posted, the
-        side that returned while the other failed or never returned."""
+        """The ranks it waits on: those missing from it, or whose part is queued behind
+        another collective; of a transfer both sides posted, the side that returned while the
+        other failed or never returned."""
         if self.missing or self.channel is None:
-            return self.missing
+            return self.missing or self.behind
         if all(c.returned for c in self.calls.values()):
             return ()
         return tuple(r for r, c in sorted(self.calls.items()) if c.returned)
@@ -273,7 +324,7 @@ class Incident:
         if self.channel is not None:     # each side that posted: "rank 0 send→1 #5 64 B Float"
             return f"{group} " + ", ".join(f"rank {r} {c.transfer()}"
                                            for r, c in sorted(self.calls.items()))
-        sig = self.sides[0][0] if self.sides else None
+        sig = self.sides[0][0].shared() if self.sides else None
         return f"{group} seq {self.seq}" + (f" {sig}" if sig else "")
 
 
@@ -371,6 +422,21 @@ def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
     return out
 
 
+def _mark_enqueued(cs: list[Call], unfinished: frozenset[tuple[str, int]]) -> list[Call]:
+    """A rank's calls, each NCCL collective that returned (queued) but whose GPU work its
+    Flight Recorder dump has unfinished marked so (``CallState.ENQUEUED``)."""
+    return [replace(c, enqueued=True) if c.channel is None and (c.pg, c.seq) in unfinished
+            and c.state is CallState.COMPLETED else c for c in cs]
+
+
+def _queued_behind(inc: Incident, state: dict[int, RankState]) -> None:
+    """A collective every member made alike, not completed: the members whose part is queued
+    behind an earlier collective of theirs that never completed hold it up."""
+    if inc.channel is None and not inc.missing and len(inc.sides) == 1 and inc.splits is None:
+        inc.behind = tuple(r for r, c in sorted(inc.calls.items())
+                           if c.state is CallState.ENQUEUED and state[r].blocked not in (None, c))
+
+
 def _split_at_timeout(cs: list[Call], timed_out_ns: int | None) -> tuple[list[Call], list[Call]]:
     """A rank's calls made before NCCL's watchdog timed out one of its collectives, and those
     made after (set aside: the module's docstring says why)."""
@@ -412,13 +478,15 @@ def _incidents(calls: dict[int, list[Call]], members: dict[str, tuple[int, ...]]
             for r, c in at.items():
                 sides[c.signature].append(r)
             done = all(c.returned for c in at.values())
-            if not missing and len(sides) == 1 and done:
+            splits = None if missing or len(sides) > 1 else split_mismatch(
+                {r: c.signature for r, c in at.items()}, members.get(pg, ranks))
+            if not missing and len(sides) == 1 and done and splits is None:
                 continue
             ordered = tuple(sorted(((s, tuple(rs)) for s, rs in sides.items()),
                                    key=lambda x: (-len(x[1]), x[1])))
             desc = next(iter(at.values())).pg_desc if at else ""
             out.append(Incident(pg=pg, pg_desc=desc, seq=seq, members=members.get(pg, ranks),
-                                calls=at, missing=missing, sides=ordered))
+                                calls=at, missing=missing, sides=ordered, splits=splits))
             found += 1
             if found >= MAX_PER_GROUP:
                 break
@@ -505,25 +573,60 @@ def _p2p_incidents(calls: dict[int, list[Call]]) -> list[Incident]:
     return out
 
 
+def _next_groups(groups: list[str]) -> list[str]:
+    """The groups the next collectives go to, by the repeating order of ``groups`` (a rank's
+    groups, in the order it called them: tp, dp, tp, dp -> tp, dp); [] where none repeats."""
+    groups = groups[-2 * PATTERN_SPAN:]
+    for period in range(1, PATTERN_SPAN + 1):
+        if len(groups) < 2 * period:
+            break
+        if all(groups[i] == groups[i - period] for i in range(period, len(groups))):
+            return groups[-period:]
+    return []
+
+
 def _broke_pattern(cs: list[Call]) -> bool:
     """Whether a rank's last collective is in another group than its repeating order of
     groups says (sub, world, sub, world, ..., world: it skipped one)."""
-    groups = [c.pg for c in cs if c.channel is None][-(2 * PATTERN_SPAN + 1):]
+    groups = [c.pg for c in cs if c.channel is None]
     if len(groups) < 3:
         return False
     *before, last = groups
-    for period in range(1, PATTERN_SPAN + 1):
-        if len(before) < 2 * period:
-            break
-        if all(before[i] == before[i - period] for i in range(period, len(before))):
-            return len(set(before)) > 1 and last != before[-period]
-    return False
+    order = _next_groups(before)
+    return len(set(order)) > 1 and last != order[0]
+
+
+def _follow_own_order(incidents: list[Incident], calls: dict[int, list[Call]]) -> None:
+    """Collectives of several groups the same ranks are missing from (held up in their own
+    code, or gone): they would have made them in their own order of groups, so the one that
+    comes first in it is where they were held up, and the others follow from it (rank 1 never
+    reached tp#5, so it never reached dp#5 either: dp#5's ranks wait on it through tp#5)."""
+    alike: dict[tuple[int, ...], list[Incident]] = defaultdict(list)
+    for inc in incidents:
+        if inc.cause is None and inc.channel is None and inc.missing and len(inc.sides) <= 1:
+            alike[inc.missing].append(inc)
+    for missing, incs in alike.items():
+        mine = [c for c in calls[missing[0]] if c.channel is None]
+        order = _next_groups([c.pg for c in mine])
+        if len(incs) < 2 or any(i.pg not in order for i in incs):
+            continue
+        last = {c.pg: c.seq for c in mine}
+
+        def reached(i: Incident) -> int:     # how many calls on the rank would make it
+            return (i.seq - last.get(i.pg, i.seq - 1) - 1) * len(order) + order.index(i.pg)
+        first, *rest = sorted(incs, key=reached)
+        for inc in rest:
+            inc.cause, inc.before = first, True
 
 
 def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Call]]) -> None:
     """Kind, culprits and why of one incident, on its own."""
     if len(inc.sides) > 1 and inc.channel is not None:
         _judge_transfer_mismatch(inc, calls)
+        return
+    if inc.splits is not None:
+        inc.culprits, inc.kind = inc.splits.culprits, FailureKind.SIZE_MISMATCH
+        inc.why = f"its splits do not pair up: {inc.splits.detail}"
         return
     if len(inc.sides) > 1:
         (top, big), *rest = inc.sides
@@ -537,6 +640,11 @@ def _judge(inc: Incident, state: dict[int, RankState], calls: dict[int, list[Cal
     if inc.missing:
         inc.culprits = inc.missing
         inc.kind = _missing_kind(inc, state, calls)
+        return
+    if inc.behind:       # everyone arrived; some ranks' part waits on their earlier collective
+        inc.culprits, inc.kind = inc.behind, FailureKind.HANG
+        inc.why = "; ".join(f"rank {r}'s part is queued behind its {state[r].at.label()}, which "
+                            "never completed" for r in inc.behind if state[r].at is not None)
         return
     # everyone arrived with the same call, and it failed or never returned on some
     waiting = [r for r, c in inc.calls.items() if c.state is CallState.WAITING]
@@ -583,7 +691,7 @@ def _missing_kind(inc: Incident, state: dict[int, RankState], calls: dict[int, l
         cs = [c for c in calls[r] if c.channel is None]
         here = [i for i, c in enumerate(cs) if c.pg == inc.pg]
         later = cs[here[-1] + 1:] if here else cs
-        outside = s.last is None or s.last.returned
+        outside = s.last is None or s.last.left
         if s.killed:
             kinds.append(FailureKind.KILLED)
             why.append(f"rank {r} {s.how()}")
@@ -644,7 +752,7 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
     for inc in incidents:
         for r, c in inc.calls.items():
             # a transfer's record ends at its posting: a rank whose last call it is, is in it
-            if state[r].last == c and (inc.channel is not None or not c.returned):
+            if state[r].at == c and (inc.channel is not None or not c.returned):
                 waiting_in[r] = inc
     for inc in incidents:
         on = inc.waits_on
@@ -655,6 +763,7 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
         if len(causes) == 1 and len(on) == sum(r in waiting_in for r in on):
             inc.cause = next(iter(causes.values()))
     _follow_group_order(incidents)
+    _follow_own_order(incidents, calls)
     for inc in incidents:
         cycle = _cycle(inc)
         if cycle is None:
@@ -683,7 +792,7 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
                  FailureKind.SIZE_MISMATCH: 2, FailureKind.DTYPE_MISMATCH: 2,
                  FailureKind.ARGS_MISMATCH: 2, FailureKind.DEADLOCK: 2,
                  FailureKind.NEVER_ARRIVED: 3}
-        stuck = any(state[r].last == c for r, c in i.calls.items())
+        stuck = any(state[r].at == c for r, c in i.calls.items())
         return (order.get(i.kind, 4), not stuck, i.first_begin_ns or 0, i.seq)
     return sorted(roots, key=rank)
 
@@ -691,7 +800,7 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
 def _failed_ranks(state: dict[int, RankState]) -> list[int]:
     """Ranks that ended badly on their own: raised or died outside a collective."""
     return [r for r, s in state.items() if (s.raised or s.killed)
-            and (s.last is None or s.last.returned)]
+            and (s.last is None or s.last.left)]
 
 
 def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState]) -> None:
@@ -733,7 +842,9 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
         timed_out = dumps[rank].timed_out_ns if rank in dumps else None
         if timed_out is not None:
             timed_out += _offset_ns(ri.record)
-        calls[rank], after = _split_at_timeout(_calls(rank, ri.record), timed_out)
+        unfinished = dumps[rank].unfinished if rank in dumps else frozenset()
+        calls[rank], after = _split_at_timeout(_mark_enqueued(_calls(rank, ri.record), unfinished),
+                                               timed_out)
         for g in ri.record.get("process_groups") or []:
             if g.get("desc") != md.SIDE_GROUP_DESC:
                 members.setdefault(str(g["name"]), tuple(int(x) for x in g.get("ranks") or []))
@@ -746,8 +857,11 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
                                 timed_out_ns=timed_out, after_timeout=after)
     _settle_journal_lag(calls, state)
     _settle_unmatched(calls, state)
+    for rank, s in state.items():
+        s.blocked = next((c for c in calls[rank] if c.state is CallState.ENQUEUED), None)
     incidents = _incidents(calls, members) + _p2p_incidents(calls)
     for inc in incidents:
+        _queued_behind(inc, state)
         _judge(inc, state, calls)
     roots = _link(incidents, state, calls)
     if roots:
@@ -832,10 +946,13 @@ def render_lines(v: Verdict) -> list[str]:
         lines.append(f"  rank {r}: {s.how()}; last call {_where(s.last)}")
         where = s.stopped_at
         if where is not None:
-            lines.append(f"    stopped at {where}")
+            site = s.at is not None and where == s.at.frame()    # no line of its own code
+            lines.append(f"    stopped at {where}"
+                         + (f" (its call there: {s.at.state})" if site and s.at else ""))
     lines.append("  each rank's last call:")
     for r, s in sorted(v.ranks.items()):
-        lines.append(f"    rank {r}: {_where(s.last)}")
+        queued = f", behind {s.blocked.label()}" if s.blocked not in (None, s.last) else ""
+        lines.append(f"    rank {r}: {_where(s.last)}{queued}")
     after = {r: s.after_timeout for r, s in sorted(v.ranks.items()) if s.after_timeout}
     if after:
         lines.append("  made after NCCL's watchdog timed out the rank's collective (set aside, its "
@@ -846,16 +963,67 @@ def render_lines(v: Verdict) -> list[str]:
     for inc in v.consequences:
         cause = inc.cause
         behind = f"{cause.title() if cause else '?'}"
-        if inc.waits_on:
+        waiting = format_ranks(r for r in inc.calls if r not in inc.waits_on)
+        if inc.before:       # its missing ranks never reached the cause, which comes first
+            lines.append(f"  then {inc.title()}: rank(s) {waiting} wait in it on rank(s) "
+                         f"{format_ranks(inc.missing)} missing, held up before {behind}, which "
+                         "comes first in their order of groups")
+        elif inc.behind and cause is not None:
+            lines.append(f"  then {inc.title()}: rank(s) {waiting} wait in it on rank(s) "
+                         f"{format_ranks(inc.behind)}, whose part is queued behind {behind}, "
+                         f"which waits on rank(s) {format_ranks(cause.waits_on)}")
+        elif inc.waits_on:
             lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
                          + ("missing, " if inc.missing else "") + f"waiting in {behind}")
         else:                # every rank came: the group's earlier collective never completed
             lines.append(f"  then {inc.title()}: queued behind {behind}")
-    for inc in v.others:
-        lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
-                     f"{format_ranks(inc.culprits)}: {inc.why}")
+    for alike in _alike(v.others):
+        if len(alike) >= SHOWN_ALIKE:
+            lines.append(_unposted(alike))
+            continue
+        for inc in alike:
+            lines.append(f"  also {inc.kind} at {inc.title()}: culprit rank(s) "
+                         f"{format_ranks(inc.culprits)}: {inc.why}")
     lines.append(f"  open next: {v.open_next()}")
     return lines
+
+
+def _alike(incidents: list[Incident]) -> list[list[Incident]]:
+    """Incidents in order, the transfers one side never posted that have the same kind and
+    culprits together (a crashed pipeline stage leaves one per transfer with it)."""
+    out: list[list[Incident]] = []
+    at: dict[tuple[FailureKind, tuple[int, ...]], list[Incident]] = {}
+    for inc in incidents:
+        if inc.channel is None or not inc.missing:
+            out.append([inc])
+            continue
+        key = (inc.kind, inc.culprits)
+        if key not in at:
+            at[key] = []
+            out.append(at[key])
+        at[key].append(inc)
+    return out
+
+
+def _numbers(seqs: list[int]) -> str:
+    """Transfer numbers as runs: "#18-21,23"."""
+    return "#" + format_ranks(seqs)
+
+
+def _unposted(alike: list[Incident]) -> str:
+    """One line for many transfers whose other side the culprits never posted: per rank that
+    posted its side, its sends and receives by peer, as runs of numbers."""
+    posted: dict[int, dict[tuple[str, int | None], list[int]]] = defaultdict(
+        lambda: defaultdict(list))
+    for inc in alike:
+        for r, c in inc.calls.items():
+            posted[r][(c.signature.op, c.peer)].append(c.seq)
+    first = alike[0]
+    per_rank = "; ".join(f"rank {r} " + ", ".join(
+        f"{md.p2p_op(op, peer)} {_numbers(seqs)}" for (op, peer), seqs in ops.items())
+        for r, ops in sorted(posted.items()))
+    return (f"  also {first.kind}: rank(s) {format_ranks(first.culprits)} never posted the "
+            f"other side of {len(alike)} more transfers: {per_rank}")
 
 
 def _short(text: str | None, limit: int = 120) -> str:
@@ -868,12 +1036,20 @@ def _channel_json(ch: Channel | None) -> dict[str, Any] | None:
     return None if ch is None else {"src": ch.src, "dst": ch.dst}
 
 
+def _split_json(split: tuple[int, ...] | None) -> list[int] | None:
+    return None if split is None else list(split)
+
+
 def _call_json(c: Call | None) -> dict[str, Any] | None:
     if c is None:
         return None
+    sizes = c.signature.sizes
     return {"pg": c.pg, "pg_desc": c.pg_desc, "seq": c.seq, "op": c.signature.op,
             "p2p": _channel_json(c.channel), "label": c.label(),
             "in_nelems": c.signature.in_nelems, "out_nelems": c.signature.out_nelems,
+            "in_total": c.signature.in_total, "out_total": c.signature.out_total,
+            "in_split": _split_json(sizes.in_split if sizes else None),
+            "out_split": _split_json(sizes.out_split if sizes else None),
             "dtype": c.signature.dtype, "callsite": c.callsite, "origin": c.origin,
             "state": str(c.state), "begin_ns": c.begin_ns, "end_ns": c.end_ns, "error": c.error}
 
@@ -884,6 +1060,8 @@ def _incident_json(i: Incident, v: Verdict) -> dict[str, Any]:
             "p2p": _channel_json(i.channel), "title": i.title(),
             "culprits": list(i.culprits), "missing": list(i.missing),
             "waits_on": list(i.waits_on), "why": i.why,
+            "behind": list(i.behind), "before": i.before,
+            "split_pairs": None if i.splits is None else [list(p) for p in i.splits.pairs],
             "ranks": sorted(i.calls),
             "calls": {str(r): _call_json(c) for r, c in sorted(i.calls.items())},
             "waited_ns": {str(r): v.ranks[r].waited_ns(c) for r, c in sorted(i.calls.items())},
