@@ -27,7 +27,6 @@ from typing import Any, Iterable, Mapping
 from commviz import metadata as md
 from commviz.metadata import StrEnum
 from commviz.match.model import CommEvent
-from commviz.merge.instances import parse_ranks
 
 # How many steps ahead a skip or a reorder is looked for, and confirmed over.
 LOOKAHEAD = 8
@@ -95,11 +94,12 @@ class Desync:
     kind: DesyncKind
     sides: tuple[Side, ...]          # largest side first
     detail: str
+    group: str                       # how people name the group (``md.group_label``)
 
     @property
     def message(self) -> str:
         sides = "; ".join(f"ranks {list(s.ranks)}: {s.signature or 'nothing'}" for s in self.sides)
-        return (f"process group {self.pg} ({self.pg_desc}) first differs at seq {self.seq} "
+        return (f"process group {self.pg} ({self.group}) first differs at seq {self.seq} "
                 f"[{self.kind}]: {sides}. {self.detail}")
 
 
@@ -175,7 +175,7 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
     """
     seqs: dict[str, dict[int, dict[int, Signature]]] = defaultdict(lambda: defaultdict(dict))
     members: dict[str, set[int]] = defaultdict(set)
-    desc: dict[str, str] = {}
+    desc: dict[str, tuple[str, str]] = {}       # pg -> its description and how it is named
     seen: set[int] = set()
     numbered: set[int] = set()
     for ev in events:
@@ -184,9 +184,11 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
             continue
         numbered.add(ev.rank)
         seqs[ev.pg][ev.rank].setdefault(int(ev.seq), signature(ev))
-        members[ev.pg].update(parse_ranks(ev.args.get(md.PG_RANKS)))
+        members[ev.pg].update(md.group_ranks(ev.args.get(md.PG_RANKS)))
         members[ev.pg].add(ev.rank)
-        desc.setdefault(ev.pg, str(ev.args.get(md.PG_DESC, "")))
+        if ev.pg not in desc:
+            d = ev.args.get(md.PG_DESC)
+            desc[ev.pg] = (str(d or ""), md.group_label(d, ev.args.get(md.PG_RANKS)))
     present = seen if present is None else present
     out = []
     for pg in sorted(seqs, key=lambda p: (len(p), p)):
@@ -209,7 +211,7 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
             if len(sides) == 1:          # every rank lacks it: a hole in all records, not a desync
                 continue
             kind, detail = _classify(seq, sides, by_rank)
-            out.append(Desync(pg=pg, pg_desc=desc[pg], seq=seq, kind=kind, sides=tuple(sides),
-                              detail=detail))
+            out.append(Desync(pg=pg, pg_desc=desc[pg][0], seq=seq, kind=kind,
+                              sides=tuple(sides), detail=detail, group=desc[pg][1]))
             break
     return out
