@@ -231,10 +231,10 @@ def _pipeline_section(review: Review) -> Section:
         [[str(s.stage) + (" (slowest)" if s.slowest else ""), str(s.rank), fmt_ns(s.wait_ns),
           fmt_ns(s.waited_on_ns), "; ".join(action(a) for a in ordered(s.actions))]
          for s in review.pipeline],
-        "waited: from a transfer's start until its peer's side started (a receive: the send; "
-        "on GPUs also a send: its receive), after the first step (the warm-up); on CPU (gloo) "
-        "a record covers the posting, so a send's wait is not measured; the slowest stage: every other stage waited at "
-        f"least {SLOW_FACTOR:g} times as long as it did")
+        ("waited: from a transfer's start until its peer's side started (a receive: the "
+         "send; on GPUs also a send: its receive), after the first step (the warm-up); on CPU "
+         "(gloo) a record covers the posting, so a send's wait is not measured; the slowest "
+         f"stage: every other stage waited at least {SLOW_FACTOR:g} times as long as it did")
 
 
 def sections(review: Review, top: int = TOP) -> list[Section]:
