@@ -234,7 +234,7 @@ def _pipeline_section(review: Review) -> Section:
         ("waited: from a transfer's start until its peer's side started (a receive: the "
          "send; on GPUs also a send: its receive), after the first step (the warm-up); on CPU "
          "(gloo) a record covers the posting, so a send's wait is not measured; the slowest "
-         f"stage: every other stage waited at least {SLOW_FACTOR:g} times as long as it did")
+         f"stage: every other stage waited at least {SLOW_FACTOR:g} times as long as it did"))
 
 
 def sections(review: Review, top: int = TOP) -> list[Section]:
