@@ -101,21 +101,17 @@ class Instance(Span):
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
     warmup: bool = False                 # among its group's first WARMUP: start-up skew
+    pipeline: bool = False               # a pipeline schedule's transfer: its waits are bubbles
 
     @property
     def comm_ns(self) -> int | None:
+        """None also where a rank never joined: it never ran with all its ranks (``Span``'s
+        read directly: a slotted dataclass has no ``super()``)."""
         return None if self.missing else Span.comm_ns.fget(self)   # type: ignore[attr-defined]
 
     @property
     def span_ns(self) -> int:
         return self.last_end_ns - self.first_start_ns
-
-    @property
-    def pipeline(self) -> bool:
-        """A transfer a pipeline schedule made (its stages, actions and micro-batches in
-        ``commviz.origin``): its waits are the schedule's bubbles, not stragglers."""
-        return self.key.kind.p2p and any(
-            ev.args.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE for ev in self.events.values())
 
     @property
     def total_wait_ns(self) -> int:
@@ -185,7 +181,9 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
         ranks=expected, missing=missing,
         first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
         late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
-        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
+        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None,
+        pipeline=key.kind.p2p and any(e.args.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
+                                      for e in evs.values()))
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
 
