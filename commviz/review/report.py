@@ -22,6 +22,7 @@ from typing import Any
 from commviz.errors import SourceError
 from commviz.metadata import fmt_bytes
 from commviz.match.artifact import PgInfo
+from commviz.match.matched import MatchedRun, matched_run
 from commviz.match.model import CommEvent
 from commviz.merge import instances as inst_mod
 from commviz.merge.instances import Instance, build_instances
@@ -65,10 +66,6 @@ class Review:
     origins: list[OriginRow] = field(default_factory=list)
     verdict: Verdict | None = None   # why the job hung or died; None when it did not
 
-    def group(self, pg: str) -> str:
-        """How the tables name group ``pg``: "3 (ranks [0, 2])" (``md.group_title``)."""
-        return next((g.title for g in self.groups if g.pg == pg), pg)
-
 
 @dataclass
 class ReportResult:
@@ -79,9 +76,8 @@ class ReportResult:
     problems: list[str] = field(default_factory=list)
 
 
-def _matched(run_dir: str | Path, run: Run | None) -> Any:
-    from commviz.match.matched import matched_run
-
+def _matched(run_dir: str | Path, run: Run | None) -> MatchedRun:
+    """The run's matched ranks (one error when there is nothing to review)."""
     matched = matched_run(run_dir, run)
     if not matched.ranks:
         why = "; ".join(matched.problems) or "no commviz records and no profiler traces"
@@ -89,7 +85,7 @@ def _matched(run_dir: str | Path, run: Run | None) -> Any:
     return matched
 
 
-def _inputs(matched: Any) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
+def _inputs(matched: MatchedRun) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
     ranks = [matched.ranks[r] for r in sorted(matched.ranks)]
     events = [ev for art in ranks for ev in art.events]
     ops = [op for art in ranks for op in art.gpu_ops]
@@ -239,6 +235,11 @@ def _pipeline_section(review: Review) -> Section:
 
 def sections(review: Review, top: int = TOP) -> list[Section]:
     """The report's tables, most costly rows first, each cut at ``top`` rows."""
+    titles = {g.pg: g.title for g in review.groups}    # "3 (ranks [0, 2])": md.group_title
+
+    def group(pg: str) -> str:
+        return titles.get(pg, pg)
+
     out = []
     if review.desyncs:
         out.append(Section("Desyncs (first mismatch per process group)",
@@ -276,7 +277,7 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         out.append(Section(
             "Stragglers (the longest late arrivals first)",
             ["late rank", "group", "collective", "origin", "skew", "total wait"],
-            [[str(i.straggler), review.group(i.pg), i.label, instance_origin(i),
+            [[str(i.straggler), group(i.pg), i.label, instance_origin(i),
               fmt_ns(i.skew_ns), fmt_ns(i.total_wait_ns)] for i in late],
             "origin: the code or framework unit that issued the collective; total wait: what "
             "the other ranks spent waiting for the late one"))
@@ -284,7 +285,7 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         "Collectives by group, type and size (most time first)",
         ["group", "op", "size", "count", "comm time", "wait time", "median time",
          "algbw GB/s", "busbw GB/s"],
-        [[review.group(c.pg), c.op, fmt_bytes(c.size_bytes), str(c.count), collective_comm(c),
+        [[group(c.pg), c.op, fmt_bytes(c.size_bytes), str(c.count), collective_comm(c),
           fmt_ns(c.wait_ns), fmt_ns(c.median_comm_ns), fmt_gbps(c.median_algbw),
           fmt_gbps(c.median_busbw)] for c in review.collectives[:top]],
         "comm time: last start to last end, all ranks present; launch only: the spans cover "
@@ -296,7 +297,7 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         "Collective instances (failed or missing a rank, then most waiting first)",
         ["group", "collective", "origin", "size", "skew", "late rank", "straggler",
          "total wait", "comm time", "busbw GB/s", "missing ranks"],
-        [[review.group(i.pg), i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
+        [[group(i.pg), i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
           fmt_bytes(i.size_bytes), fmt_ns(i.skew_ns),
           f"{format_ranks(i.missing)} (never came)" if i.missing else str(i.late_rank),
           "warm-up" if i.warmup else "-" if i.straggler is None else f"rank {i.straggler}",
