@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from commviz.merge.select import parse_ranks
 from commviz.verify import read_slices
 from fr_compare import FR_ENV
 
@@ -127,7 +128,10 @@ def test_the_report_tells_the_verdicts_story(hang) -> None:
     text = commviz_cli("report", str(run_dir), "--format", "markdown", "--no-plots",
                        "-o", str(hang["base"] / "story.md"), cwd=run_dir)
     assert text.returncode == 0, text.stderr
-    rows = _rows((hang["base"] / "story.md").read_text(), "Ranks")
+    story = (hang["base"] / "story.md").read_text()
+    detail = next(ln for ln in story.splitlines() if ln.startswith("detail of"))
+    assert BAD in parse_ranks(detail.rsplit("--ranks ", 1)[1]), detail
+    rows = _rows(story, "Ranks")
     assert rows[0]["rank"] == str(BAD) and rows[0]["in the verdict"] == "culprit (hang)", rows
     by_rank = {int(r["rank"]): r["in the verdict"] for r in rows}
     for rank, (pg, seq, absent) in waits.items():
@@ -137,7 +141,7 @@ def test_the_report_tells_the_verdicts_story(hang) -> None:
         named = {int(x) for x in said.rsplit("for rank(s) ", 1)[1].split(",")}
         assert named == absent and BAD in named, (rank, said, absent)
     # the instances a rank never entered: their late ranks are those that never came
-    inst = _rows((hang["base"] / "story.md").read_text(), "Collective instances")
+    inst = _rows(story, "Collective instances")
     for row in inst:
         if row["missing ranks"] != "-":
             assert row["late rank"] == f"{row['missing ranks']} (never came)", row

@@ -333,6 +333,8 @@ def _headline(review: Review) -> str:
     if slow is not None:
         line += (f"\nslowest pipeline stage: {slow.stage} (rank {slow.rank}): it waited "
                  f"{fmt_ns(slow.wait_ns)}, the other stages {fmt_ns(slow.waited_on_ns)} for it")
+    if review.verdict is not None:        # the same story: the verdict's ranks, not a straggler
+        return line + f"\ndetail of the verdict's ranks: {review.verdict.open_next()}"
     detail = suggestion(review.run_dir, review.instances)
     return line + (f"\ndetail of the worst straggler and its group: {detail}" if detail else "")
 
