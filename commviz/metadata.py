@@ -208,6 +208,42 @@ def lane_id(pg_name: str) -> int:
     return LANE_BASE + zlib.crc32(pg_name.encode()) % LANE_BASE
 
 
+UNDESCRIBED = "undefined"   # torch's group_desc of a group made without one: new_group(ranks)
+SHOWN_RANKS = 8             # a longer rank list is shown by its ends and its length
+
+
+def group_ranks(value: object) -> tuple[int, ...]:
+    """A group's ranks as records and the profiler write them (a list, or the profiler's
+    "Process Group Ranks" text "[0, 1]"); () when there are none or they cannot be read."""
+    if isinstance(value, (list, tuple)):
+        return tuple(int(r) for r in value)
+    body = str(value or "").strip().strip("[]")
+    try:
+        return tuple(int(p) for p in body.split(",") if p.strip())
+    except ValueError:
+        return ()
+
+
+def group_label(desc: object, ranks: object) -> str:
+    """How a process group is named to people: its description ("tp", "default_pg"), or, for a
+    group made without one (``dist.new_group(ranks)``: torch says "undefined"), its ranks as
+    torch lists them: "ranks [0, 2]" (a long list: "ranks [0, 8, 16, ..., 504] (64 ranks)")."""
+    if desc and str(desc) != UNDESCRIBED:
+        return str(desc)
+    ranks = group_ranks(ranks)
+    if not ranks:
+        return str(desc or UNDESCRIBED)
+    if len(ranks) <= SHOWN_RANKS:
+        return f"ranks {list(ranks)}"
+    head = ", ".join(map(str, ranks[:3]))
+    return f"ranks [{head}, ..., {ranks[-1]}] ({len(ranks)} ranks)"
+
+
+def group_title(pg: object, desc: object, ranks: object) -> str:
+    """A process group as tables and the verdict name it: "3 (ranks [0, 2])", "0 (default_pg)"."""
+    return f"{pg} ({group_label(desc, ranks)})"
+
+
 def fmt_bytes(n: int | None) -> str:
     """A size as people read it: "512 B", "8 KiB", "1.5 MiB"."""
     if n is None:
@@ -354,7 +390,7 @@ def group_info(group: Any = None) -> GroupInfo:
         _GROUPS[id(pg)] = info
         return info
     name = getattr(pg, "group_name", None) or dist.distributed_c10d._get_process_group_name(pg)
-    desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "undefined")
+    desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else UNDESCRIBED)
     try:
         backend = str(dist.get_backend(pg))
     except Exception:  # a group this rank is not part of has no backend here
@@ -405,7 +441,7 @@ def group_by_name(name: str) -> GroupInfo:
             info = group_info(pg)
             break
     else:  # not registered with torch.distributed (a bare backend): what the name tells
-        info = GroupInfo(pg=None, name=name, desc="undefined", ranks=[], backend="unknown",
+        info = GroupInfo(pg=None, name=name, desc=UNDESCRIBED, ranks=[], backend="unknown",
                          lane=lane_id(name), my_rank=dist.get_rank() if dist.is_initialized()
                          else 0)
     _BY_NAME[name] = info

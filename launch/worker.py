@@ -1,4 +1,5 @@
-"""What torchrun runs on every rank: ``python -m commviz.launch.worker --config RESOLVED.yaml``.
+"""What torchrun runs on every rank: ``python -m commviz.launch.worker --config
+RUN_DIR/config.yaml`` (the resolved config, which the launch writes into the run dir).
 
 Init the process group, create the named groups, record with commviz, profile the workload's
 steps, then (collectively) measure clock offsets, write this rank's Perfetto shard, matched run
@@ -69,9 +70,11 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
                            with_stack=p.with_stack)
 
 
-def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> None:
+def _finish(run_dir: Path, here: placement.Placement, mode: Any, gather_traces: bool = True
+            ) -> None:
     """Collective: clock offsets, flush, this rank's conversion, gather, final barrier.
 
+    ``here``: this rank's placement (rank 0's host and run dir are added to its file).
     ``mode``: ``commviz.gathered.Mode``. ``gather_traces=False`` (full gather): a rank whose
     shard was written sends only the shard and its record to rank 0's run dir (when it is not
     shared); its raw traces stay on its node."""
@@ -83,6 +86,7 @@ def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> 
     from commviz.record import clock
     from commviz.record.recorder import RECORDER
 
+    rank = here.rank
     group = side_group()
     RECORDER.clock = clock.measure_offsets(group)
     commviz.flush("finished")
@@ -93,21 +97,22 @@ def _finish(run_dir: Path, rank: int, mode: Any, gather_traces: bool = True) -> 
     commviz.gather(run_dir, extra_patterns=SHARD_PATTERNS, measure_clock=False,
                    traces=gather_traces or problem is not None, mode=mode)
     with commviz.unrecorded():
-        here = placement.from_env(os.environ)
         here.rank0_host, here.rank0_run_dir = _rank0_where(run_dir, rank, group)
         placement.write(log_dir(run_dir), here)    # a disk that refuses it fails the rank
         dist.barrier(group=group)
 
 
-def _place(run_dir: Path) -> None:
-    """This rank's placement file at its start (``commviz.launch.placement``); a disk that
-    refuses it here is reported and the job goes on (its end fails the rank, naming the disk)."""
+def _place(run_dir: Path) -> placement.Placement:
+    """This rank's placement file at its start, before torch is imported (``commviz status``
+    tells from it that the rank started, and when); a disk that refuses it here is reported and
+    the job goes on (its end fails the rank, naming the disk)."""
     here = placement.from_env(os.environ)
     try:
         placement.write(log_dir(run_dir), here)
     except OSError as exc:
         print(f"[commviz] rank {here.rank}: its placement file could not be written "
               f"({_os_error(exc, log_dir(run_dir))})", file=sys.stderr)
+    return here
 
 
 def _rank0_where(run_dir: Path, rank: int, group: Any) -> tuple[str, str]:
@@ -127,20 +132,23 @@ def _rank0_where(run_dir: Path, rank: int, group: Any) -> tuple[str, str]:
 
 
 def run(config_path: str) -> None:
+    run_dir = Path(config_path).parent       # the launch writes the resolved config there
+    placed = _place(run_dir)                 # before anything can fail, and before torch loads
+
+    from commviz.launch import config as C
+
+    loaded = C.load(config_path)             # its checks may import torch (dtype sizes)
+    cfg = loaded.config
+
     import torch
     import torch.distributed as dist
 
     import commviz
     from commviz.gathered import Mode
-    from commviz.launch import config as C
     from commviz.launch import flight, groups, workloads
 
-    loaded = C.load(config_path)
-    cfg = loaded.config
     sys.path[:0] = [p for p in cfg.workload.pythonpath if p not in sys.path]  # user code's imports
-    run_dir = C.run_dir(cfg)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    _place(run_dir)                                  # before anything can fail
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cpu")
     if C.uses_nccl(cfg):
@@ -158,7 +166,7 @@ def run(config_path: str) -> None:
     step = workloads.build(cfg.workload, ctx, C.pythonpath(loaded))
     workloads.run(step, cfg.workload, ctx, _profiler(cfg, run_dir))
     flight.dump(run_dir, rank)
-    _finish(run_dir, rank, Mode.resolve(cfg.output.gather, world), cfg.output.gather_traces)
+    _finish(run_dir, placed, Mode.resolve(cfg.output.gather, world), cfg.output.gather_traces)
 
 
 def _fail(exc: BaseException) -> None:

@@ -70,9 +70,10 @@ def test_launch_only_failed_and_names(tmp_path: Path) -> None:
     assert all(r["comm time"].endswith(("ns", "µs", "ms", " s")) for r in measured)
     per_type = {(r["group"], r["op"], r["count"]): r["comm time"]
                 for r in _rows(text, "Collectives by group")}
-    assert per_type[("0", "send", "1")] == per_type[("0", "recv", "1")] == "launch only"
-    assert per_type[("0", "all_reduce", "1")] == "1 failed"             # the 16-byte BAND one
-    assert per_type[("0", "all_reduce", "7")].endswith("(+1 launch only)")
+    world = "0 (default_pg)"
+    assert per_type[(world, "send", "1")] == per_type[(world, "recv", "1")] == "launch only"
+    assert per_type[(world, "all_reduce", "1")] == "1 failed"             # the 16-byte BAND one
+    assert per_type[(world, "all_reduce", "7")].endswith("(+1 launch only)")
 
 
 def test_skew_plot_breaks_at_the_pause(tmp_path: Path) -> None:

@@ -203,5 +203,5 @@ def test_stragglers_table_names_the_late_rank_and_the_line_that_called(slow_run)
     rows = _rows(render_markdown(review), "Stragglers")
     assert len(rows) == len(SLOW), rows
     for row in rows:
-        assert row["late rank"] == str(LATE_RANK) and row["group"] == "0", row
+        assert row["late rank"] == str(LATE_RANK) and row["group"] == "0 (default_pg)", row
         assert row["origin"] == f"test_review_straggler.py:{line}", row

@@ -15,7 +15,14 @@ Times are ns on the merged clock. Per instance:
   always arrives last by a few microseconds, and that is noise, not a straggler;
 - ``warmup``: a group's first collective, whose skew is the ranks' start-up (process start,
   imports, connecting the group), not anyone holding the others up: never a straggler, and
-  left out of the group's normal skew.
+  left out of the group's normal skew;
+- ``pipeline``: a transfer of a pipeline schedule (``commviz.origin`` of pipelining): a stage
+  waiting for its neighbour is the schedule's bubble (``commviz.review.pipeline``), never a
+  straggler, and left out of its group's normal skew.
+
+An instance some rank of the run never joined (``missing``: a hang, a rank that died or
+skipped it) never ran with all its ranks: it has no ``comm`` time, and each rank whose call
+failed or never returned waited in it its whole call, for the missing ones.
 
 A CPU span (the record or the profiler range, not a GPU kernel) covers only the launch
 (``launch_only``) when the call does not block: ``async_op=True``, or a group whose collectives
@@ -44,17 +51,6 @@ STRAGGLER_MIN_NS = 1_000_000
 STRAGGLER_FACTOR = 5.0
 # A group's first this many collectives are its warm-up (``Instance.warmup``).
 WARMUP = 1
-
-
-def parse_ranks(text: object) -> tuple[int, ...]:
-    """The profiler's "Process Group Ranks" value ("[0, 1]") as a tuple of ints."""
-    if isinstance(text, (list, tuple)):
-        return tuple(int(r) for r in text)
-    body = str(text or "").strip().strip("[]")
-    try:
-        return tuple(int(p) for p in body.split(",") if p.strip())
-    except ValueError:
-        return ()
 
 
 class Span:
@@ -105,6 +101,13 @@ class Instance(Span):
     bandwidth: bw.Bandwidth | None
     straggler: int | None = None
     warmup: bool = False                 # among its group's first WARMUP: start-up skew
+    pipeline: bool = False               # a pipeline schedule's transfer: its waits are bubbles
+
+    @property
+    def comm_ns(self) -> int | None:
+        """None also where a rank never joined: it never ran with all its ranks (``Span``'s
+        read directly: a slotted dataclass has no ``super()``)."""
+        return None if self.missing else Span.comm_ns.fget(self)   # type: ignore[attr-defined]
 
     @property
     def span_ns(self) -> int:
@@ -147,7 +150,7 @@ def expected_ranks(key: InstanceKey, args: dict) -> tuple[int, ...]:
         return tuple(sorted({int(key.src), int(key.dst)}))
     if key.kind is KeyKind.BATCH:
         return tuple(sorted({int(r) for p in key.pairs for r in (p.src, p.dst)}))
-    return parse_ranks(args.get(md.PG_RANKS))
+    return md.group_ranks(args.get(md.PG_RANKS))
 
 
 def bandwidth_ranks(key: InstanceKey, expected: int) -> int:
@@ -164,9 +167,10 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
     late_rank = max(starts, key=lambda r: (starts[r], r))
     last_start = starts[late_rank]
     launch_only = any(is_launch_only(e, gpu) for e in evs.values())
-    wait = {r: 0 if launch_only else max(0, min(last_start, e.end_ns) - e.start_ns)
-            for r, e in evs.items()}
     expected = expected_ranks(key, args) or tuple(sorted(evs))
+    missing = tuple(r for r in expected if r in present and r not in evs)
+    wait = {r: 0 if launch_only else e.duration_ns if missing and held(e)
+            else max(0, min(last_start, e.end_ns) - e.start_ns) for r, e in evs.items()}
     ctype = bw.collective_type(args)
     sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
     size = max(sizes) if sizes else None
@@ -174,12 +178,20 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
     inst = Instance(
         key=key, pg=first.pg, pg_desc=str(args.get(md.PG_DESC, "")), seq=first.seq,
         op=first.op, ctype=ctype, kind=str(args.get(md.KIND, "collective")), events=evs,
-        ranks=expected, missing=tuple(r for r in expected if r in present and r not in evs),
+        ranks=expected, missing=missing,
         first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
         late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
-        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None)
+        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None,
+        pipeline=key.kind.p2p and any(e.args.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
+                                      for e in evs.values()))
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
+
+
+def held(ev: CommEvent) -> bool:
+    """Whether the call did not complete: it failed, or its record has it begun and never
+    returned (the rank was still inside when it stopped)."""
+    return md.ERROR in ev.args or (md.T_BEGIN in ev.args and md.T_END not in ev.args)
 
 
 def kernel_groups(events: Iterable[CommEvent]) -> set[tuple[int, str]]:
@@ -225,7 +237,8 @@ def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS
     The median of a process group's skews is its normal jitter (launch noise, clock error);
     a late arrival that is many times that, and long in absolute terms, is a straggler.
     Launch-only instances name none: nobody was measured waiting for them; nor do a group's
-    warm-up collectives (``WARMUP``), whose skew is start-up.
+    warm-up collectives (``WARMUP``), whose skew is start-up, nor a pipeline schedule's
+    transfers (``Instance.pipeline``), whose waits are its bubbles.
     """
     by_pg: dict[str, list[Instance]] = defaultdict(list)
     numbered: dict[str, list[Instance]] = defaultdict(list)
@@ -238,7 +251,8 @@ def mark_stragglers(instances: list[Instance], *, min_ns: int = STRAGGLER_MIN_NS
         for inst in insts:
             inst.warmup = inst.seq in first
     for inst in instances:
-        if len(inst.events) > 1 and not inst.launch_only and not inst.warmup:
+        if len(inst.events) > 1 and not inst.launch_only and not inst.warmup \
+                and not inst.pipeline:
             by_pg[inst.pg].append(inst)
     for insts in by_pg.values():
         skews = [i.skew_ns for i in insts]

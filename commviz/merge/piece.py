@@ -153,8 +153,10 @@ def _device(job: RankJob, gpu_pids: set) -> str:
 
 
 def lane_name(pg: str, info: PgInfo | None) -> str:
+    """"PG tp · ranks [0, 1]"; a group made without a description (``md.group_label``) by its
+    number and ranks: "PG 3 · ranks [0, 2]"."""
     desc = info.desc if info is not None else None
-    label = f"PG {desc}" if desc and desc != "undefined" else f"PG {pg}"
+    label = f"PG {desc}" if desc and desc != md.UNDESCRIBED else f"PG {pg}"
     ranks = info.ranks if info is not None else None
     if isinstance(ranks, str):
         return f"{label} · ranks {ranks}"

@@ -244,11 +244,12 @@ class Desync:
     kind: DesyncKind
     sides: tuple[Side, ...]          # largest side first
     detail: str
+    group: str                       # how people name the group (``md.group_label``)
 
     @property
     def message(self) -> str:
         sides = "; ".join(f"ranks {list(s.ranks)}: {s.signature or 'nothing'}" for s in self.sides)
-        return (f"process group {self.pg} ({self.pg_desc}) first differs at seq {self.seq} "
+        return (f"process group {self.pg} ({self.group}) first differs at seq {self.seq} "
                 f"[{self.kind}]: {sides}. {self.detail}")
 
 
@@ -324,7 +325,7 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
     """
     seqs: dict[str, dict[int, dict[int, Signature]]] = defaultdict(lambda: defaultdict(dict))
     members: dict[str, set[int]] = defaultdict(set)
-    desc: dict[str, str] = {}
+    desc: dict[str, tuple[str, str]] = {}       # pg -> its description and how it is named
     seen: set[int] = set()
     numbered: set[int] = set()
     for ev in events:
@@ -333,9 +334,11 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
             continue
         numbered.add(ev.rank)
         seqs[ev.pg][ev.rank].setdefault(int(ev.seq), signature(ev))
-        members[ev.pg].update(parse_ranks(ev.args.get(md.PG_RANKS)))
+        members[ev.pg].update(md.group_ranks(ev.args.get(md.PG_RANKS)))
         members[ev.pg].add(ev.rank)
-        desc.setdefault(ev.pg, str(ev.args.get(md.PG_DESC, "")))
+        if ev.pg not in desc:
+            d = ev.args.get(md.PG_DESC)
+            desc[ev.pg] = (str(d or ""), md.group_label(d, ev.args.get(md.PG_RANKS)))
     present = seen if present is None else present
     out = []
     for pg in sorted(seqs, key=lambda p: (len(p), p)):
@@ -357,20 +360,20 @@ def find_desyncs(events: Iterable[CommEvent], *, present: set[int] | None = None
                     {r: by_rank[r][seq] for r in ranks}, sorted(members[pg]))
                 if split is None:
                     continue
-                out.append(_split_desync(pg, desc[pg], seq, split, by_rank))
+                out.append(_split_desync(pg, *desc[pg], seq, split, by_rank))
                 break
             sides = sorted((Side(tuple(rs), sig) for sig, rs in found.items()),
                            key=lambda s: (-len(s.ranks), s.signature is None, s.ranks))
             if len(sides) == 1:          # every rank lacks it: a hole in all records, not a desync
                 continue
             kind, detail = _classify(seq, sides, by_rank)
-            out.append(Desync(pg=pg, pg_desc=desc[pg], seq=seq, kind=kind, sides=tuple(sides),
-                              detail=detail))
+            out.append(Desync(pg=pg, pg_desc=desc[pg][0], seq=seq, kind=kind,
+                              sides=tuple(sides), detail=detail, group=desc[pg][1]))
             break
     return out
 
 
-def _split_desync(pg: str, pg_desc: str, seq: int, split: SplitMismatch,
+def _split_desync(pg: str, pg_desc: str, group: str, seq: int, split: SplitMismatch,
                   by_rank: dict[int, dict[int, Signature]]) -> Desync:
     """An all_to_all whose splits do not pair up: the ranks that agree (their common
     signature), then each culprit with its own splits."""
@@ -379,5 +382,5 @@ def _split_desync(pg: str, pg_desc: str, seq: int, split: SplitMismatch,
     sides = ([Side(agree, by_rank[agree[0]][seq].shared())] if agree else []) + [
         Side((r,), by_rank[r][seq]) for r in split.culprits]
     return Desync(pg=pg, pg_desc=pg_desc, seq=seq, kind=DesyncKind.SIZE, sides=tuple(sides),
-                  detail=f"the splits do not pair up (what rank i sends to j must be what j "
+                  group=group, detail=f"the splits do not pair up (what rank i sends to j must be what j "
                          f"takes from i): {split.detail}")

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from commviz import metadata as md
 from commviz.merge.instances import Instance
 
 SKEW_PNG = "skew_over_time.png"
@@ -79,8 +80,9 @@ def plot_skew(instances: list[Instance], path: Path) -> Path:
         by_pg[inst.pg].append(inst)
     for pg, insts in sorted(by_pg.items()):
         x, y = with_gaps([(i.first_start_ns - t0) / 1e9 for i in insts], [skew_ms(i) for i in insts])
-        desc = insts[0].pg_desc
-        ax.plot(x, y, marker=".", linewidth=0.8, label=f"pg {pg} ({desc})" if desc else f"pg {pg}")
+        args = next(iter(insts[0].events.values())).args
+        ax.plot(x, y, marker=".", linewidth=0.8,
+                label="pg " + md.group_title(pg, insts[0].pg_desc, args.get(md.PG_RANKS)))
     strag = [i for i in multi if i.straggler is not None]
     if strag:
         ax.scatter([(i.first_start_ns - t0) / 1e9 for i in strag], [skew_ms(i) for i in strag],

@@ -21,17 +21,20 @@ from typing import Any
 
 from commviz.errors import SourceError
 from commviz.metadata import fmt_bytes
+from commviz.match.artifact import PgInfo
+from commviz.match.matched import MatchedRun, matched_run
 from commviz.match.model import CommEvent
 from commviz.merge import instances as inst_mod
 from commviz.merge.instances import Instance, build_instances
-from commviz.merge.select import suggestion
+from commviz.merge.select import format_ranks, suggestion
 from commviz.review.desync import Desync, find_desyncs
 from commviz.review.exits import read_exits
 from commviz.review.origins import OriginRow, event_origin, instance_origin, rollup
 from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
 from commviz.review.overlap import RankOverlap, overlap_table
-from commviz.review.verdict import Verdict, build_verdict, verdict_json
+from commviz.review.pipeline import SLOW_FACTOR, StageWaits, ordered, slowest, stage_waits
+from commviz.review.verdict import Verdict, build_verdict, roles, verdict_json
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.run import Run
@@ -58,6 +61,7 @@ class Review:
     streams: list[StreamRow]
     overlap: list[RankOverlap]
     problems: list[str]
+    pipeline: list[StageWaits] = field(default_factory=list)   # a pipeline's stages, if any
     by: str | None = None            # the rollup asked for (``origins.BY``), if any
     origins: list[OriginRow] = field(default_factory=list)
     verdict: Verdict | None = None   # why the job hung or died; None when it did not
@@ -72,37 +76,47 @@ class ReportResult:
     problems: list[str] = field(default_factory=list)
 
 
-def load_inputs(run_dir: str | Path, run: Run | None = None
-                ) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
-    """A run's collectives and GPU ops on the merged clock (its matched ranks, the same the
-    merged trace is made of), the ranks with data, and the problems (``run``: the run dir
-    already loaded)."""
-    from commviz.match.matched import matched_run
-
+def _matched(run_dir: str | Path, run: Run | None) -> MatchedRun:
+    """The run's matched ranks (one error when there is nothing to review)."""
     matched = matched_run(run_dir, run)
     if not matched.ranks:
         why = "; ".join(matched.problems) or "no commviz records and no profiler traces"
         raise SourceError(str(run_dir), f"nothing to review: {why}")
+    return matched
+
+
+def _inputs(matched: MatchedRun) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
     ranks = [matched.ranks[r] for r in sorted(matched.ranks)]
     events = [ev for art in ranks for ev in art.events]
     ops = [op for art in ranks for op in art.gpu_ops]
     return events, ops, set(matched.ranks), matched.problems
 
 
+def load_inputs(run_dir: str | Path, run: Run | None = None
+                ) -> tuple[list[CommEvent], list[GpuOp], set[int], list[str]]:
+    """A run's collectives and GPU ops on the merged clock (its matched ranks, the same the
+    merged trace is made of), the ranks with data, and the problems (``run``: the run dir
+    already loaded)."""
+    return _inputs(_matched(run_dir, run))
+
+
 def analyse(events: list[CommEvent], ops: list[GpuOp], *, present: set[int] | None = None,
             run_dir: Path = Path("."), problems: list[str] | None = None,
+            pgs: dict[str, PgInfo] | None = None,
             straggler_min_ns: int = inst_mod.STRAGGLER_MIN_NS,
             straggler_factor: float = inst_mod.STRAGGLER_FACTOR) -> Review:
-    """Run every analysis on already loaded events and GPU ops."""
+    """Run every analysis on already loaded events and GPU ops (``pgs``: each group's
+    description and ranks, as the ranks' matched runs have them)."""
     present = present if present is not None else {e.rank for e in events}
     instances = build_instances(events, present=present, straggler_min_ns=straggler_min_ns,
                                 straggler_factor=straggler_factor)
+    pipeline = stage_waits(instances)
     return Review(
         run_dir=Path(run_dir), ranks=sorted(present), events=len(events), instances=instances,
-        groups=group_summaries(instances), rank_rows=rank_summaries(instances),
+        groups=group_summaries(instances, pgs), rank_rows=rank_summaries(instances, pipeline),
         collectives=collective_summaries(instances),
         desyncs=find_desyncs(events, present=present), streams=stream_table(ops),
-        overlap=overlap_table(ops), problems=list(problems or []))
+        overlap=overlap_table(ops), problems=list(problems or []), pipeline=pipeline)
 
 
 def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = None,
@@ -110,9 +124,14 @@ def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = Non
     """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``;
     ``by``: also roll communication up per origin or unit, ``origins.BY``; ``run``: the run dir
     already loaded)."""
-    events, ops, present, problems = load_inputs(run_dir, run)
+    matched = _matched(run_dir, run)
+    events, ops, present, problems = _inputs(matched)
+    pgs: dict[str, PgInfo] = {}
+    for rank in sorted(matched.ranks):
+        for pg, info in matched.ranks[rank].pgs.items():
+            pgs.setdefault(pg, info)
     review = analyse(events, ops, present=present, run_dir=Path(run_dir), problems=problems,
-                     **thresholds)
+                     pgs=pgs, **thresholds)
     if by is not None:
         review.by, review.origins = by, rollup(review.instances, by)
     review.verdict = build_verdict(run_dir, read_exits(Path(run_dir)), run=run)
@@ -136,20 +155,23 @@ def fmt_gbps(v: float | None) -> str:
 
 
 def instance_comm(i: Instance) -> str:
-    """An instance's comm time, or why it has none: a failed call moved no data, and a span
-    that covers only the launch (async, or an enqueued GPU collective) measured no transfer."""
+    """An instance's comm time, or why it has none: a failed call moved no data, one some rank
+    never joined never ran whole, and a span that covers only the launch (async, or an
+    enqueued GPU collective) measured no transfer."""
     if i.failed:
         return "failed"
+    if i.missing:
+        return "incomplete"
     return "launch only" if i.launch_only else fmt_ns(i.comm_ns)
 
 
 def collective_comm(c: CollectiveSummary) -> str:
     """A (group, op, size) row's comm time, saying how many instances measured none and why."""
-    measured = c.count - c.launch_only - c.failed
-    notes = [f"{n} {what}" for n, what in ((c.launch_only, "launch only"), (c.failed, "failed"))
-             if n]
+    measured = c.count - c.launch_only - c.failed - c.incomplete
+    notes = [f"{n} {what}" for n, what in ((c.launch_only, "launch only"), (c.failed, "failed"),
+                                           (c.incomplete, "incomplete")) if n]
     if not measured:
-        return "launch only" if not c.failed else ", ".join(notes)
+        return "launch only" if notes == [f"{c.launch_only} launch only"] else ", ".join(notes)
     return fmt_ns(c.comm_ns) + (f" (+{', '.join(notes)})" if notes else "")
 
 
@@ -168,13 +190,61 @@ def desync_origins(review: Review, d: Desync) -> str:
     return "; ".join(f"{list(s.ranks)}: {at.get(s.ranks[0], '-')}" for s in d.sides)
 
 
+def _ranks_section(review: Review, top: int) -> Section:
+    """The ranks, the one that held the others up most first; after a failure the verdict's
+    culprits first and each rank as the verdict tells it (the tables tell its story)."""
+    said = roles(review.verdict) if review.verdict is not None else {}
+    order = {r: i for i, r in enumerate(said)}
+    rows = sorted(review.rank_rows, key=lambda r: order.get(r.rank, len(order)))
+    columns = ["rank", "collectives", "time in calls", "of which waiting", "times straggler",
+               "held others up", "missing"]
+    note = ("held others up: the skew of the collectives it was late to, the longest wait in "
+            "those it never joined (unless it was stuck in another call then), and the other "
+            "stages' waits for the pipeline's slowest stage")
+    if said:
+        columns.insert(1, "in the verdict")
+    return Section(
+        "Ranks (" + ("the verdict's culprits first" if said else
+                     "the rank that held others up most first") + ")", columns,
+        [[str(r.rank) + ("" if r.slow_stage is None else f" (slowest stage {r.slow_stage})"),
+          *([said.get(r.rank, "-")] if said else []), str(r.count),
+          fmt_ns(r.busy_ns), fmt_ns(r.wait_ns), str(r.late), fmt_ns(r.caused_ns),
+          str(r.missing)] for r in rows[:top]], note)
+
+
+def _pipeline_section(review: Review) -> Section:
+    """Each pipeline stage's waits for its neighbours, the slowest stage first."""
+    def action(a: Any) -> str:
+        warm = f" (+{a.warmup} in the first step)" if a.warmup else ""
+        if not a.measured:
+            return f"{a.action} x{a.transfers}{warm}: not measured"
+        on = ", ".join(f"stage {s}" for s in sorted(a.on, key=lambda s: -a.on[s]))
+        return (f"{a.action} x{a.transfers}{warm}: {fmt_ns(a.wait_ns)} (longest "
+                f"{fmt_ns(a.max_wait_ns)}" + (f", for {on})" if on else ")"))
+    return Section(
+        "Pipeline stages (the schedule's bubbles, not stragglers; the slowest stage first)",
+        ["stage", "rank", "waited", "others waited for it", "per action"],
+        [[str(s.stage) + (" (slowest)" if s.slowest else ""), str(s.rank), fmt_ns(s.wait_ns),
+          fmt_ns(s.waited_on_ns), "; ".join(action(a) for a in ordered(s.actions))]
+         for s in review.pipeline],
+        ("waited: from a transfer's start until its peer's side started (a receive: the "
+         "send; on GPUs also a send: its receive), after the first step (the warm-up); on CPU "
+         "(gloo) a record covers the posting, so a send's wait is not measured; the slowest "
+         f"stage: every other stage waited at least {SLOW_FACTOR:g} times as long as it did"))
+
+
 def sections(review: Review, top: int = TOP) -> list[Section]:
     """The report's tables, most costly rows first, each cut at ``top`` rows."""
+    titles = {g.pg: g.title for g in review.groups}    # "3 (ranks [0, 2])": md.group_title
+
+    def group(pg: str) -> str:
+        return titles.get(pg, pg)
+
     out = []
     if review.desyncs:
         out.append(Section("Desyncs (first mismatch per process group)",
                            ["group", "seq", "kind", "sides", "origin", "why"],
-                           [[f"{d.pg} ({d.pg_desc})", str(d.seq), d.kind,
+                           [[f"{d.pg} ({d.group})", str(d.seq), d.kind,
                              "; ".join(f"{list(s.ranks)}: {s.signature or 'nothing'}"
                                        for s in d.sides), desync_origins(review, d), d.detail]
                             for d in review.desyncs]))
@@ -191,49 +261,51 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
         "Process groups (most waiting first)",
         ["group", "ranks", "collectives", "comm time", "wait time", "median skew", "max skew",
          "stragglers (rank: times, skew caused)"],
-        [[f"{g.pg} ({g.desc})", ",".join(map(str, g.ranks)), str(g.count), fmt_ns(g.comm_ns),
-          fmt_ns(g.wait_ns), fmt_ns(g.median_skew_ns), fmt_ns(g.max_skew_ns),
+        [[g.title, ",".join(map(str, g.ranks)),
+          str(g.count) + (f" ({g.pipeline} pipeline transfers)" if g.pipeline else ""),
+          fmt_ns(g.comm_ns), fmt_ns(g.wait_ns), fmt_ns(g.median_skew_ns), fmt_ns(g.max_skew_ns),
           ", ".join(f"r{r}: {c}x {fmt_ns(s)}" for r, (c, s) in list(g.stragglers.items())[:4])
-          or "-"] for g in review.groups[:top]]))
-    out.append(Section(
-        "Ranks (the rank that held others up most first)",
-        ["rank", "collectives", "time in calls", "of which waiting", "times straggler",
-         "skew caused", "missing"],
-        [[str(r.rank), str(r.count), fmt_ns(r.busy_ns), fmt_ns(r.wait_ns), str(r.late),
-          fmt_ns(r.caused_ns), str(r.missing)] for r in review.rank_rows[:top]]))
+          or "-"] for g in review.groups[:top]],
+        "wait time, skew: of collectives and transfers other than a pipeline schedule's (its "
+        "bubbles: the pipeline section)" if any(g.pipeline for g in review.groups) else ""))
+    out.append(_ranks_section(review, top))
+    if review.pipeline:
+        out.append(_pipeline_section(review))
     late = sorted((i for i in review.instances if i.straggler is not None),
                   key=lambda i: (-i.skew_ns, i.pg))[:top]
     if late:
         out.append(Section(
             "Stragglers (the longest late arrivals first)",
             ["late rank", "group", "collective", "origin", "skew", "total wait"],
-            [[str(i.straggler), i.pg, i.label, instance_origin(i), fmt_ns(i.skew_ns),
-              fmt_ns(i.total_wait_ns)] for i in late],
+            [[str(i.straggler), group(i.pg), i.label, instance_origin(i),
+              fmt_ns(i.skew_ns), fmt_ns(i.total_wait_ns)] for i in late],
             "origin: the code or framework unit that issued the collective; total wait: what "
             "the other ranks spent waiting for the late one"))
     out.append(Section(
         "Collectives by group, type and size (most time first)",
         ["group", "op", "size", "count", "comm time", "wait time", "median time",
          "algbw GB/s", "busbw GB/s"],
-        [[c.pg, c.op, fmt_bytes(c.size_bytes), str(c.count), collective_comm(c), fmt_ns(c.wait_ns),
-          fmt_ns(c.median_comm_ns), fmt_gbps(c.median_algbw), fmt_gbps(c.median_busbw)]
-         for c in review.collectives[:top]],
+        [[group(c.pg), c.op, fmt_bytes(c.size_bytes), str(c.count), collective_comm(c),
+          fmt_ns(c.wait_ns), fmt_ns(c.median_comm_ns), fmt_gbps(c.median_algbw),
+          fmt_gbps(c.median_busbw)] for c in review.collectives[:top]],
         "comm time: last start to last end, all ranks present; launch only: the spans cover "
         "only the launch (async op, or a GPU collective enqueued), so no transfer time was "
         "measured; bandwidth: nccl-tests formulas"))
-    worst = sorted(review.instances,
-                   key=lambda i: (not i.failed, -i.total_wait_ns, -i.skew_ns))[:top]
+    worst = sorted((i for i in review.instances if not i.pipeline),
+                   key=lambda i: (not i.failed, not i.missing, -i.total_wait_ns, -i.skew_ns))
     out.append(Section(
-        "Collective instances (failed, then most waiting first)",
+        "Collective instances (failed or missing a rank, then most waiting first)",
         ["group", "collective", "origin", "size", "skew", "late rank", "straggler",
          "total wait", "comm time", "busbw GB/s", "missing ranks"],
-        [[i.pg, i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
-          fmt_bytes(i.size_bytes),
-          fmt_ns(i.skew_ns), str(i.late_rank),
+        [[group(i.pg), i.label + (" (FAILED)" if i.failed else ""), instance_origin(i),
+          fmt_bytes(i.size_bytes), fmt_ns(i.skew_ns),
+          f"{format_ranks(i.missing)} (never came)" if i.missing else str(i.late_rank),
           "warm-up" if i.warmup else "-" if i.straggler is None else f"rank {i.straggler}",
           fmt_ns(i.total_wait_ns),
           instance_comm(i), fmt_gbps(i.bandwidth.busbw_gbps if i.bandwidth else None),
-          ",".join(map(str, i.missing)) or "-"] for i in worst]))
+          ",".join(map(str, i.missing)) or "-"] for i in worst[:top]],
+        "a pipeline schedule's transfers are in the pipeline section" if review.pipeline
+        else ""))
     if review.streams:
         out.append(Section(
             "GPU streams (busiest first)",
@@ -257,6 +329,12 @@ def _headline(review: Review) -> str:
     line = (f"commviz report: {review.run_dir}: {len(review.ranks)} ranks, {review.events} "
             f"collective calls, {len(review.instances)} instances in {len(review.groups)} "
             f"groups, {strag} with a straggler, {len(review.desyncs)} desync(s)")
+    slow = slowest(review.pipeline)
+    if slow is not None:
+        line += (f"\nslowest pipeline stage: {slow.stage} (rank {slow.rank}): it waited "
+                 f"{fmt_ns(slow.wait_ns)}, the other stages {fmt_ns(slow.waited_on_ns)} for it")
+    if review.verdict is not None:        # the same story: the verdict's ranks, not a straggler
+        return line + f"\ndetail of the verdict's ranks: {review.verdict.open_next()}"
     detail = suggestion(review.run_dir, review.instances)
     return line + (f"\ndetail of the worst straggler and its group: {detail}" if detail else "")
 
@@ -311,7 +389,7 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
 def _instance_json(i: Instance) -> dict[str, Any]:
     return {
         "pg": i.pg, "seq": i.seq, "key": list(i.key.wire()), "op": i.op, "type": i.ctype,
-        "kind": i.kind, "origin": instance_origin(i),
+        "kind": i.kind, "origin": instance_origin(i), "pipeline": i.pipeline,
         "ranks": sorted(i.events), "missing": list(i.missing),
         "start_ns": {str(r): e.start_ns for r, e in sorted(i.events.items())},
         "end_ns": {str(r): e.end_ns for r, e in sorted(i.events.items())},
@@ -329,22 +407,32 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
     def rows(items: list[Any]) -> list[dict[str, Any]]:
         return [dataclasses.asdict(x) for x in items]
 
-    desyncs = [{"pg": d.pg, "pg_desc": d.pg_desc, "seq": d.seq, "kind": d.kind,
+    desyncs = [{"pg": d.pg, "pg_desc": d.pg_desc, "group": d.group, "seq": d.seq,
+                "kind": d.kind,
                 "origin": desync_origins(review, d),
                 "sides": [{"ranks": list(s.ranks),
                            "collective": None if s.signature is None else
                            dataclasses.asdict(s.signature)} for s in d.sides],
                 "detail": d.detail, "message": d.message} for d in review.desyncs]
-    groups = [{**dataclasses.asdict(g), "ranks": list(g.ranks),
+    groups = [{**dataclasses.asdict(g), "title": g.title, "ranks": list(g.ranks),
                "stragglers": {str(r): {"times": c, "skew_caused_ns": s}
                               for r, (c, s) in g.stragglers.items()}} for g in review.groups]
     streams = [{"rank": s.rank, "stream": s.stream, "count": s.count, "time_ns": s.time_ns,
                 "graphed": s.graphed} for s in review.streams]
     overlap = [{**dataclasses.asdict(o), "overlap_pct": o.overlap_pct} for o in review.overlap]
+    said = roles(review.verdict) if review.verdict is not None else {}
     return {"run_dir": str(review.run_dir), "ranks": review.ranks, "events": review.events,
             "verdict": None if review.verdict is None else verdict_json(review.verdict),
             "problems": review.problems, "desyncs": desyncs, "groups": groups,
-            "rank_summaries": rows(review.rank_rows), "collectives": rows(review.collectives),
+            "rank_summaries": [{**dataclasses.asdict(r), "verdict": said.get(r.rank)}
+                               for r in review.rank_rows],
+            "pipeline": [{"stage": s.stage, "rank": s.rank, "wait_ns": s.wait_ns,
+                          "waited_on_ns": s.waited_on_ns, "slowest": s.slowest,
+                          "actions": {a.action: {**dataclasses.asdict(a),
+                                                 "on": {str(k): v for k, v in a.on.items()}}
+                                      for a in ordered(s.actions)}}
+                         for s in review.pipeline],
+            "collectives": rows(review.collectives),
             "streams": streams, "overlap": overlap,
             "instances": [_instance_json(i) for i in review.instances],
             **({"by_" + review.by: [{**dataclasses.asdict(r), "ops": dict(r.ops)}

@@ -4,14 +4,19 @@ Every rank of the run dir is asked for its stacks without stopping it
 (``commviz.record.stacks.LIVE_SIGNAL``): those on this host directly, those on other nodes
 through the run dir, which their node's ``commviz launch`` answers (``commviz.record.asking``);
 status waits for them (``--wait``), says which ranks gave their stacks and which did not, and
-why not where it can tell. The verdict is then built from the ranks' journals and those stacks
-(``commviz.review.verdict``). Exit status 0 when the ranks agree (nothing held up yet), 1 with
-a verdict, 2 when the run dir cannot be read.
+why not where it can tell. A rank that started but records nothing yet (importing torch,
+joining the process group, building the c10d boundary kernel: a fresh node's first import takes
+about 30 s) is told from the placement file its worker wrote first thing
+(``commviz.review.placed``): since when, and whether its process still runs. The verdict is
+then built from the ranks' journals and those stacks (``commviz.review.verdict``). Exit status
+0 when the ranks agree (nothing held up yet, or nothing recorded yet), 1 with a verdict, 2 when
+the run dir cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from collections import defaultdict
@@ -20,6 +25,8 @@ from pathlib import Path
 
 from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
+from commviz.review import placed
+from commviz.review.exits import log_dir
 from commviz.review.verdict import build_verdict
 from commviz.trace.run import Run, load_run
 
@@ -38,6 +45,7 @@ class Asked:
     silent: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # (node, host): ranks
     unanswered: dict[str, list[int]] = field(default_factory=dict)   # host -> ranks no launch took
     absent: list[int] = field(default_factory=list)       # ranks with no live stacks file here
+    starting: list[Starting] = field(default_factory=list)   # started, not recording yet
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -54,8 +62,9 @@ class Asked:
         if self.here:
             lines.append(f"  stacks asked here of ranks {format_ranks(self.here)}"
                          + _not_written(self.here, self.wrote_here))
-        else:
+        elif not any(s.here for s in self.starting):
             lines.append("  no rank of it runs on this host")
+        lines += [s.line() for s in self.starting]
         for a in self.answered:
             lines.append(f"  node {a['node']} ({a['host']}, ranks {format_ranks(a['ranks'])}): "
                          f"its launch asked ranks {format_ranks(a['signalled']) or 'none'}"
@@ -76,6 +85,45 @@ class Asked:
                          "dir (not started, or ended; or their node's run dir is not this one)")
         lines += [f"  problem: {p}" for p in self.problems]
         return lines
+
+
+@dataclass
+class Starting:
+    """Ranks of one host that started but record nothing yet (no record, no stacks file)."""
+
+    host: str
+    here: bool                     # on this host (then whether each still runs is known)
+    ranks: list[int]
+    pids: list[int]
+    since_ns: int | None           # the earliest of their processes' starts
+    gone: bool = False             # here: their processes no longer run
+
+    def line(self) -> str:
+        pids = f", pid(s) {', '.join(map(str, self.pids))}" if self.here and self.pids else ""
+        since = "" if self.since_ns is None else (
+            f" {max(0, time.time_ns() - self.since_ns) / 1e9:.0f} s ago (at "
+            f"{time.strftime('%H:%M:%S', time.localtime(self.since_ns / 1e9))})")
+        head = f"  ranks {format_ranks(self.ranks)} on {self.host}{pids}: started{since}"
+        if self.gone:
+            return head + "; their process is gone, and left no record"
+        return head + (", not recording yet (no record or stacks file: importing torch, "
+                       "joining the process group, or building commviz's c10d boundary kernel)")
+
+
+def starting(placements: list[placed.Placement], run: Run, live: set[int]) -> list[Starting]:
+    """The ranks whose workers wrote their placement (``commviz launch``) but no record and no
+    live stacks file yet, per host, those still running apart from those gone."""
+    here = socket.gethostname()
+    by: dict[tuple[str, bool], list[placed.Placement]] = defaultdict(list)
+    for p in placements:
+        ri = run.ranks.get(p.rank)
+        if p.rank not in live and (ri is None or ri.record is None):
+            by[p.host, p.host == here and not placed.alive(p)].append(p)
+    return [Starting(host=host, here=host == here, ranks=[p.rank for p in ps],
+                     pids=[p.pid for p in ps if p.pid is not None],
+                     since_ns=min((p.started_ns for p in ps if p.started_ns), default=None),
+                     gone=gone)
+            for (host, gone), ps in sorted(by.items())]
 
 
 def _not_written(asked: list[int], wrote: set[int]) -> str:
@@ -111,11 +159,14 @@ def ask_every_rank(run_dir: Path, run: Run, wait_s: float) -> Asked:
             silent[quiet[host], host].append(r)
         else:
             unanswered[host].append(r)
-    world = set(range(run.world_size)) if run.world_size else set()
+    placements = placed.read_all(log_dir(run_dir))
+    begun = starting(placements, run, set(live))
+    size = run.world_size or max((p.world_size or 0 for p in placements), default=0)
+    told = set(live) | {r for s in begun for r in s.ranks}
     return Asked(wait_s=wait_s, here=here, wrote_here=wrote,
                  answered=[a for a in answered if set(a["ranks"]) & elsewhere],
                  silent=dict(silent), unanswered=dict(unanswered),
-                 absent=sorted(world - set(live)), problems=problems)
+                 absent=sorted(set(range(size)) - told), starting=begun, problems=problems)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -124,6 +175,9 @@ def handler(args: argparse.Namespace) -> int:
     asked = ask_every_rank(run_dir, run, args.wait)
     verdict = build_verdict(run_dir, live=True, run=run)
     sys.stdout.write(asked.render(run_dir))
+    if verdict is None and not any(ri.record is not None for ri in run.ranks.values()):
+        sys.stdout.write("no rank records yet: nothing to judge\n")
+        return 0
     if verdict is None:
         sys.stdout.write("no rank is held up: every collective begun was completed by its "
                          "group, or is still being joined\n")

@@ -126,6 +126,7 @@ class Call:
     rank: int
     pg: str
     pg_desc: str
+    group: str                           # how people name the group (``md.group_label``)
     seq: int                             # a transfer's: its number on its channel
     signature: Signature
     callsite: str | None
@@ -182,8 +183,8 @@ class Call:
 
     def label(self) -> str:
         if self.channel is not None:
-            return f"{self.pg_desc or self.pg} {self.transfer()}"
-        return f"{self.pg_desc or self.pg}#{self.seq} {self.signature}"
+            return f"{self.group} {self.transfer()}"
+        return f"{self.group}#{self.seq} {self.signature}"
 
     def frame(self) -> st.Frame | None:
         """Its call site as a stack frame (the function is not recorded)."""
@@ -286,6 +287,7 @@ class Incident:
 
     pg: str
     pg_desc: str
+    group: str                           # how people name the group (``md.group_label``)
     seq: int                             # a transfer's: its number on its channel
     members: tuple[int, ...]             # a transfer's: (sender, receiver)
     calls: dict[int, Call]               # rank -> its call at this number
@@ -320,7 +322,7 @@ class Incident:
         return min(times) if times else None
 
     def title(self) -> str:
-        group = f"group {self.pg} ({self.pg_desc})"
+        group = f"group {self.pg} ({self.group})"
         if self.channel is not None:     # each side that posted: "rank 0 send→1 #5 64 B Float"
             return f"{group} " + ", ".join(f"rank {r} {c.transfer()}"
                                            for r, c in sorted(self.calls.items()))
@@ -412,8 +414,9 @@ def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
         else:
             continue
         begin, end = meta.get(md.T_BEGIN), meta.get(md.T_END)
-        out.append(Call(rank=rank, pg=str(meta.get(md.PG_NAME)),
-                        pg_desc=str(meta.get(md.PG_DESC) or ""), seq=seq,
+        desc = meta.get(md.PG_DESC)
+        out.append(Call(rank=rank, pg=str(meta.get(md.PG_NAME)), pg_desc=str(desc or ""),
+                        group=md.group_label(desc, meta.get(md.PG_RANKS)), seq=seq,
                         signature=signature_of(str(meta.get(md.OP)), meta),
                         callsite=meta.get(md.CALLSITE), origin=meta.get(md.ORIGIN),
                         begin_ns=None if begin is None else begin + offset,
@@ -484,8 +487,11 @@ def _incidents(calls: dict[int, list[Call]], members: dict[str, tuple[int, ...]]
                 continue
             ordered = tuple(sorted(((s, tuple(rs)) for s, rs in sides.items()),
                                    key=lambda x: (-len(x[1]), x[1])))
-            desc = next(iter(at.values())).pg_desc if at else ""
-            out.append(Incident(pg=pg, pg_desc=desc, seq=seq, members=members.get(pg, ranks),
+            named = next(iter(at.values()), None)
+            out.append(Incident(pg=pg, pg_desc=named.pg_desc if named else "",
+                                group=named.group if named else
+                                md.group_label(None, members.get(pg, ranks)), seq=seq,
+                                members=members.get(pg, ranks),
                                 calls=at, missing=missing, sides=ordered, splits=splits))
             found += 1
             if found >= MAX_PER_GROUP:
@@ -564,7 +570,8 @@ def _p2p_incidents(calls: dict[int, list[Call]]) -> list[Incident]:
             sides = tuple((c.signature, (r,)) for r, c in at.items()) if not alike else \
                 ((first.signature, tuple(sorted(at))),)
             members = (ch.src, ch.dst)
-            out.append(Incident(pg=ch.pg, pg_desc=first.pg_desc, seq=n, members=members,
+            out.append(Incident(pg=ch.pg, pg_desc=first.pg_desc, group=first.group, seq=n,
+                                members=members,
                                 calls=at, missing=tuple(r for r in members if r not in at),
                                 sides=sides, channel=ch))
             found += 1
@@ -760,8 +767,11 @@ def _link(incidents: list[Incident], state: dict[int, RankState], calls: dict[in
             continue
         causes = {id(waiting_in[r]): waiting_in[r] for r in on
                   if r in waiting_in and waiting_in[r] is not inc}
-        if len(causes) == 1 and len(on) == sum(r in waiting_in for r in on):
-            inc.cause = next(iter(causes.values()))
+        # each rank it waits on waits in that one incident, or is missing from it too (stuck
+        # in its own code, it holds up both: the other is the one its partners wait in)
+        cause = next(iter(causes.values())) if len(causes) == 1 else None
+        if cause is not None and all(r in waiting_in or r in cause.waits_on for r in on):
+            inc.cause = cause
     _follow_group_order(incidents)
     _follow_own_order(incidents, calls)
     for inc in incidents:
@@ -972,11 +982,17 @@ def render_lines(v: Verdict) -> list[str]:
             lines.append(f"  then {inc.title()}: rank(s) {waiting} wait in it on rank(s) "
                          f"{format_ranks(inc.behind)}, whose part is queued behind {behind}, "
                          f"which waits on rank(s) {format_ranks(cause.waits_on)}")
-        elif inc.waits_on:
-            lines.append(f"  then {inc.title()}: rank(s) {format_ranks(inc.waits_on)} "
-                         + ("missing, " if inc.missing else "") + f"waiting in {behind}")
-        else:                # every rank came: the group's earlier collective never completed
+        elif not inc.waits_on:  # every rank came: the group's earlier collective never completed
             lines.append(f"  then {inc.title()}: queued behind {behind}")
+        else:
+            both = [r for r in inc.missing if cause is not None and r in cause.missing]
+            waits = [r for r in inc.waits_on if r not in both]
+            said = [f"rank(s) {format_ranks(waits)} " + ("missing, " if inc.missing else "")
+                    + f"waiting in {behind}"] if waits else []
+            if both:
+                said.append(f"rank(s) {format_ranks(both)} missing "
+                            + ("from both" if waits else f"as from {behind}"))
+            lines.append(f"  then {inc.title()}: " + "; ".join(said))
     for alike in _alike(v.others):
         if len(alike) >= SHOWN_ALIKE:
             lines.append(_unposted(alike))
@@ -1026,6 +1042,22 @@ def _unposted(alike: list[Incident]) -> str:
             f"other side of {len(alike)} more transfers: {per_rank}")
 
 
+def roles(v: Verdict) -> dict[int, str]:
+    """What the verdict says of each rank it names, in a few words, for the report's tables
+    (which must tell the same story): its culprits first, then the ranks that waited, in the
+    root first, then in what followed from it."""
+    out = {r: f"culprit ({v.kind})" for r in v.culprits}
+    for inc in ([v.root] if v.root is not None else []) + v.consequences + v.others:
+        for r, c in sorted(inc.calls.items()):
+            if r in out or c.returned or not inc.waits_on:
+                continue
+            what = c.label() if c.channel is not None else f"{c.group}#{c.seq} {c.signature.op}"
+            waited = v.ranks[r].waited_ns(c) if r in v.ranks else None
+            out[r] = (f"waited{'' if waited is None else ' ' + _secs(waited)} in {what} for "
+                      f"rank(s) {format_ranks(inc.waits_on)}")
+    return out
+
+
 def _short(text: str | None, limit: int = 120) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     return line if len(line) <= limit else line[:limit - 1] + "…"
@@ -1044,7 +1076,8 @@ def _call_json(c: Call | None) -> dict[str, Any] | None:
     if c is None:
         return None
     sizes = c.signature.sizes
-    return {"pg": c.pg, "pg_desc": c.pg_desc, "seq": c.seq, "op": c.signature.op,
+    return {"pg": c.pg, "pg_desc": c.pg_desc, "group": c.group, "seq": c.seq,
+            "op": c.signature.op,
             "p2p": _channel_json(c.channel), "label": c.label(),
             "in_nelems": c.signature.in_nelems, "out_nelems": c.signature.out_nelems,
             "in_total": c.signature.in_total, "out_total": c.signature.out_total,
@@ -1056,7 +1089,8 @@ def _call_json(c: Call | None) -> dict[str, Any] | None:
 
 def _incident_json(i: Incident, v: Verdict) -> dict[str, Any]:
     """One incident (``seq``: a transfer's number on its channel, ``p2p``: the channel)."""
-    return {"kind": str(i.kind), "pg": i.pg, "pg_desc": i.pg_desc, "seq": i.seq,
+    return {"kind": str(i.kind), "pg": i.pg, "pg_desc": i.pg_desc, "group": i.group,
+            "seq": i.seq,
             "p2p": _channel_json(i.channel), "title": i.title(),
             "culprits": list(i.culprits), "missing": list(i.missing),
             "waits_on": list(i.waits_on), "why": i.why,
