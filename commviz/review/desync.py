@@ -29,7 +29,6 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 from commviz import metadata as md
 from commviz.metadata import StrEnum
 from commviz.match.model import CommEvent
-from commviz.merge.instances import parse_ranks
 from commviz.merge.select import format_ranks
 
 # How many steps ahead a skip or a reorder is looked for, and confirmed over.
@@ -117,7 +116,7 @@ def _split(split: tuple[int, ...] | None) -> str:
 
 def _parse_split(value: Any) -> tuple[int, ...] | None:
     """A recorded split ("[2, 4]"; "[]": even) as ints; None where none was recorded."""
-    return None if value is None else parse_ranks(value)
+    return None if value is None else md.group_ranks(value)
 
 
 def signature_of(op: str, a: Mapping[str, Any]) -> Signature:
