@@ -41,12 +41,14 @@ from commviz import metadata as md  # noqa: E402
 from commviz.match import artifact  # noqa: E402
 from commviz.match.artifact import Clock, PgInfo, RankArtifact  # noqa: E402
 from commviz.match.model import CommEvent, Source, instance_key  # noqa: E402
-from commviz.merge.table import table_path, write_table  # noqa: E402
+from commviz.merge.table import from_artifact, table_path, write_table  # noqa: E402
+from commviz.merge.table import save as save_table  # noqa: E402
 from commviz.trace.gpu import GpuOp  # noqa: E402
 
 TP = 8
 STEPS, LAYERS = 2, 16
 LATE_RANK, LATE_NS = 5, 4_000_000
+DESYNC_N = 60                       # the schedule's collective where one rank's size differs
 DETAIL = list(range(8))
 T0 = 1_700_000_000_000_000_000
 
@@ -89,6 +91,8 @@ def _artifact(rank: int, world: int, groups: dict[str, list[int]]) -> RankArtifa
         t = base + rng.randrange(20_000) + (LATE_NS if late and rank == LATE_RANK else 0)
         dur = (LATE_NS if late else 0) + 50_000 + size // 40_000 - (t - base)
         ranks = groups[pg]
+        if n == DESYNC_N and rank == desync_rank(world):
+            size *= 2                                       # its peers disagree: a desync
         args = {md.COLLECTIVE_NAME: op.replace("_tensor", "").replace("_into", ""),
                 md.IN_NELEMS: size // 2, md.OUT_NELEMS: size // 2, md.GROUP_SIZE: len(ranks),
                 md.DTYPE: "BFloat16", md.PG_NAME: pg, md.PG_DESC: pg.rstrip("0123456789"),
@@ -106,12 +110,21 @@ def _artifact(rank: int, world: int, groups: dict[str, list[int]]) -> RankArtifa
                         gpu_ops=ops, pgs=pgs, labels=[], stats={"comm_events": len(events)})
 
 
+def desync_rank(world: int) -> int:
+    """The rank whose bytes differ from its DP peers' at collective ``DESYNC_N``."""
+    return world - 2
+
+
 def make_run(run_dir: Path, world: int, detail_traces: Path) -> None:
+    """Every rank's comm table, as its node makes it from its matched run; the matched runs
+    stay on the nodes (a tables-only gather) except the detail ranks' and the last rank's."""
     run_dir.mkdir(parents=True, exist_ok=True)
     groups = _groups(world)
     for rank in range(world):
-        artifact.save(_artifact(rank, world, groups), artifact.matched_path(run_dir, rank))
-        write_table(run_dir, rank)                      # what the rank's node does
+        art = _artifact(rank, world, groups)
+        if rank in DETAIL or rank == world - 1:
+            artifact.save(art, artifact.matched_path(run_dir, rank))
+        save_table(from_artifact(art), table_path(run_dir, rank))
     for path in detail_traces.iterdir():                # the detail ranks' own traces
         shutil.copy(path, run_dir / path.name)
 
