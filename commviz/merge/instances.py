@@ -47,14 +47,44 @@ WARMUP = 1
 
 
 def parse_ranks(text: object) -> tuple[int, ...]:
-    """The profiler's "Process Group Ranks" value ("[0, 1]") as a tuple of ints."""
+    """The profiler's "Process Group Ranks" value ("[0, 1]"), or ``ranks_text``'s runs
+    ("0-4, 6-16381 step 8"), as a tuple of ints."""
     if isinstance(text, (list, tuple)):
         return tuple(int(r) for r in text)
-    body = str(text or "").strip().strip("[]")
+    out: list[int] = []
     try:
-        return tuple(int(p) for p in body.split(",") if p.strip())
+        for part in str(text or "").strip().strip("[]").split(","):
+            span, _, step = part.strip().partition(" step ")
+            first, dash, last = span.partition("-")
+            if dash:
+                out.extend(range(int(first), int(last) + 1, int(step or 1)))
+            elif span:
+                out.append(int(span))
     except ValueError:
         return ()
+    return tuple(out)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """Ranks as runs, the way a person reads a large group and ``parse_ranks`` reads back:
+    ``0-4095``, ``13-16381 step 8``, ``0-4, 6-16381, 16383`` (a run of three or more with one
+    step, as torch's "global rank start" and "stride" describe a group; ``a-b`` has step 1)."""
+    t = sorted(set(ranks))
+    out, i = [], 0
+    while i < len(t):
+        if i + 2 < len(t) and t[i + 1] - t[i] == t[i + 2] - t[i + 1]:
+            step, j = t[i + 1] - t[i], i + 2
+            while j + 1 < len(t) and t[j + 1] - t[j] == step:
+                j += 1
+            out.append(f"{t[i]}-{t[j]}" + (f" step {step}" if step != 1 else ""))
+            i = j + 1
+        elif i + 1 < len(t) and t[i + 1] == t[i] + 1:
+            out.append(f"{t[i]}-{t[i + 1]}")
+            i += 2
+        else:
+            out.append(str(t[i]))
+            i += 1
+    return ", ".join(out)
 
 
 class Span:

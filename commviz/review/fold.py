@@ -30,14 +30,14 @@ from __future__ import annotations
 from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from commviz import metadata as md
 from commviz.match.artifact import PgInfo
 from commviz.match.model import InstanceKey, KeyKind
-from commviz.merge.instances import parse_ranks, straggler_thresholds
+from commviz.merge.instances import parse_ranks, ranks_text, straggler_thresholds
 from commviz.merge.table import CommTable, Flag
 from commviz.review.desync import DesyncKind
 
@@ -171,29 +171,8 @@ class TableDesync:
         return f"process group {self.pg} first differs at seq {self.seq} [{self.kind}]: {sides}"
 
 
-def ranks_text(ranks: Iterable[int]) -> str:
-    """Ranks as runs, the way a person reads a large group: ``0-4095``, ``13-16381 step 8``,
-    ``0-4, 6-16381, 16383`` (a run of three or more with one step, as torch's own "global rank
-    start" and "stride" describe a group; ``a-b`` has step 1)."""
-    t = sorted(set(ranks))
-    out, i = [], 0
-    while i < len(t):
-        if i + 2 < len(t) and t[i + 1] - t[i] == t[i + 2] - t[i + 1]:
-            step, j = t[i + 1] - t[i], i + 2
-            while j + 1 < len(t) and t[j + 1] - t[j] == step:
-                j += 1
-            out.append(f"{t[i]}-{t[j]}" + (f" step {step}" if step != 1 else ""))
-            i = j + 1
-        elif i + 1 < len(t) and t[i + 1] == t[i] + 1:
-            out.append(f"{t[i]}-{t[i + 1]}")
-            i += 2
-        else:
-            out.append(str(t[i]))
-            i += 1
-    return ", ".join(out)
-
-
 REASONS = ("straggler", "late", "early", "end", "failed")
+CHUNK = 1 << 18                 # rows at a time where a step needs temporaries per row
 
 
 @dataclass
@@ -275,56 +254,67 @@ class Fold:
     def finish(self, *, alike: bool) -> None:
         """Per instance: count, first/last start, last end, late rank, flags, size, straggler,
         the typical rank's start and end, the tolerance; the desyncs and the kept ranks; with
-        ``alike``, the folded (alike) ranks' times per instance. The rows are let go."""
+        ``alike``, the folded (alike) ranks' times per instance. The rows are let go.
+
+        Every step runs over a chunk of rows (``CHUNK``) at a time, so memory is the rows'
+        columns, one row permutation and a few MB."""
+        rows = _Rows(self)
         n = len(self)
-        inst = _column(self._inst, np.int32)
-        start, end = _column(self._start, np.int64), _column(self._end, np.int64)
-        flags, call = _column(self._flags, np.uint8), _column(self._call, np.int32)
-        rank = np.repeat(np.asarray(self._table_rank, dtype=np.int32),
-                         np.asarray(self._table_rows, dtype=np.int64))
-        self.count = np.bincount(inst, minlength=n)
-        lo = _segments(self.count)
-        hi = lo + self.count - 1
-        mid = lo + (self.count - 1) // 2
-        by_start = _sort(rank, start, inst)                  # each instance's rows by arrival
-        self.first_start, self.last_start = start[by_start[lo]], start[by_start[hi]]
-        self.med_start = start[by_start[mid]]
-        self.late_rank = rank[by_start[hi]]                  # the last (start, rank)
-        by_end = _sort(end, inst)
-        self.last_end, self.med_end = end[by_end[hi]], end[by_end[mid]]
-        self.flags = np.bitwise_or.reduceat(flags[by_start], lo) if n else flags
+        self.count = np.bincount(rows.inst, minlength=n)
+        self.first_start, self.last_start, self.med_start, self.last_end, self.med_end = (
+            np.zeros(n, np.int64) for _ in range(5))
+        self.late_rank = np.zeros(n, np.int32)
+        self.flags = np.zeros(n, np.uint8)
+        self.size = np.full(n, -1, np.int64)
         sizes = np.array([-1 if size is None else max(size, 0) for _, size, _ in self._calls],
                          dtype=np.int64)
-        self.size = np.maximum.reduceat(sizes[call[by_start]], lo) if n else lo
+        lo = _segments(self.count)
+        # each instance's rows by arrival: ties stay in rank order (rows come rank after rank)
+        by_start = np.argsort(rows.inst, kind="stable").astype(np.int32)
+        for i0, i1, a, b in _instance_chunks(lo, self.count):
+            part = by_start[a:b]
+            part[:] = part[np.lexsort((rows.start[part], rows.inst[part]))]
+            local = rows.inst[part]
+            at = lo[i0:i1] - a
+            last = at + self.count[i0:i1] - 1
+            mid = at + (self.count[i0:i1] - 1) // 2
+            s = rows.start[part]
+            self.first_start[i0:i1], self.last_start[i0:i1] = s[at], s[last]
+            self.med_start[i0:i1], self.late_rank[i0:i1] = s[mid], rows.rank[part[last]]
+            e = rows.end[part][np.lexsort((rows.end[part], local))]
+            self.last_end[i0:i1], self.med_end[i0:i1] = e[last], e[mid]
+            self.flags[i0:i1] = np.bitwise_or.reduceat(rows.flags[part], at)
+            self.size[i0:i1] = np.maximum.reduceat(sizes[rows.call[part]], at)
         self._stragglers()
         self.kept: dict[int, Kept] = defaultdict(Kept)
-        self._odd_rows(inst, start, end, flags, rank)
+        self._odd_rows(rows)
         for r, c in zip(*np.unique(self.straggler[self.straggler >= 0], return_counts=True)):
             self.kept[int(r)].counts["straggler"] += int(c)
-        self.desyncs = self._desyncs(inst, rank, call, by_start, lo)
+        self.desyncs = self._desyncs(rows, by_start, lo)
         for d in self.desyncs:
             for r in d.odd:
                 self.kept[r].desyncs.append(f"{d.pg} #{d.seq} ({d.kind})")
         self.kept = dict(sorted(self.kept.items()))
-        self.group_ranks = self._group_ranks(inst, rank)
+        self.group_ranks = self._group_ranks(rows)
         if alike:
-            self._alike(inst, start, end, rank, by_start, by_end)
-        del inst, start, end, flags, call, by_start, by_end
+            self._alike(rows, by_start, lo)
+        del rows, by_start
         self._inst = self._start = self._end = self._flags = self._call = None  # type: ignore
 
-    def _odd_rows(self, inst: np.ndarray, start: np.ndarray, end: np.ndarray,
-                  flags: np.ndarray, rank: np.ndarray) -> None:
+    def _odd_rows(self, rows: _Rows) -> None:
         """Count, per rank, the instances where it starts late or early or ends apart from the
         typical rank by the tolerance or more, and its failed calls."""
-        thr = self.threshold[inst]                          # NaN: not timed, never odd
-        off = (start - self.med_start[inst]).astype(np.float64)
-        masks = {"late": off >= thr, "early": -off >= thr}
-        off = np.abs(end - self.med_end[inst]).astype(np.float64)
-        masks["end"] = off >= thr
-        del off, thr
-        masks["failed"] = (flags & int(Flag.FAILED)) != 0
-        for reason, mask in masks.items():
-            for r, c in zip(*np.unique(rank[mask], return_counts=True)):
+        found: dict[str, list[np.ndarray]] = defaultdict(list)
+        for a, b in rows.chunks():
+            i, rank = rows.inst[a:b], rows.rank[a:b]
+            thr = self.threshold[i]                         # NaN: not timed, never odd
+            off = rows.start[a:b] - self.med_start[i]
+            found["late"].append(rank[off >= thr])
+            found["early"].append(rank[-off >= thr])
+            found["end"].append(rank[np.abs(rows.end[a:b] - self.med_end[i]) >= thr])
+            found["failed"].append(rank[(rows.flags[a:b] & int(Flag.FAILED)) != 0])
+        for reason, ranks in found.items():
+            for r, c in zip(*np.unique(np.concatenate(ranks), return_counts=True)):
                 self.kept[int(r)].counts[reason] += int(c)
 
     def _stragglers(self) -> None:
@@ -349,40 +339,33 @@ class Fold:
                 out = timed[skews >= bars]
                 self.straggler[out] = self.late_rank[out]
 
-    def _group_ranks(self, inst: np.ndarray, rank: np.ndarray) -> dict[str, np.ndarray]:
+    def _group_ranks(self, rows: _Rows) -> dict[str, np.ndarray]:
         """Per group, the ranks holding any of its rows (sorted)."""
-        if not len(inst):
-            return {}
-        width = int(rank.max()) + 1
-        pairs = np.unique(_column(self.pg, np.int32)[inst].astype(np.int64) * width + rank)
+        pg = _column(self.pg, np.int32)
+        pairs = _unique_pairs(rows, pg, lambda a, b: np.ones(b - a, bool))[0]
+        width = rows.width
         return {self.names.names[int(p[0] // width)]: (p % width).astype(np.int32)
                 for p in _runs(pairs, pairs // width)}
 
-    def _desyncs(self, inst: np.ndarray, rank: np.ndarray, call: np.ndarray,
-                 by_start: np.ndarray, lo: np.ndarray) -> list[TableDesync]:
+    def _desyncs(self, rows: _Rows, by_start: np.ndarray, lo: np.ndarray) -> list[TableDesync]:
         """Each group's first disagreement (module docstring), over its numbered collectives."""
         key_pg, key_seq = self.keys.numbered()
-        numbered = key_pg[inst] >= 0
-        if not numbered.any():
+        width = rows.width
+        pairs, first, last = _unique_pairs(rows, key_pg, lambda a, b: key_pg[rows.inst[a:b]] >= 0,
+                                           key_seq)
+        if not len(pairs):
             return []
         present = set(self.hosts)
-        numbered_ranks = set(np.unique(rank[numbered]).tolist())
-        width = int(rank.max()) + 1
-        pair = key_pg[inst[numbered]].astype(np.int64) * width + rank[numbered]
-        seq = key_seq[inst[numbered]]
-        order = _sort(seq, pair)
-        pair, seq = pair[order], seq[order]
-        del order
+        numbered_ranks = set(np.unique(pairs % width).tolist())
         groups = len(self.names.names)
         # per group: the stretch every rank recorded [lo, hi], and its members' count
         g_lo, g_hi = np.full(groups, 1, np.int64), np.zeros(groups, np.int64)
         g_size = np.zeros(groups, np.int64)
         seen: dict[int, set[int]] = defaultdict(set)
-        for run in _runs(np.arange(len(pair)), pair):
-            g, r = divmod(int(pair[run[0]]), width)
-            first, last = int(seq[run[0]]), int(seq[run[-1]])
-            g_lo[g] = first if g not in seen else max(g_lo[g], first)
-            g_hi[g] = last if g not in seen else max(g_hi[g], last)
+        for p, a, b in zip(pairs.tolist(), first.tolist(), last.tolist()):
+            g, r = divmod(p, width)
+            g_lo[g] = a if g not in seen else max(int(g_lo[g]), a)
+            g_hi[g] = b if g not in seen else max(int(g_hi[g]), b)
             seen[g].add(r)
         members: dict[int, set[int]] = {}
         for g, ranks in seen.items():
@@ -395,23 +378,25 @@ class Fold:
                 g_lo[g], g_hi[g] = 1, 0                  # nothing to line up
         ok = key_pg >= 0
         g = np.where(ok, key_pg, 0)
-        calls = call[by_start]
-        uniform = np.minimum.reduceat(calls, lo) == np.maximum.reduceat(calls, lo)
+        uniform = np.ones(len(self), dtype=bool)
+        for i0, i1, a, b in _instance_chunks(lo, self.count):
+            calls, at = rows.call[by_start[a:b]], lo[i0:i1] - a
+            uniform[i0:i1] = np.minimum.reduceat(calls, at) == np.maximum.reduceat(calls, at)
         bad = ok & (key_seq >= g_lo[g]) & (key_seq <= g_hi[g]) & (
             (self.count != g_size[g]) | ~uniform)
-        first: dict[int, int] = {}
-        for i, gi, si in zip(*(a.tolist() for a in (np.flatnonzero(bad), g[bad], key_seq[bad]))):
-            if gi not in first or si < key_seq[first[gi]]:
-                first[gi] = i
-        return [self._desync(self.names.names[gi], members[gi], i, rank, call, by_start, lo)
-                for gi, i in sorted(first.items(), key=lambda gi: self.names.names[gi[0]])]
+        found: dict[int, int] = {}
+        for i, gi, si in zip(*(c.tolist() for c in (np.flatnonzero(bad), g[bad], key_seq[bad]))):
+            if gi not in found or si < key_seq[found[gi]]:
+                found[gi] = i
+        return [self._desync(self.names.names[gi], members[gi], i, rows, by_start, lo)
+                for gi, i in sorted(found.items(), key=lambda gi: self.names.names[gi[0]])]
 
-    def _desync(self, pg: str, members: set[int], i: int, rank: np.ndarray, call: np.ndarray,
-                by_start: np.ndarray, lo: np.ndarray) -> TableDesync:
+    def _desync(self, pg: str, members: set[int], i: int, rows: _Rows, by_start: np.ndarray,
+                lo: np.ndarray) -> TableDesync:
         """Instance ``i``'s sides: its members by call, and those with none."""
-        rows = by_start[lo[i]:lo[i] + self.count[i]]
+        mine = by_start[lo[i]:lo[i] + self.count[i]]
         by_call: dict[int | None, list[int]] = defaultdict(list)
-        for r, c in zip(rank[rows].tolist(), call[rows].tolist()):
+        for r, c in zip(rows.rank[mine].tolist(), rows.call[mine].tolist()):
             by_call[c].append(r)
         lacking = members - {r for rs in by_call.values() for r in rs}
         if lacking:
@@ -436,35 +421,104 @@ class Fold:
                         for rs, c in sides),
             odd=tuple(odd), ts_ns=int(self.first_start[i]))
 
-    def _alike(self, inst: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray,
-               by_start: np.ndarray, by_end: np.ndarray) -> None:
-        """Per instance, over its alike (not kept) ranks: how many, and the min, median and
-        max of their starts, ends and waits (a rank waits from its start until the last rank
-        arrives, or until it leaves)."""
+    def _alike(self, rows: _Rows, by_start: np.ndarray, lo: np.ndarray) -> None:
+        """Per instance, over its alike (not kept) ranks: how many; the median start and end
+        (``a_start``, ``a_end``) and how far the earliest and latest are from them
+        (``a_start_early``, ``a_start_late``, ``a_end_early``, ``a_end_late``); the median and
+        longest wait (a rank waits from its start until the last rank arrives, or it leaves)."""
         n = len(self)
-        kept = np.zeros(int(rank.max()) + 1 if len(rank) else 0, dtype=bool)
+        kept = np.zeros(rows.width, dtype=bool)
         kept[list(self.kept)] = True
         self.folded = len(self.hosts) - len(self.kept)
-        alike_row = ~kept[rank]
-        self.alike_count = np.bincount(inst[alike_row], minlength=n)
-        has = self.alike_count > 0
-        lo = _segments(self.alike_count)[has]
-        hi = lo + self.alike_count[has] - 1
-        mid = lo + (self.alike_count[has] - 1) // 2
+        self.alike_count = np.zeros(n, np.int64)
+        cols = [np.zeros(n, np.int64) for _ in range(8)]
+        for i0, i1, a, b in _instance_chunks(lo, self.count):
+            part = by_start[a:b]
+            part = part[~kept[rows.rank[part]]]         # alike rows, by instance, then start
+            local = rows.inst[part]
+            count = np.bincount(local - i0, minlength=i1 - i0)
+            self.alike_count[i0:i1] = count
+            has = np.flatnonzero(count)
+            at = _segments(count)[has]
+            ends = at + count[has] - 1
+            mid = at + (count[has] - 1) // 2
+            start, end = rows.start[part], rows.end[part]
+            wait = np.minimum(self.last_start[local], end) - start
+            np.maximum(wait, 0, out=wait)
+            end = end[np.lexsort((end, local))]
+            wait = wait[np.lexsort((wait, local))]
+            for col, values, pick in zip(cols, (start, start, start, end, end, end, wait, wait),
+                                         (at, mid, ends) * 2 + (mid, ends)):
+                col[i0 + has] = values[pick]
+        first, self.a_start, last, e_first, self.a_end, e_last, self.a_wait, self.a_wait_max = cols
+        self.a_start_early, self.a_start_late = self.a_start - first, last - self.a_start
+        self.a_end_early, self.a_end_late = self.a_end - e_first, e_last - self.a_end
 
-        def spread(order: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, ...]:
-            v = values[order[alike_row[order]]]        # alike rows, still in instance order
-            cols = tuple(np.zeros(n, dtype=np.int64) for _ in range(3))
-            for col, at in zip(cols, (lo, mid, hi)):
-                col[has] = v[at]
-            return cols
 
-        self.a_start = spread(by_start, start)
-        self.a_end = spread(by_end, end)
-        wait = np.minimum(self.last_start[inst], end)
-        wait -= start
-        np.maximum(wait, 0, out=wait)
-        self.a_wait = spread(_sort(wait, inst), wait)
+class _Rows:
+    """The fold's rows as numpy columns (no copies), with the rank of each row."""
+
+    def __init__(self, fold: Fold) -> None:
+        self.inst = _column(fold._inst, np.int32)
+        self.start, self.end = _column(fold._start, np.int64), _column(fold._end, np.int64)
+        self.flags, self.call = _column(fold._flags, np.uint8), _column(fold._call, np.int32)
+        per_table = np.asarray(fold._table_rows, dtype=np.int64)
+        self.rank = np.repeat(np.asarray(fold._table_rank, dtype=np.int32), per_table)
+        self.width = int(self.rank.max()) + 1 if len(self.rank) else 0
+        self._tables = np.concatenate(([0], np.cumsum(per_table)))
+
+    def chunks(self) -> Iterator[tuple[int, int]]:
+        """Row ranges of about ``CHUNK`` rows, each holding whole tables."""
+        a, total = 0, int(self._tables[-1])
+        while a < total:
+            k = int(np.searchsorted(self._tables, a + CHUNK, side="right")) - 1
+            b = int(self._tables[k])
+            if b <= a:                                  # one table of more than CHUNK rows
+                b = int(self._tables[np.searchsorted(self._tables, a, side="right")])
+            yield a, b
+            a = b
+
+
+def _instance_chunks(lo: np.ndarray, count: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    """Instance ranges [i0, i1) of about ``CHUNK`` rows once sorted by instance, with their
+    rows' range [a, b) there."""
+    n = len(count)
+    bounds = np.append(lo, lo[-1] + count[-1]) if n else np.zeros(1, np.int64)
+    i0 = 0
+    while i0 < n:
+        i1 = int(np.searchsorted(bounds, bounds[i0] + CHUNK, side="right")) - 1
+        i1 = max(i0 + 1, min(i1, n))
+        yield i0, i1, int(bounds[i0]), int(bounds[i1])
+        i0 = i1
+
+
+def _unique_pairs(rows: _Rows, group: np.ndarray, pick: Callable[[int, int], np.ndarray],
+                  seq: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """The (group, rank) pairs of the picked rows, as group * width + rank, sorted; with
+    ``seq`` (per instance), each pair's lowest and highest sequence number. A table holds one
+    rank, so a pair never spans two chunks."""
+    keys, firsts, lasts = [], [], []
+    for a, b in rows.chunks():
+        m = pick(a, b)
+        inst = rows.inst[a:b][m]
+        pair = group[inst].astype(np.int64) * rows.width + rows.rank[a:b][m]
+        if seq is None:
+            keys.append(np.unique(pair))
+            continue
+        s = seq[inst]
+        order = np.lexsort((s, pair))
+        pair, s = pair[order], s[order]
+        cut = np.flatnonzero(np.diff(pair)) + 1
+        head = np.concatenate(([0], cut)).astype(np.int64)
+        tail = np.concatenate((cut - 1, [len(pair) - 1])).astype(np.int64)
+        keys.append(pair[head] if len(pair) else pair)
+        firsts.append(s[head] if len(pair) else s)
+        lasts.append(s[tail] if len(pair) else s)
+    if seq is None:
+        return (np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64),)
+    if not keys:
+        return tuple(np.zeros(0, np.int64) for _ in range(3))
+    return np.concatenate(keys), np.concatenate(firsts), np.concatenate(lasts)
 
 
 def _column(values: array, dtype: type) -> np.ndarray:

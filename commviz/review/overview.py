@@ -45,13 +45,13 @@ from commviz.merge import bandwidth as bw
 from commviz.merge.core import progress_bar
 from commviz.merge.cross import write_summary
 from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
-                                     parse_ranks)
+                                     parse_ranks, ranks_text)
 from commviz.merge.piece import (LANE_CAT, LANE_KEY, ORDER_LANE, PID_BASE, cross_flow_id,
                                  instance_text, lane_name, lane_order)
 from commviz.merge.select import format_ranks
 from commviz.merge.summary import SummaryTracks, comm_args, tracks_for
 from commviz.merge.table import CommTable, Flag, iter_tables, table_ranks
-from commviz.review.fold import Fold, ranks_text
+from commviz.review.fold import Fold
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 OVERVIEW_NAME = "overview.pftrace"
@@ -66,6 +66,11 @@ NEST_ABOVE = 16
 # Groups of more ranks than this are named by runs of ranks ("0-16383", "5-16381 step 8").
 LIST_RANKS_MAX = 16
 FOLDED_PID = PID_BASE - 1            # rank R's process is PID_BASE + R
+FOLDED_LANE = ("{n} ranks folded ({ranks}). Each slice runs from their median start to their "
+               "median end; start_early_ns / start_late_ns: how long before and after it the "
+               "first and last of them started, end_early_ns / end_late_ns likewise for the "
+               "ends; wait_median_ns / wait_max_ns: their waits for the last rank.")
+LAUNCH_ONLY, FAILED = int(Flag.LAUNCH_ONLY), int(Flag.FAILED)
 ORDER_SUMMARY, ORDER_FOLDED = -2, -1
 
 
@@ -99,17 +104,25 @@ class Seen(Span):
 def seen_of(fold: Fold, idx: np.ndarray) -> list[Seen]:
     """The instances ``idx`` (of one group) with their expected ranks and bandwidth."""
     names, out = fold.names.names, []
+    members: dict[str, int] = {}             # a group's collectives: its ranks, counted once
     cols = zip(idx.tolist(), fold.first_start[idx].tolist(), fold.last_start[idx].tolist(),
                fold.last_end[idx].tolist(), fold.late_rank[idx].tolist(),
                fold.count[idx].tolist(), fold.flags[idx].tolist(), fold.size[idx].tolist(),
                fold.straggler[idx].tolist())
     for i, first, last, end, late, count, flags, size, straggler in cols:
         key, pg = fold.keys.key(i), names[fold.pg[i]]
-        info = fold.pgs.get(pg)
-        expected = len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None})) or count
+        plain = key.kind is KeyKind.COLLECTIVE
+        if not plain or pg not in members:
+            info = fold.pgs.get(pg)
+            expected = len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None}))
+            if plain:
+                members[pg] = expected
+        else:
+            expected = members[pg]
+        expected = expected or count
         origin = fold.origin[i]
         seen = Seen(key, pg, names[fold.op[i]], names[fold.ctype[i]], first, last, end, late,
-                    count, bool(flags & Flag.LAUNCH_ONLY), bool(flags & Flag.FAILED),
+                    count, bool(flags & LAUNCH_ONLY), bool(flags & FAILED),
                     size if size >= 0 else None, expected, None,
                     straggler if straggler >= 0 else None,
                     names[origin] if origin >= 0 else None)
@@ -269,29 +282,30 @@ def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.nd
         idx = fold.by_pg[pg]
         idx = idx[fold.alike_count[idx] > 0]
         events, flows, items = [], {}, []
-        s_min, s_med, s_max = (c[idx].tolist() for c in fold.a_start)
-        e_min, e_med, e_max = (c[idx].tolist() for c in fold.a_end)
-        w_med, w_max = (fold.a_wait[k][idx].tolist() for k in (1, 2))
-        for n, i in enumerate(idx.tolist()):
+        cols = [c[idx].tolist() for c in (fold.a_start, fold.a_end, fold.a_start_early,
+                                          fold.a_start_late, fold.a_end_early, fold.a_end_late,
+                                          fold.a_wait, fold.a_wait_max, fold.alike_count,
+                                          fold.flags, fold.size, shown)]
+        for n, (i, start, end, s_early, s_late, e_early, e_late, wait, wait_max, count, flags,
+                size, drawn) in enumerate(zip(idx.tolist(), *cols)):
             key = fold.keys.key(i)
             args: dict[str, Any] = {md.SEQ: key.seq} if key.kind is KeyKind.COLLECTIVE else {}
             args[md.PG_NAME] = pg
             args["commviz.instance"] = instance_text(key)
             args["commviz.folded_ranks"] = ranks
-            args["commviz.alike_ranks"] = int(fold.alike_count[i])
-            args.update({"commviz.start_min_ns": s_min[n], "commviz.start_median_ns": s_med[n],
-                         "commviz.start_max_ns": s_max[n], "commviz.end_min_ns": e_min[n],
-                         "commviz.end_median_ns": e_med[n], "commviz.end_max_ns": e_max[n]})
-            if not fold.flags[i] & Flag.LAUNCH_ONLY:
-                args["commviz.wait_median_ns"] = w_med[n]
-                args["commviz.wait_max_ns"] = w_max[n]
+            args["commviz.alike_ranks"] = count
+            args.update({"commviz.start_early_ns": s_early, "commviz.start_late_ns": s_late,
+                         "commviz.end_early_ns": e_early, "commviz.end_late_ns": e_late})
+            if not flags & LAUNCH_ONLY:
+                args["commviz.wait_median_ns"] = wait
+                args["commviz.wait_max_ns"] = wait_max
             if fold.origin[i] >= 0:
                 args[md.ORIGIN] = fold.names.names[fold.origin[i]]
-            if fold.size[i] >= 0:
-                args["commviz.size_bytes"] = int(fold.size[i])
-            if shown[i] > 1:
+            if size >= 0:
+                args["commviz.size_bytes"] = size
+            if drawn > 1:
                 flows[n] = flow_field(cross_flow_id(key))
-            items.append((s_med[n], -e_med[n], n))
+            items.append((start, -end, n))
             events.append({"name": fold.names.names[fold.op[i]], "cat": LANE_CAT, "args": args})
         items.sort()
         for back in split(items):
@@ -299,8 +313,8 @@ def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.nd
             piece.descriptor(track_descriptor(
                 uuid, name=f"{_label(pg, pgs.get(pg))} · ranks {ranks} (alike)",
                 parent=nodes[pg], order_rank=ORDER_LANE + lane_order(pg),
-                merge_key=f"{LANE_KEY}{pg}", description=f"{len(alike[pg])} ranks folded: "
-                f"{ranks}; min/median/max of their times in each slice's args"))
+                merge_key=f"{LANE_KEY}{pg}", description=FOLDED_LANE.format(
+                    n=len(alike[pg]), ranks=ranks)))
             seq = piece.sequence(uuid)
             piece.buf += seq.start(back[0][0])
             emit_slices(seq, piece.buf, back, events, None, flows)
@@ -331,7 +345,7 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold, pgs: dict[str, PgInfo
             args[md.ORIGIN] = row.origin
         if row.size_bytes is not None:
             args["commviz.size_bytes"] = row.size_bytes
-        if not fold.flags[i] & Flag.LAUNCH_ONLY:
+        if not fold.flags[i] & LAUNCH_ONLY:
             args["commviz.wait_ns"] = max(0, min(int(fold.last_start[i]), row.end_ns)
                                           - row.start_ns)
         if fold.late_rank[i] == rank and count > 1:
