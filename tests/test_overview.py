@@ -437,6 +437,19 @@ def test_a_rank_that_skipped_a_collective_keeps_its_lanes(tmp_path: Path) -> Non
     assert len(procs) == 128 and whole.folded == 0
 
 
+def test_two_readers_make_the_same_trace(tmp_path: Path, monkeypatch) -> None:
+    """Above READ_IN_TWO ranks a second process reads half the tables; the trace is the same,
+    byte for byte, as one process reading them all."""
+    from commviz.review import overview
+
+    _sim_run(tmp_path / "run", 128, straggler=37, desync=90)
+    one = write_overview(tmp_path / "run", tmp_path / "a.pftrace", progress=False)
+    monkeypatch.setattr(overview, "READ_IN_TWO", 100)
+    monkeypatch.setattr(overview.os, "sched_getaffinity", lambda pid: {0, 1})
+    two = write_overview(tmp_path / "run", tmp_path / "b.pftrace", progress=False)
+    assert two.kept == one.kept and two.out.read_bytes() == one.out.read_bytes()
+
+
 def test_rank_runs_read_back_exactly() -> None:
     """Large groups are named by runs of ranks (lane names, comm tables): read back, they are
     the ranks they were made from, whatever the set."""

@@ -215,7 +215,11 @@ class Fold:
         return sorted(self.hosts)
 
     def add(self, table: CommTable) -> None:
+        """Fold in one rank's table; ranks come in increasing order (``finish`` relies on
+        rows being rank after rank)."""
         rank = table.rank
+        if self._table_rank and rank <= self._table_rank[-1]:
+            raise ValueError(f"rank {rank} after rank {self._table_rank[-1]}: tables in rank order")
         self.hosts[rank] = table.host
         for pg, info in table.pgs.items():
             self.pgs.setdefault(pg, info)
@@ -240,6 +244,34 @@ class Fold:
         self._table_rank.append(rank)
         self._table_rows.append(len(rows))
         self.rows += len(rows)
+
+    def join(self, part: Fold) -> None:
+        """Fold in what another fold read (the tables of higher ranks, read in parallel)."""
+        if part._table_rank and self._table_rank and part._table_rank[0] <= self._table_rank[-1]:
+            raise ValueError("a joined fold holds the ranks after this one's")
+        names = part.names.names
+        inst = np.empty(len(part), dtype=np.int32)
+        for j in range(len(part)):
+            key = part.keys.key(j)
+            i = self.keys.find(key)
+            if i is None:
+                origin = part.origin[j]
+                i = self._new(key, names[part.pg[j]], names[part.op[j]], names[part.ctype[j]],
+                              names[origin] if origin >= 0 else None)
+            inst[j] = i
+        call = np.empty(len(part._calls), dtype=np.int32)
+        for sig, c in part._calls.items():
+            call[c] = self._calls.setdefault(sig, len(self._calls))
+        self._inst.frombytes(inst[_column(part._inst, np.int32)].tobytes())
+        self._call.frombytes(call[_column(part._call, np.int32)].tobytes())
+        for mine, theirs in ((self._start, part._start), (self._end, part._end),
+                             (self._flags, part._flags), (self._table_rank, part._table_rank),
+                             (self._table_rows, part._table_rows)):
+            mine.extend(theirs)
+        for pg, info in part.pgs.items():
+            self.pgs.setdefault(pg, info)
+        self.hosts.update(part.hosts)
+        self.rows += part.rows
 
     def _new(self, key: InstanceKey, pg: str, op: str, ctype: str, origin: str | None) -> int:
         i = self.keys.add(key)

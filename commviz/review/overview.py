@@ -27,10 +27,12 @@ person then picks the ranks that matter (``commviz merge RUN_DIR --ranks ...``).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -65,6 +67,8 @@ FOLD_ABOVE = 64
 NEST_ABOVE = 16
 # Groups of more ranks than this are named by runs of ranks ("0-16383", "5-16381 step 8").
 LIST_RANKS_MAX = 16
+# From this many ranks the tables are read by two processes (``_read``).
+READ_IN_TWO = 4096
 FOLDED_PID = PID_BASE - 1            # rank R's process is PID_BASE + R
 FOLDED_LANE = ("{n} ranks folded ({ranks}). Each slice runs from their median start to their "
                "median end; start_early_ns / start_late_ns: how long before and after it the "
@@ -383,11 +387,7 @@ def write_overview(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
                                     "(matched_rank*.json): run `commviz merge` or a launch first")
     folding = len(ranks) > FOLD_ABOVE if fold is None else fold
     target = Path(out) if out is not None else run / OVERVIEW_NAME
-    problems: list[str] = []
-    data = Fold()
-    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
-        data.add(table)
-        problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
+    data, problems = _read(run, ranks, progress)
     data.finish(alike=folding)
     kept = sorted(data.kept) if folding else data.ranks
     # slices each instance has in the output: its kept ranks', and the folded lane's
@@ -413,6 +413,44 @@ def write_overview(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
         folded=data.folded if folding else 0,
         kept={r: k.labels() for r, k in data.kept.items()} if folding else {},
         desyncs=[d.message for d in data.desyncs])
+
+
+def _read(run: Path, ranks: list[int], progress: bool) -> tuple[Fold, list[str]]:
+    """Every table once, into one fold. From ``READ_IN_TWO`` ranks on, on a machine of two
+    cores or more, a second process reads the upper half of the ranks meanwhile (parsing and
+    checking the tables is most of the overview's time) and its fold joins this one."""
+    if len(ranks) < READ_IN_TWO or len(os.sched_getaffinity(0)) < 2:
+        return _read_part(run, ranks, progress)
+    half = len(ranks) // 2
+    ctx = multiprocessing.get_context(      # as the merge's workers (``merge.core``)
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        other = pool.submit(_read_other, run, ranks[half:])
+        data, problems = _read_part(run, ranks[:half], progress)
+        got = other.result()
+    if isinstance(got[0], str):
+        raise SourceError(*got)
+    part, more = got
+    data.join(part)
+    return data, problems + more
+
+
+def _read_other(run: Path, ranks: list[int]) -> tuple[Fold, list[str]] | tuple[str, str]:
+    """``_read_part`` in the second process; a ``SourceError`` comes back as its source and
+    message (it does not pickle as itself)."""
+    try:
+        return _read_part(run, ranks)
+    except SourceError as exc:
+        return exc.source, exc.message
+
+
+def _read_part(run: Path, ranks: list[int], progress: bool = False) -> tuple[Fold, list[str]]:
+    problems: list[str] = []
+    data = Fold()
+    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
+        data.add(table)
+        problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
+    return data, problems
 
 
 def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str
