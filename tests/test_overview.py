@@ -4,16 +4,23 @@ world all_reduce). Expectations come from torch's Flight Recorder (every collect
 issued, by group and sequence number) and from perfetto's own protobuf classes, not from
 commviz's output: the overview holds every instance of every rank and names the late rank; a
 detail merge of ranks 0-1 verifies, equals the full merge restricted to those ranks, and
-leaves no one-ended flow for the peers outside it."""
+leaves no one-ended flow for the peers outside it.
+
+Folding (above 64 ranks) is checked on comm tables of a simulated TP x DP job with a straggler
+and a desync planted at known ranks: the plant says which ranks keep their own lanes and what
+every folded lane must hold, read back with perfetto's protos."""
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from pathlib import Path
+from statistics import median_low
 
 import pytest
 
 from commviz import cli
+from commviz import metadata as md
 from commviz.merge import merge_run, write_shard
 from commviz.merge.piece import PID_BASE
 from commviz.merge.select import parse_ranks
@@ -26,6 +33,7 @@ from commviz.write.read import read_pftrace, slices
 from fr_compare import FR_ENV, snapshot
 from harness import run_ranks
 from independent import flow_ends, pg_seq
+from independent import slices as pb_slices
 
 WORLD = 4
 LATE_RANK, LATE_S = 3, 1.0       # far above a loaded machine's own skews, profiler start included
@@ -250,10 +258,11 @@ def _sim_run(run_dir: Path, world: int, straggler: int | None = None,
     from commviz.match.artifact import Clock, PgInfo
     from commviz.merge.table import CommTable, Flag, Row, save
 
-    import random
-
     groups = _sim_groups(world)
-    mine = lambda r: {"tp": f"tp{r // SIM_TP}", "dp": f"dp{r % SIM_TP}", "world": "0"}  # noqa: E731
+
+    def mine(r: int) -> dict[str, str]:
+        return {"tp": f"tp{r // SIM_TP}", "dp": f"dp{r % SIM_TP}", "world": "0"}
+
     schedule = [("tp", "all_reduce", 1 << 20), ("tp", "all_reduce", 1 << 20),
                 ("dp", "reduce_scatter_tensor", 4 << 20), ("world", "all_reduce", 8)] * SIM_STEPS
     rng = random.Random(7)
@@ -304,17 +313,13 @@ def _ranks_of(text: str) -> set[int]:
 
 def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set[int]) -> None:
     """Everything the overview at ``path`` must show, from the plant."""
-    from statistics import median_low
-
-    from independent import slices as pb_slices
-
     got = pb_slices(path)
-    lanes = [s for s in got if md_pg(s) is not None]
+    lanes = [s for s in got if s.args.get(md.PG_NAME) is not None]
     # the kept ranks: a process each, holding exactly their planted collectives at their times
     procs = {s.process for s in lanes if s.process.startswith("rank ")}
     assert procs == {f"rank {r} · node{r // 8}" for r in kept}
     for r in kept:
-        mine = sorted((s.args[md_key()], s.args["commviz.seq"], s.ts, s.ts + s.dur)
+        mine = sorted((s.args[md.PG_NAME], s.args["commviz.seq"], s.ts, s.ts + s.dur)
                       for s in lanes if s.process == f"rank {r} · node{r // 8}")
         assert mine == sorted((pg, seq, st, en) for (rank, pg, seq), (st, en, _) in plant.items()
                               if rank == r)
@@ -322,7 +327,7 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
     folded = [s for s in lanes if s.process.startswith("alike ranks")]
     by_pg: dict[str, list] = defaultdict(list)
     for s in folded:
-        by_pg[s.args[md_key()]].append(s)
+        by_pg[s.args[md.PG_NAME]].append(s)
     assert set(by_pg) == set(groups)
     for pg, members in groups.items():
         alike = [r for r in members if r not in kept]
@@ -353,18 +358,8 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
     assert len(summaries) == len(groups)
     ends = flow_ends(path)
     assert min(ends.values(), default=2) >= 2
-    flows = {(md_pg(s), s.args["commviz.seq"]) for s in lanes if s.flow_ids}
+    flows = {(s.args.get(md.PG_NAME), s.args["commviz.seq"]) for s in lanes if s.flow_ids}
     assert flows == {(pg, seq) for (r, pg, seq) in plant if r in kept}
-
-
-def md_key() -> str:
-    from commviz import metadata as md
-
-    return md.PG_NAME
-
-
-def md_pg(s) -> str | None:
-    return s.args.get(md_key())
 
 
 def test_fold_keeps_the_planted_straggler_and_desync(tmp_path: Path) -> None:
@@ -378,8 +373,6 @@ def test_fold_keeps_the_planted_straggler_and_desync(tmp_path: Path) -> None:
     assert [k for k in result.kept[desync] if k.startswith("desync")] == [
         f"desync dp{desync % SIM_TP} #2 (size)"]
     _check_fold(result.out, plant, groups, {straggler, desync})
-    from independent import slices as pb_slices
-
     got = pb_slices(result.out)
     late = [s for s in got if s.track == STRAGGLERS_TRACK]
     assert [(s.args["commviz.straggler"], pg_seq(s.args["commviz.instance"])) for s in late] == [
@@ -432,7 +425,7 @@ def test_a_rank_that_skipped_a_collective_keeps_its_lanes(tmp_path: Path) -> Non
     del plant[(50, "dp2", 3)]
     _check_fold(result.out, plant, groups, {50})
     whole = write_overview(run, tmp_path / "all.pftrace", progress=False, fold=False)
-    procs = {s.process for s in __import__("independent").slices(whole.out)
+    procs = {s.process for s in pb_slices(whole.out)
              if s.process.startswith("rank ")}
     assert len(procs) == 128 and whole.folded == 0
 
@@ -453,8 +446,6 @@ def test_two_readers_make_the_same_trace(tmp_path: Path, monkeypatch) -> None:
 def test_rank_runs_read_back_exactly() -> None:
     """Large groups are named by runs of ranks (lane names, comm tables): read back, they are
     the ranks they were made from, whatever the set."""
-    import random
-
     from commviz.merge.instances import parse_ranks, ranks_text
 
     rng = random.Random(3)
