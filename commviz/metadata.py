@@ -13,7 +13,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     import torch
@@ -214,14 +214,44 @@ SHOWN_RANKS = 8             # a longer rank list is shown by its ends and its le
 
 def group_ranks(value: object) -> tuple[int, ...]:
     """A group's ranks as records and the profiler write them (a list, or the profiler's
-    "Process Group Ranks" text "[0, 1]"); () when there are none or they cannot be read."""
+    "Process Group Ranks" text "[0, 1]"), or as ``ranks_text`` writes a large group's runs
+    ("0-4, 6-16381 step 8"); () when there are none or they cannot be read."""
     if isinstance(value, (list, tuple)):
         return tuple(int(r) for r in value)
-    body = str(value or "").strip().strip("[]")
+    out: list[int] = []
     try:
-        return tuple(int(p) for p in body.split(",") if p.strip())
+        for part in str(value or "").strip().strip("[]").split(","):
+            span, _, step = part.strip().partition(" step ")
+            first, dash, last = span.partition("-")
+            if dash:
+                out.extend(range(int(first), int(last) + 1, int(step or 1)))
+            elif span:
+                out.append(int(span))
     except ValueError:
         return ()
+    return tuple(out)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """Ranks as runs, the way a person reads a large group and ``group_ranks`` reads back:
+    ``0-4095``, ``13-16381 step 8``, ``0-4, 6-16381, 16383`` (a run of three or more with one
+    step, as torch's "global rank start" and "stride" describe a group; ``a-b`` has step 1)."""
+    t = sorted(set(ranks))
+    out, i = [], 0
+    while i < len(t):
+        if i + 2 < len(t) and t[i + 1] - t[i] == t[i + 2] - t[i + 1]:
+            step, j = t[i + 1] - t[i], i + 2
+            while j + 1 < len(t) and t[j + 1] - t[j] == step:
+                j += 1
+            out.append(f"{t[i]}-{t[j]}" + (f" step {step}" if step != 1 else ""))
+            i = j + 1
+        elif i + 1 < len(t) and t[i + 1] == t[i] + 1:
+            out.append(f"{t[i]}-{t[i + 1]}")
+            i += 2
+        else:
+            out.append(str(t[i]))
+            i += 1
+    return ", ".join(out)
 
 
 def group_label(desc: object, ranks: object) -> str:

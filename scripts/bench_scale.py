@@ -1,29 +1,34 @@
-"""Scale benchmark: ``commviz overview`` of 64, 256 and 1,024 ranks, and a detail merge of 8.
+"""Scale benchmark: ``commviz overview`` of 64 to 16,384 ranks, and a detail merge of 8.
 
-Each simulated run dir holds one matched run per rank, made by commviz's own code
-(``commviz.match.artifact.RankArtifact``, saved with ``artifact.save``) from synthetic matched
-collectives shaped like a TP × DP job (TP groups of 8, DP groups across them, one world
-all_reduce per step, eager keys and commviz keys on every event, a GPU op per kernel), and the
-comm table each rank's node makes from it (``commviz.merge.table.write_table``). Rank 5 is
-late by 4 ms at every third DP collective (its DP peers wait). The 8 ranks of the detail merge also get real-shaped
-profiler traces (``scripts/gen_traces.py``) and records; the others have none, as on a job
-whose ranks kept their traces on their nodes.
+Each simulated run dir holds every rank's comm table, made by commviz's own code from a matched
+run per rank (``commviz.match.artifact.RankArtifact`` -> ``commviz.merge.table.from_artifact``)
+of synthetic matched collectives shaped like a TP × DP job (TP groups of 8, DP groups across
+them, one world all_reduce per step, eager keys and commviz keys on every event, a GPU op per
+kernel). Rank 5 is late by 4 ms at every third DP collective (its DP peers wait); rank
+world-2 records twice its DP peers' bytes at one collective (a desync). As after a tables-only
+gather, the matched runs stay on the nodes, except the last rank's and those of the 8 ranks
+of the detail merge, which also get real-shaped profiler traces (``scripts/gen_traces.py``).
 
-Printed per size: time and peak RSS of the overview and of the detail merge (each in a child
-process of its own, Linux VmHWM), the bytes rank 0 received per rank through the real tables-only
+Printed per size: wall and CPU time (the overview's process and, from 4,096 ranks, its second
+table reader) and peak RSS (each process's own) of the overview, its bytes (and per rank),
+the ranks it kept at full detail (above 64 ranks alike ranks fold); the same for the detail
+merge (its own process); the bytes rank 0 received per rank through the real tables-only
 gather (``commviz.gather(mode="tables")`` on 4 gloo processes, each in a run dir of its own
 holding one sampled rank's comm table: ranks 0, 5, world/2 and world-1), beside one rank's
-matched run, and the output sizes. Then one rank's matched run and comm table as its trace
-grows (more GPU ops, the same collectives): the bytes gathered do not grow with the trace.
+matched run; and the 1-minute load average before and after (a shared machine's other work
+shows in the wall time, not in the CPU time). Then one rank's matched run and comm table as
+its trace grows (more GPU ops, the same collectives): the bytes gathered do not grow with it.
 
     .venv/bin/python scripts/bench_scale.py                  # 64, 256, 1024 ranks
-    .venv/bin/python scripts/bench_scale.py --sizes 64 --keep /tmp/scale
+    .venv/bin/python scripts/bench_scale.py --sizes 16384 --keep /tmp/scale   # a Llama-3-size job
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +47,19 @@ from commviz import metadata as md  # noqa: E402
 from commviz.match import artifact  # noqa: E402
 from commviz.match.artifact import Clock, PgInfo, RankArtifact  # noqa: E402
 from commviz.match.model import CommEvent, Source, instance_key  # noqa: E402
-from commviz.merge.table import table_path, write_table  # noqa: E402
+from commviz.merge.table import from_artifact, table_path, write_table  # noqa: E402
+from commviz.merge.table import save as save_table  # noqa: E402
 from commviz.trace.gpu import GpuOp  # noqa: E402
 
 TP = 8
 STEPS, LAYERS = 2, 16
 LATE_RANK, LATE_NS = 5, 4_000_000
+DESYNC_N = 60                       # the schedule's collective where one rank's size differs
 DETAIL = list(range(8))
 T0 = 1_700_000_000_000_000_000
 
 
+@functools.lru_cache(maxsize=2)
 def _groups(world: int) -> dict[str, list[int]]:
     """pg name -> ranks: world "0", TP groups "tp{i}", DP groups "dp{j}"."""
     groups = {"0": list(range(world))}
@@ -59,6 +68,12 @@ def _groups(world: int) -> dict[str, list[int]]:
     for j in range(TP):
         groups[f"dp{j}"] = list(range(j, world, TP))
     return groups
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_arg(world: int, pg: str) -> str:
+    """A group's ``md.PG_RANKS`` text, formatted once (90 kB for a 16,384-rank world)."""
+    return str(_groups(world)[pg])
 
 
 def _schedule() -> list[tuple[str, str, int]]:
@@ -89,10 +104,12 @@ def _artifact(rank: int, world: int, groups: dict[str, list[int]]) -> RankArtifa
         t = base + rng.randrange(20_000) + (LATE_NS if late and rank == LATE_RANK else 0)
         dur = (LATE_NS if late else 0) + 50_000 + size // 40_000 - (t - base)
         ranks = groups[pg]
+        if n == DESYNC_N and rank == desync_rank(world):
+            size *= 2                                       # its peers disagree: a desync
         args = {md.COLLECTIVE_NAME: op.replace("_tensor", "").replace("_into", ""),
                 md.IN_NELEMS: size // 2, md.OUT_NELEMS: size // 2, md.GROUP_SIZE: len(ranks),
                 md.DTYPE: "BFloat16", md.PG_NAME: pg, md.PG_DESC: pg.rstrip("0123456789"),
-                md.PG_RANKS: str(ranks), md.OP: op, md.KIND: "collective", md.SEQ: seqs[pg],
+                md.PG_RANKS: _ranks_arg(world, pg), md.OP: op, md.KIND: "collective", md.SEQ: seqs[pg],
                 md.RANK: rank, md.BYTES_IN: size, md.BYTES_OUT: size,
                 md.CALLSITE: "train.py:120", md.LANE: md.lane_id(pg), md.DEVICE: "cuda",
                 md.T_BEGIN: t - 30_000, md.T_END: t - 20_000}
@@ -106,14 +123,43 @@ def _artifact(rank: int, world: int, groups: dict[str, list[int]]) -> RankArtifa
                         gpu_ops=ops, pgs=pgs, labels=[], stats={"comm_events": len(events)})
 
 
-def make_run(run_dir: Path, world: int, detail_traces: Path) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+def desync_rank(world: int) -> int:
+    """The rank whose bytes differ from its DP peers' at collective ``DESYNC_N``."""
+    return world - 2
+
+
+MADE = "bench_scale.json"        # in a kept run dir: what made it (reused when it matches)
+
+
+def _make_ranks(run_dir: Path, world: int, ranks: range) -> None:
     groups = _groups(world)
-    for rank in range(world):
-        artifact.save(_artifact(rank, world, groups), artifact.matched_path(run_dir, rank))
-        write_table(run_dir, rank)                      # what the rank's node does
+    for rank in ranks:
+        art = _artifact(rank, world, groups)
+        if rank in DETAIL or rank == world - 1:
+            artifact.save(art, artifact.matched_path(run_dir, rank))
+        save_table(from_artifact(art), table_path(run_dir, rank))   # what the rank's node does
+
+
+def make_run(run_dir: Path, world: int, detail_traces: Path) -> None:
+    """Every rank's comm table, as its node makes it from its matched run; the matched runs
+    stay on the nodes (a tables-only gather) except the detail ranks' and the last rank's.
+    Made by as many processes as there are cores; a kept run dir made alike is reused."""
+    made = {"world": world, "schedule": len(_schedule()), "late": [LATE_RANK, LATE_NS],
+            "desync": [desync_rank(world), DESYNC_N]}
+    marker = run_dir / MADE
+    if marker.is_file() and json.loads(marker.read_text()) == made:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0))
+    step = -(-world // (4 * cores))
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(cores, mp_context=ctx) as pool:
+        for got in [pool.submit(_make_ranks, run_dir, world, range(a, min(a + step, world)))
+                    for a in range(0, world, step)]:
+            got.result()
     for path in detail_traces.iterdir():                # the detail ranks' own traces
         shutil.copy(path, run_dir / path.name)
+    marker.write_text(json.dumps(made))
 
 
 SAMPLE = 4
@@ -161,18 +207,25 @@ def _hwm_mib() -> float:
 
 
 def _child(kind: str, run_dir: str, out: str) -> None:
+    import resource
+
     t = time.perf_counter()
     if kind == "overview":
         from commviz.review.overview import write_overview
 
         res = write_overview(run_dir, out, progress=False)
-        extra: dict[str, Any] = {"stragglers": res.stragglers, "instances": res.instances}
+        extra: dict[str, Any] = {"kept": sorted(res.kept), "folded": res.folded,
+                                 "desyncs": len(res.desyncs), "stragglers": res.stragglers}
     else:
         from commviz.merge import merge_run
 
         merged = merge_run(run_dir, out, progress=False, ranks=DETAIL)
         extra = {"ranks": merged.stats["merged_ranks"], "problems": len(merged.problems)}
-    print(json.dumps({"seconds": time.perf_counter() - t, "rss_mib": _hwm_mib(),
+    wall = time.perf_counter() - t
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(json.dumps({"seconds": wall, "cpu": me.ru_utime + me.ru_stime,
+                      "cpu_children": kids.ru_utime + kids.ru_stime, "rss_mib": _hwm_mib(),
+                      "children_rss_mib": kids.ru_maxrss / 1024,
                       "bytes": Path(out).stat().st_size, **extra}))
 
 
@@ -197,23 +250,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         traces = base / "detail-traces"
         gen_traces.write_run(traces, len(DETAIL), args.events, tp=2)
-        print(f"machine: {os.cpu_count()} CPUs; per rank {len(_schedule())} collectives; "
-              f"detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace events each")
-        print(f"{'ranks':>6} {'overview s':>10} {'RSS MiB':>8} {'MB out':>7} "
-              f"{'detail8 s':>9} {'RSS MiB':>8} {'MB out':>7} {'gathered B/rank':>22} "
-              f"{'matched B/rank':>14} {'stragglers':>12}")
+        print(f"machine: {len(os.sched_getaffinity(0))} CPUs; per rank {len(_schedule())} "
+              f"collectives; detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace "
+              "events each")
+        print(f"{'ranks':>6} {'overview s':>10} {'CPU s':>11} {'RSS MiB':>11} {'MB out':>7} "
+              f"{'kB/rank':>7} {'kept':>9} {'detail8 s':>9} {'RSS MiB':>8} {'MB out':>7} "
+              f"{'gathered B/rank':>22} {'matched B/rank':>14} {'load':>9}")
         for world in (int(s) for s in args.sizes.split(",")):
             run_dir = base / f"run{world}"
             make_run(run_dir, world, traces)
+            load = os.getloadavg()[0]
             ov = measure("overview", run_dir, base / f"overview{world}.pftrace")
+            load_after = os.getloadavg()[0]
             de = measure("detail", run_dir, base / f"detail{world}.pftrace")
             got = gather_bytes(run_dir, world, base / f"gather-run{world}")
             sent = "/".join(str(got[r]) for r in sorted(got))
             matched = artifact.matched_path(run_dir, world - 1).stat().st_size
-            print(f"{world:>6} {ov['seconds']:>10.2f} {ov['rss_mib']:>8.1f} "
-                  f"{ov['bytes'] / 1e6:>7.2f} {de['seconds']:>9.2f} {de['rss_mib']:>8.0f} "
-                  f"{de['bytes'] / 1e6:>7.2f} {sent:>22} {matched:>14} "
-                  f"{json.dumps(ov['stragglers']):>12}")
+            cpu = f"{ov['cpu']:.1f}" + (f"+{ov['cpu_children']:.1f}" if ov["cpu_children"] else "")
+            rss = f"{ov['rss_mib']:.0f}" + (f"/{ov['children_rss_mib']:.0f}"
+                                            if ov["cpu_children"] else "")
+            kept = ",".join(map(str, ov["kept"])) if ov["folded"] else "all"
+            print(f"{world:>6} {ov['seconds']:>10.2f} {cpu:>11} {rss:>11} "
+                  f"{ov['bytes'] / 1e6:>7.2f} {ov['bytes'] / world / 1e3:>7.2f} {kept:>9} "
+                  f"{de['seconds']:>9.2f} {de['rss_mib']:>8.0f} {de['bytes'] / 1e6:>7.2f} "
+                  f"{sent:>22} {matched:>14} {load:>4.1f}-{load_after:<4.1f}")
             if not args.keep:
                 shutil.rmtree(run_dir)
         # bytes gathered vs trace size: one rank's matched run with more and more GPU ops

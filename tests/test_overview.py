@@ -4,27 +4,36 @@ world all_reduce). Expectations come from torch's Flight Recorder (every collect
 issued, by group and sequence number) and from perfetto's own protobuf classes, not from
 commviz's output: the overview holds every instance of every rank and names the late rank; a
 detail merge of ranks 0-1 verifies, equals the full merge restricted to those ranks, and
-leaves no one-ended flow for the peers outside it."""
+leaves no one-ended flow for the peers outside it.
+
+Folding (above 64 ranks) is checked on comm tables of a simulated TP x DP job with a straggler
+and a desync planted at known ranks: the plant says which ranks keep their own lanes and what
+every folded lane must hold, read back with perfetto's protos."""
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from pathlib import Path
+from statistics import median_low
 
 import pytest
 
 from commviz import cli
+from commviz import metadata as md
 from commviz.merge import merge_run, write_shard
 from commviz.merge.piece import PID_BASE
 from commviz.merge.select import parse_ranks
 from commviz.match.model import InstanceKey, KeyKind, Pair
-from commviz.review.overview import STRAGGLERS_TRACK, KeyIndex, Names, write_overview
+from commviz.review.fold import KeyIndex, Names
+from commviz.review.overview import STRAGGLERS_TRACK, write_overview
 from commviz.merge.table import table_path, write_table
 from commviz.verify import verify_pftrace
 from commviz.write.read import read_pftrace, slices
 from fr_compare import FR_ENV, snapshot
 from harness import run_ranks
 from independent import flow_ends, pg_seq
+from independent import slices as pb_slices
 
 WORLD = 4
 LATE_RANK, LATE_S = 3, 1.0       # far above a loaded machine's own skews, profiler start included
@@ -218,3 +227,244 @@ def test_report_suggests_a_detail_merge_that_runs(run, tmp_path: Path, capsys) -
     out = tmp_path / "detail.pftrace"
     assert cli.main(command[1:] + ["-o", str(out)]) == 0
     assert verify_pftrace(out).ok
+
+
+# -- folding alike ranks: comm tables of a simulated TP x DP job, outliers planted ---------------
+#
+# Each rank's table is written with the table module's own writer from planted times; what the
+# overview must show comes from the plant alone: the planted straggler and desynced rank keep
+# their own lanes with every planted slice, each group's folded lane names exactly its other
+# ranks, and its min/median/max are those of the planted times of those ranks. The trace is read
+# back with perfetto's own protos (``independent.slices``).
+
+SIM_TP, SIM_STEPS = 4, 3
+SLOT_NS, JITTER_NS, LATE_NS = 10_000_000, 20_000, 5_000_000
+SIM_T0 = 1_700_000_000_000_000_000
+
+
+def _sim_groups(world: int) -> dict[str, list[int]]:
+    groups = {"0": list(range(world))}
+    groups.update({f"tp{i}": list(range(i * SIM_TP, (i + 1) * SIM_TP))
+                   for i in range(world // SIM_TP)})
+    groups.update({f"dp{j}": list(range(j, world, SIM_TP)) for j in range(SIM_TP)})
+    return groups
+
+
+def _sim_run(run_dir: Path, world: int, straggler: int | None = None,
+             desync: int | None = None) -> tuple[dict, dict[str, list[int]]]:
+    """Write the tables; return the plant, (rank, pg, seq) -> (start, end, bytes), and the
+    groups. ``straggler`` arrives LATE_NS late at its DP group's collective of step 1;
+    ``desync`` records twice the bytes of its peers at its DP group's seq 2."""
+    from commviz.match.artifact import Clock, PgInfo
+    from commviz.merge.table import CommTable, Flag, Row, save
+
+    groups = _sim_groups(world)
+
+    def mine(r: int) -> dict[str, str]:
+        return {"tp": f"tp{r // SIM_TP}", "dp": f"dp{r % SIM_TP}", "world": "0"}
+
+    schedule = [("tp", "all_reduce", 1 << 20), ("tp", "all_reduce", 1 << 20),
+                ("dp", "reduce_scatter_tensor", 4 << 20), ("world", "all_reduce", 8)] * SIM_STEPS
+    rng = random.Random(7)
+    plant: dict[tuple[int, str, int], tuple[int, int, int]] = {}
+    seqs: dict[tuple[int, str], int] = defaultdict(int)
+    for n, (kind, op, size) in enumerate(schedule):
+        base = SIM_T0 + n * SLOT_NS
+        for pg in sorted({mine(r)[kind] for r in range(world)}):
+            starts = {r: base + rng.randrange(JITTER_NS) for r in groups[pg]}
+            if kind == "dp" and n // 4 == 1 and straggler in groups[pg]:
+                starts[straggler] += LATE_NS
+            last = max(starts.values())
+            for r in groups[pg]:
+                seqs[(r, pg)] += 1
+                seq = seqs[(r, pg)]
+                got = size * 2 if (r == desync and kind == "dp" and seq == 2) else size
+                plant[(r, pg, seq)] = (starts[r], last + 100_000 + rng.randrange(JITTER_NS), got)
+    run_dir.mkdir(parents=True)
+    for r in range(world):
+        rows = sorted((Row(pg, op_of(pg, seq), InstanceKey(KeyKind.COLLECTIVE, pg, seq), s, e, b,
+                           ctype_of(pg, seq), Flag(0))
+                       for (rank, pg, seq), (s, e, b) in plant.items() if rank == r),
+                      key=lambda row: (row.start_ns, row.end_ns))
+        pgs = {pg: PgInfo(pg.rstrip("0123456789") or "default_pg", groups[pg])
+               for pg in mine(r).values()}
+        save(CommTable(r, f"node{r // 8}", f"sim-{r}", Clock(0, "measured"), pgs, [], rows),
+             table_path(run_dir, r))
+    return plant, groups
+
+
+def op_of(pg: str, seq: int) -> str:
+    return "reduce_scatter_tensor" if pg.startswith("dp") else "all_reduce"
+
+
+def ctype_of(pg: str, seq: int) -> str:
+    return "reduce_scatter" if pg.startswith("dp") else "all_reduce"
+
+
+def _ranks_of(text: str) -> set[int]:
+    """The overview's rank runs ("0-4, 6-7, 13-125 step 8") read back."""
+    out: set[int] = set()
+    for part in text.split(", "):
+        span, _, step = part.partition(" step ")
+        first, _, last = span.partition("-")
+        out.update(range(int(first), int(last or first) + 1, int(step or 1)))
+    return out
+
+
+def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set[int]) -> None:
+    """Everything the overview at ``path`` must show, from the plant."""
+    got = pb_slices(path)
+    lanes = [s for s in got if s.args.get(md.PG_NAME) is not None]
+    # the kept ranks: a process each, holding exactly their planted collectives at their times
+    procs = {s.process for s in lanes if s.process.startswith("rank ")}
+    assert procs == {f"rank {r} · node{r // 8}" for r in kept}
+    for r in kept:
+        mine = sorted((s.args[md.PG_NAME], s.args["commviz.seq"], s.ts, s.ts + s.dur)
+                      for s in lanes if s.process == f"rank {r} · node{r // 8}")
+        assert mine == sorted((pg, seq, st, en) for (rank, pg, seq), (st, en, _) in plant.items()
+                              if rank == r)
+    # the folded lanes: per group the other ranks, every instance once, their spread exact
+    folded = [s for s in lanes if s.process.startswith("alike ranks")]
+    by_pg: dict[str, list] = defaultdict(list)
+    for s in folded:
+        by_pg[s.args[md.PG_NAME]].append(s)
+    assert set(by_pg) == set(groups)
+    for pg, members in groups.items():
+        alike = [r for r in members if r not in kept]
+        seqs = sorted(s.args["commviz.seq"] for s in by_pg[pg])
+        assert seqs == sorted({seq for (_, g, seq) in plant if g == pg})
+        for s in by_pg[pg]:
+            assert _ranks_of(s.args["commviz.folded_ranks"]) == set(alike), pg
+            assert s.track.startswith("PG ") and s.track.endswith(
+                f"ranks {s.args['commviz.folded_ranks']} (alike)")
+            times = [plant[(r, pg, s.args["commviz.seq"])] for r in alike]
+            starts, ends = sorted(t[0] for t in times), sorted(t[1] for t in times)
+            assert s.args["commviz.alike_ranks"] == len(alike)
+            # the slice is the median rank; the args say how far the first and last are
+            assert (s.ts, s.ts + s.dur) == (median_low(starts), median_low(ends))
+            assert (s.ts - s.args["commviz.start_early_ns"],
+                    s.ts + s.args["commviz.start_late_ns"]) == (starts[0], starts[-1])
+            end = s.ts + s.dur
+            assert (end - s.args["commviz.end_early_ns"],
+                    end + s.args["commviz.end_late_ns"]) == (ends[0], ends[-1])
+            everyone = [plant[k] for r in members if (k := (r, pg, s.args["commviz.seq"])) in plant]
+            last = max(t[0] for t in everyone)
+            waits = sorted(max(0, min(last, t[1]) - t[0]) for t in times)
+            assert (s.args["commviz.wait_median_ns"], s.args["commviz.wait_max_ns"]) == (
+                median_low(waits), waits[-1])
+    # every group keeps its summary; flows join an instance's kept slices and its folded one
+    summaries = {s.track for s in got if "commviz.skew_ns" in s.args and
+                 s.track.endswith(" · instances")}
+    assert len(summaries) == len(groups)
+    ends = flow_ends(path)
+    assert min(ends.values(), default=2) >= 2
+    flows = {(s.args.get(md.PG_NAME), s.args["commviz.seq"]) for s in lanes if s.flow_ids}
+    assert flows == {(pg, seq) for (r, pg, seq) in plant if r in kept}
+
+
+def test_fold_keeps_the_planted_straggler_and_desync(tmp_path: Path) -> None:
+    world, straggler, desync = 128, 37, 90
+    plant, groups = _sim_run(tmp_path / "run", world, straggler=straggler, desync=desync)
+    result = write_overview(tmp_path / "run", tmp_path / "o.pftrace", progress=False)
+    assert result.problems == [] and result.ranks == world
+    assert verify_pftrace(result.out).ok
+    assert sorted(result.kept) == [straggler, desync] and result.folded == world - 2
+    assert "straggler x1" in result.kept[straggler]
+    assert [k for k in result.kept[desync] if k.startswith("desync")] == [
+        f"desync dp{desync % SIM_TP} #2 (size)"]
+    _check_fold(result.out, plant, groups, {straggler, desync})
+    got = pb_slices(result.out)
+    late = [s for s in got if s.track == STRAGGLERS_TRACK]
+    assert [(s.args["commviz.straggler"], pg_seq(s.args["commviz.instance"])) for s in late] == [
+        (straggler, (f"dp{straggler % SIM_TP}", 2))]
+    (desynced,) = [s for s in got if s.track.startswith("desyncs")]
+    assert (desynced.args["commviz.desync_ranks"], desynced.args["commviz.seq"],
+            desynced.args["commviz.desync"]) == (str(desync), 2, "size")
+    # the kept ranks' processes say why
+    from commviz.write.read import read_pftrace
+
+    labels = {t.process_name: t.labels for t in read_pftrace(result.out).tracks.values()
+              if t.pid is not None}
+    assert "straggler x1" in labels[f"rank {straggler} · node{straggler // 8}"]
+    assert "desync dp2 #2 (size)" in labels[f"rank {desync} · node{desync // 8}"]
+
+
+def test_fold_is_exact_when_nothing_is_planted(tmp_path: Path) -> None:
+    plant, groups = _sim_run(tmp_path / "run", 128)
+    result = write_overview(tmp_path / "run", tmp_path / "o.pftrace", progress=False)
+    assert result.kept == {} and result.folded == 128 and result.desyncs == []
+    assert result.stragglers == {}
+    assert verify_pftrace(result.out).ok
+    _check_fold(result.out, plant, groups, set())
+
+
+def test_fold_does_not_depend_on_its_chunks(tmp_path: Path, monkeypatch) -> None:
+    """The fold works a chunk of rows at a time; chunks of 5 rows (smaller than a table, than
+    an instance's rows) give the same trace, byte for byte, as chunks larger than the run."""
+    from commviz.review import fold
+
+    _sim_run(tmp_path / "run", 128, straggler=37, desync=90)
+    whole = write_overview(tmp_path / "run", tmp_path / "a.pftrace", progress=False)
+    monkeypatch.setattr(fold, "CHUNK", 5)
+    small = write_overview(tmp_path / "run", tmp_path / "b.pftrace", progress=False)
+    assert small.kept == whole.kept and small.out.read_bytes() == whole.out.read_bytes()
+
+
+def test_a_rank_that_skipped_a_collective_keeps_its_lanes(tmp_path: Path) -> None:
+    """A rank without its group's last collective (it stopped early): a desync of kind
+    missing, the rank kept; with ``fold=False`` every rank keeps its process."""
+    run = tmp_path / "run"
+    plant, groups = _sim_run(run, 128)
+    from commviz.merge.table import load, save
+
+    table = load(table_path(run, 50))
+    table.rows = [r for r in table.rows if not (r.pg.startswith("dp") and r.key.seq == 3)]
+    save(table, table_path(run, 50))
+    result = write_overview(run, tmp_path / "o.pftrace", progress=False)
+    assert list(result.kept) == [50] and result.kept[50] == ["desync dp2 #3 (missing)"]
+    del plant[(50, "dp2", 3)]
+    _check_fold(result.out, plant, groups, {50})
+    whole = write_overview(run, tmp_path / "all.pftrace", progress=False, fold=False)
+    procs = {s.process for s in pb_slices(whole.out)
+             if s.process.startswith("rank ")}
+    assert len(procs) == 128 and whole.folded == 0
+
+
+def test_two_readers_make_the_same_trace(tmp_path: Path, monkeypatch) -> None:
+    """Above READ_IN_TWO ranks a second process reads half the tables; the trace is the same,
+    byte for byte, as one process reading them all."""
+    from commviz.review import overview
+
+    _sim_run(tmp_path / "run", 128, straggler=37, desync=90)
+    one = write_overview(tmp_path / "run", tmp_path / "a.pftrace", progress=False)
+    monkeypatch.setattr(overview, "READ_IN_TWO", 100)
+    monkeypatch.setattr(overview.os, "sched_getaffinity", lambda pid: {0, 1})
+    two = write_overview(tmp_path / "run", tmp_path / "b.pftrace", progress=False)
+    assert two.kept == one.kept and two.out.read_bytes() == one.out.read_bytes()
+
+
+def test_rank_runs_read_back_exactly() -> None:
+    """Large groups are named by runs of ranks (lane names, comm tables): read back, they are
+    the ranks they were made from, whatever the set."""
+    from commviz.metadata import group_ranks, ranks_text
+
+    rng = random.Random(3)
+    sets = [set(range(16384)), set(range(5, 16384, 8)) - {13}, {0, 1}, {4}, {0, 2, 3, 9},
+            set(range(0, 64, 3)) | set(range(100, 110)) | {7, 200}]
+    sets += [{rng.randrange(300) for _ in range(rng.randrange(1, 80))} for _ in range(300)]
+    for ranks in sets:
+        text = ranks_text(ranks)
+        assert group_ranks(text) == tuple(sorted(ranks)) and _ranks_of(text) == ranks
+    assert ranks_text(set(range(5, 16384, 8)) - {13}) == "5, 21-16381 step 8"
+    assert group_ranks("[0, 1, 2]") == (0, 1, 2)          # the profiler's own spelling
+
+
+def test_bytes_grow_with_ranks_not_with_their_square(tmp_path: Path) -> None:
+    """Four times the ranks (and the TP groups with them): at most a little over four times
+    the bytes (each lane naming a world-size list made it grow with ranks squared)."""
+    sizes = {}
+    for world in (256, 1024):
+        _sim_run(tmp_path / f"run{world}", world)
+        sizes[world] = write_overview(tmp_path / f"run{world}", tmp_path / f"o{world}.pftrace",
+                                      progress=False).bytes
+    assert sizes[1024] <= 4.3 * sizes[256]

@@ -220,6 +220,50 @@ def test_pieces_concatenate_into_one_trace(tmp_path) -> None:
         len(packets) for _, packets in iter_packet_batches(both))
 
 
+def test_cross_piece_holds_more_tracks_than_a_rank_piece(tmp_path) -> None:
+    """Every process group's summary and counter live in the cross-rank piece (16,384 ranks of
+    TP 8: 2,057 groups); it takes more than a rank piece's 4,095 sequences, each its own
+    (perfetto's parser), beside a rank piece and the last rank piece; a rank piece stops at
+    4,095 and a piece id past the last rank is refused."""
+    n = 5000
+    buf = io.BytesIO()
+    piece = Piece(buf, 0)
+    for k in range(n):
+        uuid = piece.new_uuid()
+        piece.descriptor(track_descriptor(uuid, name=f"t{k}"))
+        seq = piece.sequence(uuid)
+        piece.buf += seq.start(10**15 + k)
+        emit_slices(seq, piece.buf, [(10**15 + k, -(10**15 + k + 5), 0)], [{"name": f"s{k}"}])
+    piece.flush()
+    for piece_id in (1, Piece.MAX_PIECES - 1):
+        rank = Piece(buf, piece_id)
+        uuid = rank.new_uuid()
+        rank.descriptor(track_descriptor(uuid, name=f"rank piece {piece_id}"))
+        seq = rank.sequence(uuid)
+        rank.buf += seq.start(10**15)
+        emit_slices(seq, rank.buf, [(10**15, -(10**15 + 5), 0)], [{"name": f"r{piece_id}"}])
+        rank.flush()
+    path = tmp_path / "many.pftrace"
+    path.write_bytes(buf.getvalue())
+    packets = _packets(path.read_bytes())
+    ids = {p.trusted_packet_sequence_id for p in packets}
+    assert 0 not in ids and all(i < 1 << 32 for i in ids)
+    assert len(ids) == 1 + n + 2 * 2          # descriptors' own sequence, one per track
+    events = [p for p in packets if p.HasField("track_event")]
+    assert len({p.trusted_packet_sequence_id for p in events}) == n + 2
+    done, problems = slices(read_pftrace(path))
+    assert problems == [] and len(done) == n + 2
+    assert sorted(s.name for s in done) == sorted([f"s{k}" for k in range(n)]
+                                                  + ["r1", f"r{Piece.MAX_PIECES - 1}"])
+    rank = Piece(io.BytesIO(), 1)
+    for _ in range(Piece.MAX_SEQUENCES - 1):          # its descriptor sequence took one
+        rank.sequence(rank.new_uuid())
+    with pytest.raises(ValueError, match="more than 4095 tracks"):
+        rank.sequence(rank.new_uuid())
+    with pytest.raises(ValueError, match="at most"):
+        Piece(io.BytesIO(), Piece.MAX_PIECES)
+
+
 def test_timestamps_must_not_go_back() -> None:
     seq = Sequence(1, 2)
     seq.start(100)

@@ -19,6 +19,11 @@ clock no longer match the matched run beside it is rebuilt from it. Declared onc
 ``origin``: the call's ``commviz.origin`` (null: none recorded). Version 1 had no origin: such
 a table is rebuilt from the matched run beside it, like any stale one.
 
+``ranks``: a group of more than ``LIST_RANKS_MAX`` ranks is written as runs
+(``metadata.ranks_text``: ``"0-16383"``, ``"5-16381 step 8"``), which ``metadata.group_ranks``
+reads back: every rank's table names its groups, and a 16,384-rank world listed in full made
+each table 113 kB (6x its rows) and the overview's read 3x slower.
+
 ``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
 across ranks can be said about them).
 """
@@ -44,6 +49,7 @@ from commviz.merge.instances import is_launch_only, kernel_groups
 from commviz.record.store import write_atomic
 
 TABLE_GLOB = "comm_rank*.json"
+LIST_RANKS_MAX = 16             # a larger group's ranks are written as runs
 
 
 class Flag(IntFlag):
@@ -136,8 +142,12 @@ def to_json(table: CommTable) -> bytes:
     return FILE.dump_json(TableFile(
         schema=SCHEMA, version=VERSION, rank=table.rank, host=table.host, inputs=table.inputs,
         clock=ClockFile(offset_ns=table.clock.offset_ns, source=table.clock.source),
-        pgs={pg: PgFile(desc=i.desc, ranks=i.ranks) for pg, i in table.pgs.items()},
+        pgs={pg: PgFile(desc=i.desc, ranks=_ranks_file(i.ranks)) for pg, i in table.pgs.items()},
         problems=table.problems, rows=[(*r[:7], int(r.flags), r.origin) for r in table.rows]))
+
+
+def _ranks_file(ranks: list[int] | str | None) -> list[int] | str | None:
+    return md.ranks_text(ranks) if isinstance(ranks, list) and len(ranks) > LIST_RANKS_MAX else ranks
 
 
 def save(table: CommTable, path: Path) -> Path:

@@ -1,50 +1,80 @@
 """``commviz overview RUN_DIR``: every rank's collectives in one small trace, from comm tables only.
 
 The merged trace of a 1,024-rank job is far too large for one Perfetto tab; its comm lanes are
-not. The overview holds, per rank, one process with only its comm lanes (the same lane names,
-order and cross-rank flow ids as the merged trace, so the two read alike), and above them the
-per-group summary and bus-bandwidth tracks and a "stragglers" track naming the late rank of
-every instance whose skew stands out. It reads the ranks' comm tables (``merge.table``), never
-a trace, shard or matched run's GPU ops, and streams them twice, one rank at a time:
+not, up to a point: 16,384 ranks' lanes are 49k tracks. The overview reads the ranks' comm
+tables (``merge.table``), never a trace, shard or matched run's GPU ops, each table once, into
+columns (``review.fold``), and writes:
 
-1. fold each row into its instance (first/last start, last end, late rank, ranks seen, bytes),
-   kept as columns of machine ints (``Fold``, ~90 bytes an instance, no object per instance):
-   memory grows with the number of instances only, about 1.1 MB for 12.5k (1,024 ranks);
-2. write the summary one group at a time, then each rank's process, its slices carrying
-   their wait and whether this rank was late.
+- "collectives · all ranks": per process group one slice per collective instance (first start
+  to last end over its ranks, skew, late rank, bandwidth as args) and its bus-bandwidth
+  counter, nested under "PG tp · 2048 groups" where a description names more than
+  ``NEST_ABOVE`` groups; a "stragglers" track naming the late rank of every instance whose skew
+  stands out; a "desyncs" track with each group's first disagreement;
+- above ``FOLD_ABOVE`` ranks, a process "alike ranks (folded)": per process group one lane
+  "PG tp · ranks 0-4, 6-7 (alike)" whose slices run from the alike ranks' median start to
+  their median end, with their count and min/median/max starts, ends and waits as args;
+- one process per kept rank (every rank up to ``FOLD_ABOVE``): its comm lanes, every slice,
+  with the same lane names, order and cross-rank flow ids as the merged trace, so the two
+  read alike. ``review.fold`` says which ranks are kept: every straggler, every rank a
+  tolerance away from its group's typical rank, every failed call, every rank on a minority
+  side of a desync; the process's labels say why.
 
-A person then picks the ranks that matter (``commviz merge RUN_DIR --ranks ...``).
+Flows join an instance's slices across the kept ranks and the folded lane. Bytes grow with the
+instances (about 4 kB a rank of a TP 8 job at 16,384 ranks), not with ranks x group size. A
+person then picks the ranks that matter (``commviz merge RUN_DIR --ranks ...``).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
 from collections import defaultdict
-from array import array
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
+
+import numpy as np
 
 from commviz import metadata as md
 from commviz.errors import SourceError
 from commviz.match.artifact import PgInfo
 from commviz.match.model import InstanceKey, KeyKind
+from commviz.merge import bandwidth as bw
 from commviz.merge.core import progress_bar
 from commviz.merge.cross import write_summary
+from commviz.merge.instances import Span, bandwidth_ranks, expected_ranks, instance_label
 from commviz.merge.piece import (LANE_CAT, LANE_KEY, ORDER_LANE, PID_BASE, cross_flow_id,
                                  instance_text, lane_name, lane_order)
-from commviz.merge import bandwidth as bw
-from commviz.merge.instances import (Span, bandwidth_ranks, expected_ranks, instance_label,
-                                     straggler_thresholds)
+from commviz.merge.select import format_ranks
 from commviz.merge.summary import SummaryTracks, comm_args, tracks_for
-from commviz.merge.table import CommTable, Flag, Row, iter_tables, table_ranks
+from commviz.merge.table import CommTable, Flag, iter_tables, table_ranks
+from commviz.review.fold import Fold
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 OVERVIEW_NAME = "overview.pftrace"
 STRAGGLERS_TRACK = "stragglers · late rank per instance"
+DESYNCS_TRACK = "desyncs · first disagreement per group"
+FOLDED_PROCESS = "alike ranks (folded)"
+# Up to this many ranks every rank keeps its own process (a Perfetto tab holds 64 ranks' lanes
+# well); above, alike ranks fold (``review.fold``).
+FOLD_ABOVE = 64
+# A description shared by more groups than this gets a node of its own ("PG tp · 2048 groups").
+NEST_ABOVE = 16
+# Groups of more ranks than this are named by runs of ranks ("0-16383", "5-16381 step 8").
+LIST_RANKS_MAX = 16
+# From this many ranks the tables are read by two processes (``_read``).
+READ_IN_TWO = 4096
+FOLDED_PID = PID_BASE - 1            # rank R's process is PID_BASE + R
+FOLDED_LANE = ("{n} ranks folded ({ranks}). Each slice runs from their median start to their "
+               "median end; start_early_ns / start_late_ns: how long before and after it the "
+               "first and last of them started, end_early_ns / end_late_ns likewise for the "
+               "ends; wait_median_ns / wait_max_ns: their waits for the last rank.")
+LAUNCH_ONLY, FAILED = int(Flag.LAUNCH_ONLY), int(Flag.FAILED)
+ORDER_SUMMARY, ORDER_FOLDED = -2, -1
 
 
 @dataclass(slots=True)
@@ -74,204 +104,35 @@ class Seen(Span):
         return instance_label(self.key, self.op, None)
 
 
-class Names:
-    """Strings as small ints: a run has few distinct groups, ops and collective types."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self._ids: dict[str, int] = {}
-
-    def id(self, name: str) -> int:
-        got = self._ids.get(name)
-        if got is None:
-            got = self._ids[name] = len(self.names)
-            self.names.append(name)
-        return got
-
-
-_PLAIN = (None, None, (), None)      # an InstanceKey's src, dst, pairs, replay when unused
-
-
-@dataclass(slots=True)
-class _Seqs:
-    """One group's collectives by sequence number from ``base``: each one's index, or -1."""
-
-    base: int
-    slots: array
-
-
-class KeyIndex:
-    """Instance key -> index 0, 1, ...: about 16 bytes a collective instance where a dict of
-    key objects costs about 200. A group numbers its collectives densely, so it keeps an array
-    from sequence number to index; other keys (p2p, batches, annotations, graph replays, a
-    sequence number far from its group's others) are few and keep a dict."""
-
-    MAX_GAP = 1 << 16       # a sequence number this far outside its group's array: the dict
-
-    def __init__(self, names: Names) -> None:
-        self._names = names
-        self._groups: dict[str, _Seqs] = {}
-        self._pg = array("i")           # per index: the key's group (dense keys)
-        self._seq = array("q")          # per index: the key's sequence number (dense keys)
-        self._other: dict[InstanceKey, int] = {}
-        self._other_keys: dict[int, InstanceKey] = {}
-
-    def __len__(self) -> int:
-        return len(self._seq)
-
-    @staticmethod
-    def _dense(key: InstanceKey) -> bool:
-        """A group's collective (its sequence number and group are the whole key)."""
-        return (key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int
-                and abs(key.seq) < 1 << 62)
-
-    def find(self, key: InstanceKey) -> int | None:
-        # ``_dense`` inlined (one call per row, twice per run); its range check is ``_place``'s
-        if key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int:
-            group = self._groups.get(key.pg)
-            if group is not None:
-                off = key.seq - group.base
-                if 0 <= off < len(group.slots) and group.slots[off] >= 0:
-                    return group.slots[off]
-        return self._other.get(key)
-
-    def add(self, key: InstanceKey) -> int:
-        """The index of a key ``find`` does not know."""
-        i = len(self)
-        if self._dense(key) and self._place(key.pg, key.seq, i):
-            self._pg.append(self._names.id(key.pg))
-            self._seq.append(key.seq)
+def seen_of(fold: Fold, idx: np.ndarray) -> list[Seen]:
+    """The instances ``idx`` (of one group) with their expected ranks and bandwidth."""
+    names, out = fold.names.names, []
+    members: dict[str, int] = {}             # a group's collectives: its ranks, counted once
+    cols = zip(idx.tolist(), fold.first_start[idx].tolist(), fold.last_start[idx].tolist(),
+               fold.last_end[idx].tolist(), fold.late_rank[idx].tolist(),
+               fold.count[idx].tolist(), fold.flags[idx].tolist(), fold.size[idx].tolist(),
+               fold.straggler[idx].tolist())
+    for i, first, last, end, late, count, flags, size, straggler in cols:
+        key, pg = fold.keys.key(i), names[fold.pg[i]]
+        plain = key.kind is KeyKind.COLLECTIVE
+        if not plain or pg not in members:
+            info = fold.pgs.get(pg)
+            expected = len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None}))
+            if plain:
+                members[pg] = expected
         else:
-            self._other[key] = i
-            self._other_keys[i] = key
-            self._pg.append(-1)
-            self._seq.append(0)
-        return i
-
-    def _place(self, pg: str, seq: int, i: int) -> bool:
-        group = self._groups.get(pg)
-        if group is None:
-            self._groups[pg] = _Seqs(seq, array("i", [i]))
-            return True
-        off = seq - group.base
-        if off < 0:
-            if -off > self.MAX_GAP:
-                return False
-            group.slots[0:0] = array("i", [-1]) * -off
-            group.base, off = seq, 0
-        elif off >= len(group.slots):
-            if off - len(group.slots) > self.MAX_GAP:
-                return False
-            group.slots.extend(array("i", [-1]) * (off + 1 - len(group.slots)))
-        group.slots[off] = i
-        return True
-
-    def key(self, i: int) -> InstanceKey:
-        other = self._other_keys.get(i)
-        if other is not None:
-            return other
-        return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
-
-
-_BOTH = Flag.LAUNCH_ONLY | Flag.FAILED
-
-
-class Fold:
-    """Pass 1: every instance of the run as columns indexed by its key's index (``KeyIndex``),
-    about 90 bytes an instance with the arrays' slack: 1.1 MB at 1,024 ranks of a TP × DP job
-    (12.5k instances), where an object per instance held about 850 bytes (its key, its strings
-    and ints from the JSON, its bandwidth)."""
-
-    def __init__(self) -> None:
-        self.names = Names()
-        self.keys = KeyIndex(self.names)
-        self.pg, self.op, self.ctype = array("i"), array("i"), array("i")   # ``names`` ids
-        self.origin = array("i")            # ``names`` id of md.ORIGIN; -1: none
-        self.first_start, self.last_start, self.last_end = array("q"), array("q"), array("q")
-        self.late_rank, self.count = array("i"), array("i")
-        self.flags = array("B")             # ``Flag`` bits of any rank
-        self.size = array("q")              # the largest bytes of any rank; -1: none known
-        self.straggler = array("i")         # by ``finish``; -1: none
-        self.by_pg: dict[str, array] = {}   # by ``finish``: each group's indices by first start
-        self.pgs: dict[str, PgInfo] = {}
-        self.ranks: set[int] = set()
-        self.rows = 0
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def add(self, table: CommTable) -> None:
-        self.ranks.add(table.rank)
-        for pg, info in table.pgs.items():
-            self.pgs.setdefault(pg, info)
-        rank = table.rank
-        for row in table.rows:
-            self.rows += 1
-            start, end = row.start_ns, row.end_ns
-            i = self.keys.find(row.key)
-            if i is None:
-                i = self._new(row, rank)
-            self.count[i] += 1
-            if start < self.first_start[i]:
-                self.first_start[i] = start
-            if (start, rank) > (self.last_start[i], self.late_rank[i]):
-                self.last_start[i], self.late_rank[i] = start, rank
-            if end > self.last_end[i]:
-                self.last_end[i] = end
-            self.flags[i] |= int(row.flags & _BOTH)
-            if row.size_bytes is not None:
-                self.size[i] = max(self.size[i], row.size_bytes, 0)
-
-    def _new(self, row: Row, rank: int) -> int:
-        """A new instance's columns, as its first rank saw it (``add`` then counts that rank)."""
-        i = self.keys.add(row.key)
-        name = self.names.id
-        for column, value in ((self.pg, name(row.pg)), (self.op, name(row.op)),
-                              (self.ctype, name(row.ctype)), (self.first_start, row.start_ns),
-                              (self.last_start, row.start_ns), (self.last_end, row.end_ns),
-                              (self.late_rank, rank), (self.count, 0), (self.flags, 0),
-                              (self.size, -1), (self.straggler, -1),
-                              (self.origin, -1 if row.origin is None else name(row.origin))):
-            column.append(value)
-        return i
-
-    def skew(self, i: int) -> int:
-        return self.last_start[i] - self.first_start[i]
-
-    def finish(self) -> None:
-        """Each group's instances by first start, and the stragglers by the review's rule
-        (``merge.instances``): a late rank whose skew stands out in its group."""
-        members: dict[int, array] = defaultdict(lambda: array("i"))
-        for i, pg in enumerate(self.pg):
-            members[pg].append(i)
-        start = self.first_start.__getitem__
-        for pg_id, idx in members.items():
-            order = array("i", sorted(idx, key=start))    # stable: ties in fold order
-            self.by_pg[self.names.names[pg_id]] = order
-            timed = [i for i in order
-                     if self.count[i] > 1 and not self.flags[i] & Flag.LAUNCH_ONLY]
-            if timed:
-                skews = [self.skew(i) for i in timed]
-                for i, skew, threshold in zip(timed, skews, straggler_thresholds(skews)):
-                    if skew >= threshold:
-                        self.straggler[i] = self.late_rank[i]
-
-    def seen(self, i: int) -> Seen:
-        """Instance ``i`` with its expected ranks and bandwidth, for its summary slice."""
-        key, pg = self.keys.key(i), self.names.names[self.pg[i]]
-        info = self.pgs.get(pg)
-        count = self.count[i]
-        seen = Seen(key, pg, self.names.names[self.op[i]], self.names.names[self.ctype[i]],
-                    self.first_start[i], self.last_start[i], self.last_end[i],
-                    self.late_rank[i], count, bool(self.flags[i] & Flag.LAUNCH_ONLY),
-                    bool(self.flags[i] & Flag.FAILED),
-                    self.size[i] if self.size[i] >= 0 else None,
-                    len(expected_ranks(key, {md.PG_RANKS: info.ranks if info else None}))
-                    or count, None, self.straggler[i] if self.straggler[i] >= 0 else None,
-                    self.names.names[self.origin[i]] if self.origin[i] >= 0 else None)
+            expected = members[pg]
+        expected = expected or count
+        origin = fold.origin[i]
+        seen = Seen(key, pg, names[fold.op[i]], names[fold.ctype[i]], first, last, end, late,
+                    count, bool(flags & LAUNCH_ONLY), bool(flags & FAILED),
+                    size if size >= 0 else None, expected, None,
+                    straggler if straggler >= 0 else None,
+                    names[origin] if origin >= 0 else None)
         seen.bandwidth = bw.bandwidth(seen.ctype, seen.size_bytes, seen.comm_ns,
-                                      bandwidth_ranks(key, seen.expected))
-        return seen
+                                      bandwidth_ranks(key, expected))
+        out.append(seen)
+    return out
 
 
 def slice_args(seen: Seen) -> dict[str, Any]:
@@ -303,50 +164,175 @@ class OverviewResult:
     problems: list[str]
     bytes: int
     seconds: float
+    folded: int = 0                     # ranks drawn only in the folded lanes
+    kept: dict[int, list[str]] = field(default_factory=dict)   # folded: rank -> why it is kept
+    desyncs: list[str] = field(default_factory=list)
 
 
-def _write_cross(f: BinaryIO, fold: Fold) -> None:
-    """Root, the summary tracks and the stragglers track (piece 0, as in the merged trace)."""
-    pgs = fold.pgs
+def display_pgs(pgs: dict[str, PgInfo]) -> dict[str, PgInfo]:
+    """The groups as lane names show them: a large group's ranks as runs, not a list (a
+    16,384-rank list is 100 kB in every lane descriptor naming it)."""
+    out = {}
+    for pg, info in pgs.items():
+        ranks = md.group_ranks(info.ranks) if info.ranks is not None else ()
+        if len(ranks) > LIST_RANKS_MAX:
+            info = PgInfo(info.desc, f"{md.ranks_text(ranks)} ({len(ranks)} ranks)")
+        out[pg] = info
+    return out
+
+
+def _label(pg: str, info: PgInfo | None) -> str:
+    """A group's lane label without its ranks ("PG tp")."""
+    return lane_name(pg, PgInfo(info.desc if info else None, None))
+
+
+def _nodes(piece: Piece, parent: int, groups: list[str], pgs: dict[str, PgInfo],
+           suffix: str = "") -> dict[str, int]:
+    """Per group, the track its tracks hang from: ``parent``, or a node per description that
+    more than ``NEST_ABOVE`` groups share."""
+    by_desc: dict[str, list[str]] = defaultdict(list)
+    for pg in groups:
+        info = pgs.get(pg)
+        if info is not None and info.desc and info.desc != "undefined":
+            by_desc[info.desc].append(pg)
+    out = {pg: parent for pg in groups}
+    for desc, members in sorted(by_desc.items()):
+        if len(members) > NEST_ABOVE:
+            node = piece.new_uuid()
+            piece.descriptor(track_descriptor(
+                node, name=f"PG {desc} · {len(members)} groups{suffix}", parent=parent,
+                explicit_children=True, order_rank=2 * min(lane_order(pg) for pg in members)))
+            out.update((pg, node) for pg in members)
+    return out
+
+
+def _write_cross(f: BinaryIO, fold: Fold, pgs: dict[str, PgInfo], shown: np.ndarray,
+                 folding: bool) -> None:
+    """Piece 0: the root, the summary, stragglers and desyncs tracks, and the folded ranks."""
     piece = Piece(f, 0)
     piece.descriptor(track_descriptor(0, explicit_children=True, explicit_processes=True))
     group = piece.new_uuid()
     piece.descriptor(track_descriptor(group, name="collectives · all ranks",
-                                      explicit_children=True, order_rank=-1))
+                                      explicit_children=True, order_rank=ORDER_SUMMARY))
     stats = {"summary_slices": 0, "bandwidth_samples": 0}
+    ordered = sorted(fold.by_pg, key=lambda g: (lane_order(g), g))
+    nodes = _nodes(piece, group, ordered, pgs)
     for pg in sorted(fold.by_pg):   # one group's slices at a time: memory of a group, not the run
-        write_summary(piece, group, summary_of([fold.seen(i) for i in fold.by_pg[pg]]), pgs,
-                      stats)
+        write_summary(piece, nodes[pg], summary_of(seen_of(fold, fold.by_pg[pg])), pgs, stats)
         piece.flush()       # not at 4 MiB (FLUSH_BYTES): the run's summary would fill that
-    late = [fold.seen(i) for i in range(len(fold)) if fold.straggler[i] >= 0]
-    late.sort(key=lambda s: (s.first_start_ns, s.pg))
-    if late:
-        events = [{"name": f"rank {s.straggler} late · {lane_name(s.pg, pgs.get(s.pg))}",
-                   "cat": "commviz.straggler",
-                   "args": {"commviz.straggler": s.straggler, "commviz.skew_ns": s.skew_ns,
-                            "commviz.instance": instance_text(s.key), "commviz.op": s.op,
-                            **({md.ORIGIN: s.origin} if s.origin is not None else {})}}
-                  for s in late]
-        items = sorted((s.first_start_ns, -s.last_start_ns, i) for i, s in enumerate(late))
-        for back in split(items):
-            uuid = piece.new_uuid()
-            piece.descriptor(track_descriptor(uuid, name=STRAGGLERS_TRACK, parent=group,
-                                              order_rank=-1, merge_key="stragglers"))
-            seq = piece.sequence(uuid)
-            piece.buf += seq.start(back[0][0])
-            emit_slices(seq, piece.buf, back, events)
-            piece.maybe_flush()
+    _write_stragglers(piece, group, fold, pgs)
+    _write_desyncs(piece, group, fold, pgs)
+    if folding and fold.folded:
+        _write_folded(piece, fold, pgs, shown, ordered)
     piece.flush()
 
 
-def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
+def _write_stragglers(piece: Piece, group: int, fold: Fold, pgs: dict[str, PgInfo]) -> None:
+    late = seen_of(fold, np.flatnonzero(fold.straggler >= 0))
+    late.sort(key=lambda s: (s.first_start_ns, s.pg))
+    if not late:
+        return
+    events = [{"name": f"rank {s.straggler} late · {lane_name(s.pg, pgs.get(s.pg))}",
+               "cat": "commviz.straggler",
+               "args": {"commviz.straggler": s.straggler, "commviz.skew_ns": s.skew_ns,
+                        "commviz.instance": instance_text(s.key), "commviz.op": s.op,
+                        **({md.ORIGIN: s.origin} if s.origin is not None else {})}}
+              for s in late]
+    items = sorted((s.first_start_ns, -s.last_start_ns, i) for i, s in enumerate(late))
+    for back in split(items):
+        uuid = piece.new_uuid()
+        piece.descriptor(track_descriptor(uuid, name=STRAGGLERS_TRACK, parent=group,
+                                          order_rank=-1, merge_key="stragglers"))
+        seq = piece.sequence(uuid)
+        piece.buf += seq.start(back[0][0])
+        emit_slices(seq, piece.buf, back, events)
+        piece.maybe_flush()
+
+
+def _write_desyncs(piece: Piece, group: int, fold: Fold, pgs: dict[str, PgInfo]) -> None:
+    """One instant per group whose ranks disagree, at the instance's first start."""
+    if not fold.desyncs:
+        return
+    events = [{"name": f"{_label(d.pg, pgs.get(d.pg))} #{d.seq}: {d.kind} · ranks "
+                       f"{md.ranks_text(d.odd)}",
+               "cat": "commviz.desync",
+               "args": {md.PG_NAME: d.pg, md.SEQ: d.seq, "commviz.desync": str(d.kind),
+                        "commviz.desync_ranks": md.ranks_text(d.odd),
+                        "commviz.sides": d.message}}
+              for d in fold.desyncs]
+    uuid = piece.new_uuid()
+    piece.descriptor(track_descriptor(uuid, name=DESYNCS_TRACK, parent=group, order_rank=-1))
+    items = sorted((d.ts_ns, -d.ts_ns, i) for i, d in enumerate(fold.desyncs))
+    seq = piece.sequence(uuid)
+    piece.buf += seq.start(items[0][0])
+    emit_slices(seq, piece.buf, items, events)
+
+
+def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.ndarray,
+                  ordered: list[str]) -> None:
+    """The alike ranks, per group one lane: per instance the alike ranks' median start to
+    median end, their count and min/median/max times as args."""
+    proc = piece.new_uuid()
+    name = f"{FOLDED_PROCESS} · {fold.folded:,} of {len(fold.hosts):,} ranks"
+    piece.descriptor(track_descriptor(proc, name=name, pid=FOLDED_PID, process_name=name,
+                                      explicit_children=True, order_rank=ORDER_FOLDED))
+    alike = {pg: [r for r in fold.group_ranks.get(pg, ()) if r not in fold.kept]
+             for pg in ordered}
+    groups = [pg for pg in ordered if alike[pg]]
+    nodes = _nodes(piece, proc, groups, pgs, " (alike)")
+    for pg in groups:
+        ranks = md.ranks_text(alike[pg])
+        idx = fold.by_pg[pg]
+        idx = idx[fold.alike_count[idx] > 0]
+        events, flows, items = [], {}, []
+        cols = [c[idx].tolist() for c in (fold.a_start, fold.a_end, fold.a_start_early,
+                                          fold.a_start_late, fold.a_end_early, fold.a_end_late,
+                                          fold.a_wait, fold.a_wait_max, fold.alike_count,
+                                          fold.flags, fold.size, shown)]
+        for n, (i, start, end, s_early, s_late, e_early, e_late, wait, wait_max, count, flags,
+                size, drawn) in enumerate(zip(idx.tolist(), *cols)):
+            key = fold.keys.key(i)
+            args: dict[str, Any] = {md.SEQ: key.seq} if key.kind is KeyKind.COLLECTIVE else {}
+            args[md.PG_NAME] = pg
+            args["commviz.instance"] = instance_text(key)
+            args["commviz.folded_ranks"] = ranks
+            args["commviz.alike_ranks"] = count
+            args.update({"commviz.start_early_ns": s_early, "commviz.start_late_ns": s_late,
+                         "commviz.end_early_ns": e_early, "commviz.end_late_ns": e_late})
+            if not flags & LAUNCH_ONLY:
+                args["commviz.wait_median_ns"] = wait
+                args["commviz.wait_max_ns"] = wait_max
+            if fold.origin[i] >= 0:
+                args[md.ORIGIN] = fold.names.names[fold.origin[i]]
+            if size >= 0:
+                args["commviz.size_bytes"] = size
+            if drawn > 1:
+                flows[n] = flow_field(cross_flow_id(key))
+            items.append((start, -end, n))
+            events.append({"name": fold.names.names[fold.op[i]], "cat": LANE_CAT, "args": args})
+        items.sort()
+        for back in split(items):
+            uuid = piece.new_uuid()
+            piece.descriptor(track_descriptor(
+                uuid, name=f"{_label(pg, pgs.get(pg))} · ranks {ranks} (alike)",
+                parent=nodes[pg], order_rank=ORDER_LANE + lane_order(pg),
+                merge_key=f"{LANE_KEY}{pg}", description=FOLDED_LANE.format(
+                    n=len(alike[pg]), ranks=ranks)))
+            seq = piece.sequence(uuid)
+            piece.buf += seq.start(back[0][0])
+            emit_slices(seq, piece.buf, back, events, None, flows)
+            piece.maybe_flush()
+
+
+def _write_rank(f: BinaryIO, table: CommTable, fold: Fold, pgs: dict[str, PgInfo],
+                shown: np.ndarray, labels: list[str]) -> None:
     """One rank's process: its comm lanes, each slice with its wait and lateness."""
     rank = table.rank
     piece = Piece(f, rank + 1)
     proc = piece.new_uuid()
     name = f"rank {rank} · {table.host or '?'}"
     piece.descriptor(track_descriptor(proc, name=name, pid=PID_BASE + rank, process_name=name,
-                                      explicit_children=True, order_rank=rank))
+                                      labels=labels, explicit_children=True, order_rank=rank))
     events: list[dict] = []
     flows: dict[int, bytes] = {}
     items: dict[str, list] = defaultdict(list)
@@ -362,20 +348,21 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
             args[md.ORIGIN] = row.origin
         if row.size_bytes is not None:
             args["commviz.size_bytes"] = row.size_bytes
-        if not fold.flags[i] & Flag.LAUNCH_ONLY:
-            args["commviz.wait_ns"] = max(0, min(fold.last_start[i], row.end_ns) - row.start_ns)
+        if not fold.flags[i] & LAUNCH_ONLY:
+            args["commviz.wait_ns"] = max(0, min(int(fold.last_start[i]), row.end_ns)
+                                          - row.start_ns)
         if fold.late_rank[i] == rank and count > 1:
             args["commviz.late"] = True
         if fold.straggler[i] == rank:
             args["commviz.straggler"] = rank
-        if count > 1:                      # an instance on one rank has no other end
+        if shown[i] > 1:                   # an instance drawn once has no other end
             flows[len(events)] = flow_field(cross_flow_id(row.key))
         items[row.pg].append((row.start_ns, -row.end_ns, len(events)))
         events.append({"name": row.op, "cat": LANE_CAT, "args": args})
     for pg in sorted(items, key=lambda g: (lane_order(g), g)):
         for back in split(sorted(items[pg])):
             uuid = piece.new_uuid()
-            piece.descriptor(track_descriptor(uuid, name=lane_name(pg, table.pgs.get(pg)),
+            piece.descriptor(track_descriptor(uuid, name=lane_name(pg, pgs.get(pg)),
                                               parent=proc, order_rank=ORDER_LANE + lane_order(pg),
                                               merge_key=f"{LANE_KEY}{pg}"))
             seq = piece.sequence(uuid)
@@ -386,8 +373,9 @@ def _write_rank(f: BinaryIO, table: CommTable, fold: Fold) -> None:
 
 
 def write_overview(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
-                   *, progress: bool = True) -> OverviewResult:
-    """Write the overview of every rank with a comm table (or a matched run to make one)."""
+                   *, progress: bool = True, fold: bool | None = None) -> OverviewResult:
+    """Write the overview of every rank with a comm table (or a matched run to make one).
+    ``fold``: fold alike ranks (default: above ``FOLD_ABOVE`` ranks)."""
     started = time.perf_counter()
     run = Path(run_dir)
     if not run.is_dir():
@@ -396,30 +384,72 @@ def write_overview(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     if not ranks:
         raise SourceError(str(run), "no comm tables (comm_rank*.json) and no matched runs "
                                     "(matched_rank*.json): run `commviz merge` or a launch first")
+    folding = len(ranks) > FOLD_ABOVE if fold is None else fold
     target = Path(out) if out is not None else run / OVERVIEW_NAME
-    problems: list[str] = []
-    fold = Fold()
-    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
-        fold.add(table)
-        problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
-    fold.finish()
+    data, problems = _read(run, ranks, progress)
+    data.finish(alike=folding)
+    kept = sorted(data.kept) if folding else data.ranks
+    # slices each instance has in the output: its kept ranks', and the folded lane's
+    shown = data.count - data.alike_count + (data.alike_count > 0) if folding else data.count
+    pgs = display_pgs(data.pgs)
     partial = target.with_name(f".{target.name}.partial")
     try:
         with open(partial, "wb") as f:
-            _write_cross(f, fold)
-            for table in _tables(run, sorted(fold.ranks), [], progress, "overview: writing"):
-                _write_rank(f, table, fold)
+            _write_cross(f, data, pgs, shown, folding)
+            for table in _tables(run, kept, [], progress, "overview: writing"):
+                labels = data.kept[table.rank].labels() if folding else []
+                _write_rank(f, table, data, pgs, shown, labels)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     stragglers: dict[int, int] = defaultdict(int)
-    for rank in fold.straggler:
-        if rank >= 0:
-            stragglers[rank] += 1
-    return OverviewResult(out=target, ranks=len(fold.ranks), instances=len(fold),
-                          rows=fold.rows, stragglers=dict(stragglers), problems=problems,
-                          bytes=target.stat().st_size,
-                          seconds=round(time.perf_counter() - started, 3))
+    for rank in data.straggler[data.straggler >= 0].tolist():
+        stragglers[rank] += 1
+    return OverviewResult(
+        out=target, ranks=len(data.hosts), instances=len(data), rows=data.rows,
+        stragglers=dict(stragglers), problems=problems, bytes=target.stat().st_size,
+        seconds=round(time.perf_counter() - started, 3),
+        folded=data.folded if folding else 0,
+        kept={r: k.labels() for r, k in data.kept.items()} if folding else {},
+        desyncs=[d.message for d in data.desyncs])
+
+
+def _read(run: Path, ranks: list[int], progress: bool) -> tuple[Fold, list[str]]:
+    """Every table once, into one fold. From ``READ_IN_TWO`` ranks on, on a machine of two
+    cores or more, a second process reads the upper half of the ranks meanwhile (parsing and
+    checking the tables is most of the overview's time) and its fold joins this one."""
+    if len(ranks) < READ_IN_TWO or len(os.sched_getaffinity(0)) < 2:
+        return _read_part(run, ranks, progress)
+    half = len(ranks) // 2
+    ctx = multiprocessing.get_context(      # as the merge's workers (``merge.core``)
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        other = pool.submit(_read_other, run, ranks[half:])
+        data, problems = _read_part(run, ranks[:half], progress)
+        got = other.result()
+    if isinstance(got[0], str):
+        raise SourceError(*got)
+    part, more = got
+    data.join(part)
+    return data, problems + more
+
+
+def _read_other(run: Path, ranks: list[int]) -> tuple[Fold, list[str]] | tuple[str, str]:
+    """``_read_part`` in the second process; a ``SourceError`` comes back as its source and
+    message (it does not pickle as itself)."""
+    try:
+        return _read_part(run, ranks)
+    except SourceError as exc:
+        return exc.source, exc.message
+
+
+def _read_part(run: Path, ranks: list[int], progress: bool = False) -> tuple[Fold, list[str]]:
+    problems: list[str] = []
+    data = Fold()
+    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
+        data.add(table)
+        problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
+    return data, problems
 
 
 def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str
@@ -438,17 +468,21 @@ def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, la
 # -- the command -------------------------------------------------------------------------------
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.description = ("Every rank's comm lanes, the per-group summary and bandwidth tracks and "
-                     "the stragglers, from the ranks' comm tables only (no trace is read): a "
-                     "1,024-rank job in one Perfetto tab. Then merge the ranks that matter: "
-                     "commviz merge RUN_DIR --ranks ...")
+    p.description = ("Every rank's comm lanes, the per-group summary and bandwidth tracks, the "
+                     "stragglers and desyncs, from the ranks' comm tables only (no trace is "
+                     f"read). Above {FOLD_ABOVE} ranks, ranks that behave alike fold into one "
+                     "lane per process group; stragglers, ranks off their group's typical "
+                     "timing, failed calls and desynced ranks keep their own lanes. Then merge "
+                     "the ranks that matter: commviz merge RUN_DIR --ranks ...")
     p.add_argument("run_dir", help="run dir with comm_rank*.json (or matched_rank*.json)")
     p.add_argument("-o", "--out", help=f"output file (default RUN_DIR/{OVERVIEW_NAME})")
+    p.add_argument("--fold", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"fold alike ranks (default: above {FOLD_ABOVE} ranks)")
     p.set_defaults(func=handler)
 
 
 def handler(args: argparse.Namespace) -> int:
-    result = write_overview(args.run_dir, args.out, progress=True)
+    result = write_overview(args.run_dir, args.out, progress=True, fold=args.fold)
     for problem in result.problems:
         print(f"commviz overview: problem: {problem}", file=sys.stderr)
     print(f"overview of {result.ranks} ranks: {result.instances} collective instances, "
@@ -456,5 +490,14 @@ def handler(args: argparse.Namespace) -> int:
     if result.stragglers:
         worst = sorted(result.stragglers.items(), key=lambda kv: (-kv[1], kv[0]))[:8]
         print("stragglers (rank: instances): " + ", ".join(f"{r}: {n}" for r, n in worst))
+    for desync in result.desyncs:
+        print(f"desync: {desync}")
+    if result.folded:
+        print(f"{result.folded} alike ranks folded; {len(result.kept)} kept at full detail")
+        for rank, why in list(result.kept.items())[:8]:
+            print(f"  rank {rank}: {', '.join(why)}")
+        if result.kept:
+            print(f"detail: commviz merge {args.run_dir} --ranks "
+                  f"{format_ranks(list(result.kept)[:64])}")
     print(f"wrote {result.out} ({result.bytes} bytes)")
     return 0

@@ -471,13 +471,21 @@ class Piece:
     ``piece_id`` 0 is the cross-rank piece, rank R is piece R + 1. Track uuids are
     ``piece_id << 32 | n`` and sequence ids ``piece_id << 12 | n`` (n >= 1), so pieces never
     collide and the root track (uuid 0) is never taken.
+
+    A sequence id is a uint32 and each backing track takes one. A rank's piece holds its own
+    threads, streams and lanes (4,095 at most); the cross-rank piece holds every process
+    group's tracks, which grow with the job (16,384 ranks of TP 8: 2,057 groups, two tracks
+    each). So the rank pieces keep the lower half of the id space (2**19 - 1 ranks) and the
+    cross-rank piece, written by one process, goes on into the upper half (2**31 ids).
     """
 
     MAX_SEQUENCES = (1 << 12) - 1
+    MAX_PIECES = 1 << 19
+    _CROSS_MORE = 1 << 31                     # the cross-rank piece's ids past its first 4,095
 
     def __init__(self, out: BinaryIO, piece_id: int) -> None:
-        if piece_id >= 1 << 20:
-            raise ValueError(f"piece {piece_id}: commviz writes at most 2**20 - 1 ranks")
+        if not 0 <= piece_id < self.MAX_PIECES:
+            raise ValueError(f"piece {piece_id}: commviz writes at most 2**19 - 1 ranks")
         self.file = out
         self.piece_id = piece_id
         self.buf = bytearray()
@@ -489,9 +497,12 @@ class Piece:
 
     def _next_seq(self) -> int:
         self._seqs += 1
-        if self._seqs > self.MAX_SEQUENCES:
-            raise ValueError(f"piece {self.piece_id}: more than {self.MAX_SEQUENCES} tracks")
-        return self.piece_id << 12 | self._seqs
+        if self._seqs <= self.MAX_SEQUENCES:
+            return self.piece_id << 12 | self._seqs
+        more = self._seqs - self.MAX_SEQUENCES
+        if self.piece_id == 0 and more < self._CROSS_MORE:
+            return self._CROSS_MORE | more
+        raise ValueError(f"piece {self.piece_id}: more than {self.MAX_SEQUENCES} tracks")
 
     def new_uuid(self) -> int:
         self._uuids += 1
