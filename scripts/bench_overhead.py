@@ -252,7 +252,7 @@ class Child:
 
         clocks = {"wall": time.perf_counter_ns, "thread cpu": time.thread_time_ns}
         for line in sys.stdin:
-            cmd, *rest = line.split("\t")
+            cmd, *rest = line.rstrip("\n").split("\t")
             if cmd == "quit":
                 break
             variant, calls = VARIANTS[rest[0]], int(rest[1])
@@ -281,8 +281,9 @@ class Proc:
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                    f"--callgrind-out-file={callgrind}", *cmd]
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCH_FR_BUFFER_SIZE=SIDES[side].flight_recorder,
-                   TORCH_NCCL_TRACE_BUFFER_SIZE=SIDES[side].flight_recorder)
+                   TORCH_FR_BUFFER_SIZE=SIDES[side].flight_recorder)
+        if args.device == "cuda":        # NCCL's own recorder in torch 2.11
+            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = SIDES[side].flight_recorder
         self.name = f"{side} rank {rank}"
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL if callgrind else None, text=True,
