@@ -243,14 +243,11 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
                 {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
             rng.__enter__()
     recorder = _rec.RECORDER
-    if meta is None:
-        if recorder.enabled:
-            recorder.append(rec)
-        rec[md.R_T_BEGIN] = _time_ns()
-    else:
-        if recorder.enabled:
-            recorder.append(meta)
-        meta[md.T_BEGIN] = _time_ns()
+    if recorder.enabled:           # journaled as the compact record: its shape, once per site
+        recorder.append(rec if meta is None else meta, journaled=rec)
+    now = rec[md.R_T_BEGIN] = _time_ns()
+    if meta is not None:
+        meta[md.T_BEGIN] = now
     return rec
 
 
@@ -258,13 +255,13 @@ def finish_record(rec: list[Any], error: str | None = None) -> None:
     """Close what ``open_record`` opened; under capture this is where the region ends."""
     if rec[_REGION] is not None:
         _capture.exit(rec[_REGION], rec)
+    now = rec[md.R_T_END] = _time_ns()
+    if error is not None:
+        rec[md.R_ERROR] = error
     meta = rec[_META]
     if meta is None:
-        rec[md.R_T_END] = _time_ns()
-        if error is not None:
-            rec[md.R_ERROR] = error
         return
-    meta[md.T_END] = _time_ns()
+    meta[md.T_END] = now
     if error is not None:
         meta[md.ERROR] = error
     if rec[_RANGE] is not None:

@@ -48,6 +48,7 @@ CALL = struct.Struct("<IBIqqqq")            # header + shape id, seq, t_begin, t
 TIMES = struct.Struct("<qq")
 TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
 CALL_BODY = CALL.size - HEAD.size
+# (T_META, a call's metadata as JSON, is written no more since 2026-11-26; older journals have it)
 T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL, T_ALIVE, T_NSHAPE, T_ERROR = b"hgesmcaNE"
 ALIVE = struct.Struct("<q")                 # the ticker's last "still alive" wall time
 RUNNING = -1                                # t_end of a call still running at that time
@@ -178,20 +179,17 @@ class Journal:
         self._stop = threading.Event()
 
     # -- hot path ---------------------------------------------------------------------------
-    def add(self, rec: Any, ordinal: int) -> None:
-        """Journal one record; ``ordinal`` is the recorder's count after appending it."""
+    def add(self, rec: list[Any], ordinal: int) -> None:
+        """Journal one compact record; ``ordinal`` is the recorder's count after appending it."""
         seg = self._seg
         if seg is None or seg.pos > self._limit:
             seg = self._prepare()
             if seg is None:
                 return
-        if type(rec) is list:
-            site = self._sites.get(rec[_LINE])
-            if site is None or rec[_EXTRA] is not site[1] or rec[:_FIELDS] != site[0]:
-                site = self._shape(rec)
-            sid, seq = site[2], rec[_SEQ]
-        else:
-            sid, seq = self._write_json(T_META, rec), rec.get(md.SEQ)
+        site = self._sites.get(rec[_LINE])
+        if site is None or rec[_EXTRA] is not site[1] or rec[:_FIELDS] != site[0]:
+            site = self._shape(rec)
+        sid, seq = site[2], rec[_SEQ]
         pos = seg.pos
         _pack_call(seg.map, pos, CALL_BODY, T_CALL, sid, -1 if seq is None else seq, 0, 0,
                    ordinal)
@@ -363,10 +361,7 @@ class Journal:
         running: list[Any] = []
         running_at = array("q")
         for rec, pos in zip(self._waiting, self._waiting_at):
-            if type(rec) is list:
-                begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
-            else:
-                begin, end = rec.get(md.T_BEGIN), rec.get(md.T_END)
+            begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
             TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, RUNNING if end is None else end)
             if end is None:
                 running.append(rec)

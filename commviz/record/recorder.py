@@ -155,7 +155,9 @@ class Recorder:
         return rec
 
     # -- hot path (calls the boundary kernel does not record natively) -------------------------
-    def append(self, record: Any) -> None:
+    def append(self, record: Any, journaled: list[Any] | None = None) -> None:
+        """Keep ``record``; the journal gets ``journaled`` where given (the compact record of
+        an annotation whose ``record`` is its metadata dict: no JSON per call)."""
         with self._lock:
             if self.native is not None:
                 ordinal = self.native.next_ordinal()
@@ -164,7 +166,7 @@ class Recorder:
                 ordinal = self._recorded
             self._ring.append((ordinal, record))
             if self.journal is not None:
-                self.journal.add(record, ordinal)
+                self.journal.add(record if journaled is None else journaled, ordinal)
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property
