@@ -139,11 +139,11 @@ class TraceIndex:
     def name(self, index: int) -> str:
         return str(self.events[index].get("name", ""))
 
-    def enclosing_range(self, thread: tuple[Any, Any], t: int) -> Span | None:
-        """The innermost call (commviz range or c10d op event) on ``thread`` open at ``t``."""
+    def enclosing_ranges(self, thread: tuple[Any, Any], t: int) -> list[Span]:
+        """The calls (commviz ranges, c10d op events) on ``thread`` open at ``t``, innermost
+        first."""
         ranges = self._open.get(thread)
-        held = ranges.holding(t) if ranges is not None else []
-        return held[0] if held else None
+        return ranges.holding(t) if ranges is not None else []
 
     def launch_of(self, kernel_index: int) -> Span | None:
         """The CPU runtime/driver call that launched a kernel (same ``correlation``)."""
