@@ -112,6 +112,17 @@ struct Python {
 };
 Python* g_py = nullptr;
 
+// The GIL, taken with CPython's own calls (pybind11's acquire adds bookkeeping of its own, a
+// few hundred instructions a call).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  Gil() = default;
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+  ~Gil() { PyGILState_Release(state); }
+};
+
+
 struct PgName {
   std::string name;
   py::object py;
@@ -298,7 +309,7 @@ void watch_exit(const std::string& name, py::object callback) {
 }
 
 void call_exit_watch() {
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     g_exit_watch->callback();
   } catch (const std::exception&) {
@@ -714,7 +725,7 @@ enum class Verdict { NATIVE, SKIP, MICROBATCH, PYTHON };
 struct Shape {
   Verdict verdict = Verdict::PYTHON;
   int32_t index = -1;
-  py::object info;  // GroupInfo: its last_seq is the group's numbering
+  py::object attrs;  // its GroupInfo's attribute dict (attrs_of): last_seq, the group's number
   int64_t slots = 1;
   std::string pg_name;  // a pointer reused by a later group is not the same group
   P2P* p2p = nullptr;   // a p2p shape's group numbering
@@ -817,15 +828,24 @@ Mode capture_mode(const at::Tensor& tensor, bool async_op, void** stream) {
   return PyObject_IsTrue(installed.ptr()) ? Mode::CAPTURED : Mode::PYTHON;
 }
 
-// The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
-int64_t take_seq(PyObject* info, int64_t slots) {
-  py::object last = py::reinterpret_steal<py::object>(
-      PyObject_GetAttr(info, g_py->last_seq_attr.ptr()));
-  if (!last) throw py::error_already_set();
-  int64_t value = PyLong_AsLongLong(last.ptr());
+// A GroupInfo's attribute dict: its `last_seq` (a plain dataclass field) is read and written
+// there, as Python's own attribute access does, for a fraction of the cost. Needs the GIL.
+py::object attrs_of(const py::object& info) {
+  return py::reinterpret_steal<py::object>(PyObject_GenericGetDict(info.ptr(), nullptr));
+}
+
+// The group's next number (GroupInfo.take_seq): `slots` numbers from its last, in the
+// GroupInfo's attribute dict (attrs_of). Needs the GIL.
+int64_t take_seq(PyObject* attrs, int64_t slots) {
+  PyObject* last = PyDict_GetItemWithError(attrs, g_py->last_seq_attr.ptr());  // borrowed
+  if (last == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "GroupInfo.last_seq");
+    throw py::error_already_set();
+  }
+  const int64_t value = PyLong_AsLongLong(last);
   if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-  py::int_ next(value + slots);
-  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
+  py::object next = py::reinterpret_steal<py::object>(PyLong_FromLongLong(value + slots));
+  if (!next || PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
     throw py::error_already_set();
   }
   return value + 1;
@@ -834,20 +854,28 @@ int64_t take_seq(PyObject* info, int64_t slots) {
 // What a call inside a calls.SCOPE block takes (Kernel::scoped): its group and sequence
 // numbers; no group for a p2p call. Per (group, op, device), touched with the GIL held only.
 struct Scoped {
-  py::object info;
+  py::object info, attrs;  // its GroupInfo and that one's attribute dict (attrs_of)
   int64_t slots = 1;
   std::string pg_name;
 };
 auto* g_scoped = new std::map<std::tuple<const void*, int, bool>, Scoped>();
 
-void set_last_seq(PyObject* info, int64_t value) {  // needs the GIL
+void set_last_seq(PyObject* attrs, int64_t value) {  // in attrs_of(GroupInfo); needs the GIL
   py::int_ v(value);
-  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
+  if (PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
 }
 
 // The kernels below redispatch with this: the backend's kernel is next.
 const c10::DispatchKeySet kBelowBackendSelect(c10::DispatchKeySet::FULL_AFTER,
                                               c10::DispatchKey::BackendSelect);
+
+// The object of a custom-class argument (ProcessGroup, ReduceOp, Work), unchecked: the op's
+// schema types it (IValue::toCustomClass would look its class up by name on every call).
+template <class T>
+T& custom(const c10::IValue& value) {
+  const void* held = value.toObjectRef().getSlot(0).internalToPointer();
+  return *static_cast<T*>(static_cast<torch::CustomClassHolder*>(const_cast<void*>(held)));
+}
 
 // Recording is on and the call goes to gloo's (CPU) or NCCL's (CUDA) kernel, not, say, to a
 // Meta kernel under a fake-tensor trace.
@@ -875,8 +903,8 @@ class Kernel {
     const size_t nargs = op.schema().arguments().size();
     record(stack->data() + (stack->size() - nargs), [&]() -> c10d::Work* {
       op.redispatchBoxed(below, stack);
-      return !stack->empty() && stack->back().isCustomClass()
-                 ? stack->back().toCustomClass<c10d::Work>().get()  // the stack keeps it
+      return !stack->empty() && stack->back().isObject()
+                 ? &custom<c10d::Work>(stack->back())  // the stack keeps it
                  : nullptr;
     });
   }
@@ -887,12 +915,12 @@ class Kernel {
     const c10::IValue& out = args[spec_.out_arg < 0 ? spec_.in_arg : spec_.out_arg];
     const at::Tensor* tensor = first_tensor(in);
     if (tensor == nullptr) tensor = first_tensor(out);
-    auto pg = args[spec_.pg_arg].toCustomClass<c10d::ProcessGroup>();
+    c10d::ProcessGroup& pg = custom<c10d::ProcessGroup>(args[spec_.pg_arg]);
     Args call;
     call.redop = -1;
     if (spec_.redop_arg >= 0) {
       call.redop =
-          static_cast<int64_t>(args[spec_.redop_arg].toCustomClass<c10d::ReduceOp>()->op_);
+          static_cast<int64_t>(custom<c10d::ReduceOp>(args[spec_.redop_arg]).op_);
     }
     call.root = spec_.root_arg >= 0 ? args[spec_.root_arg].toInt() : -1;
     call.async_op = spec_.async_arg >= 0 && args[spec_.async_arg].toBool();
@@ -905,17 +933,17 @@ class Kernel {
     const bool splits = has_split(args, spec_.in_split_arg) || has_split(args, spec_.out_split_arg);
 
     Verdict verdict = Verdict::PYTHON;
-    PyObject* info = nullptr;  // borrowed: GroupInfo objects live as long as the process
+    PyObject* info = nullptr;  // borrowed: a GroupInfo's attrs_of (they live as the process)
     int64_t seq = -1;
     Where where;
     py::object rec;
     void* stream = nullptr;    // a captured call's stream
     {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
         Mode mode = call_mode(call.cuda);
         if (mode == Mode::SCOPED) {
-          scoped(*pg, call);
+          scoped(pg, call);
           verdict = Verdict::SKIP;
         } else {
           Site site = callsite();
@@ -924,17 +952,17 @@ class Kernel {
           if (mode == Mode::CAPTURE_POSSIBLE) mode = capture_mode(*tensor, call.async_op, &stream);
           if (mode != Mode::CAPTURED) stream = nullptr;
           if (mode == Mode::PLAIN || mode == Mode::CAPTURED) {
-            const Shape* shape = &shape_of(*pg, site, call);
+            const Shape* shape = &shape_of(pg, site, call);
             if (shape->verdict == Verdict::MICROBATCH) {
               call.microbatch = microbatch();
-              shape = &shape_of(*pg, site, call);
+              shape = &shape_of(pg, site, call);
             }
             // p2p work under capture is placed by Python (asynchronous: the stream does not
             // wait for it)
             verdict = shape->p2p != nullptr && mode == Mode::CAPTURED ? Verdict::PYTHON
                                                                      : shape->verdict;
             if (verdict == Verdict::NATIVE) {
-              info = shape->info.ptr();
+              info = shape->attrs.ptr();
               int64_t pair = -1;
               if (shape->p2p != nullptr) {
                 std::tie(seq, pair) = take_p2p(*shape->p2p, coalescing_block(shape->pg.ptr()),
@@ -946,7 +974,7 @@ class Kernel {
               if (shape->p2p != nullptr) info = nullptr;  // no group number to follow
             }
           }
-          if (verdict == Verdict::PYTHON) rec = begin(args, *pg, site, call);
+          if (verdict == Verdict::PYTHON) rec = begin(args, pg, site, call);
         }
       } catch (py::error_already_set& exc) {  // never break the job's collective
         exc.discard_as_unraisable("commviz: recording a collective");
@@ -954,9 +982,9 @@ class Kernel {
       }
     }
     if (verdict == Verdict::NATIVE) {
-      run_native(run, *pg, call, info, seq, where, stream);
+      run_native(run, pg, call, info, seq, where, stream);
     } else if (verdict == Verdict::PYTHON && rec) {
-      run_python(run, *pg, call, rec);
+      run_python(run, pg, call, rec);
     } else {
       run();
     }
@@ -1010,7 +1038,7 @@ class Kernel {
         shape.p2p = &(*g_p2p)[name];
         shape.pg = info.attr(g_py->pg_attr);
       }
-      shape.info = std::move(info);
+      shape.attrs = attrs_of(info);
     }
     return g_shapes->insert_or_assign(key, std::move(shape)).first->second;
   }
@@ -1033,8 +1061,10 @@ class Kernel {
       py::object got = g_py->scoped(spec_.code, pg_name(pg), call.cuda);
       Scoped entry;
       entry.pg_name = name;
-      if (!got.is_none()) std::tie(entry.info, entry.slots) =
-          got.cast<std::tuple<py::object, int64_t>>();
+      if (!got.is_none()) {
+        std::tie(entry.info, entry.slots) = got.cast<std::tuple<py::object, int64_t>>();
+        entry.attrs = attrs_of(entry.info);
+      }
       it = g_scoped->insert_or_assign(key, std::move(entry)).first;
     }
     const Scoped& entry = it->second;
@@ -1043,7 +1073,7 @@ class Kernel {
       py::reinterpret_borrow<py::object>(t_scope_top)
           .attr(g_py->claim_attr)(entry.info, entry.slots);
     } else {
-      take_seq(entry.info.ptr(), entry.slots);
+      take_seq(entry.attrs.ptr(), entry.slots);
     }
   }
 
@@ -1094,7 +1124,7 @@ class Kernel {
       call_original(run, call);
     } catch (const std::exception& exc) {
       g_native->end(where, seq, now_ns(), FAILED | captured);
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
         g_py->failed(where.ordinal, py::str(exc.what()));
       } catch (py::error_already_set& err) {
@@ -1106,7 +1136,7 @@ class Kernel {
     const int64_t reported = info != nullptr ? backend_seq(pg, call) : -1;
     const int64_t t_end = now_ns();
     if (reported > 0 && reported != seq) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       set_last_seq(info, reported);
       seq = reported;
     }
@@ -1137,13 +1167,13 @@ class Kernel {
     try {
       call_original(run, call);
     } catch (const std::exception& exc) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       finish(rec, -1, exc.what());
       throw;
     }
     const int64_t reported = backend_seq(pg, call);
     const int64_t t_end = now_ns();
-    py::gil_scoped_acquire gil;
+    Gil gil;
     PyObject* list = rec.ptr();
     if (PyList_Check(list) && PyList_GET_SIZE(list) > g_slots.region &&
         PyList_GET_ITEM(list, g_slots.meta) == Py_None &&
