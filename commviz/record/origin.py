@@ -23,8 +23,9 @@ collective); a call's origin is worked out from that chain and the live Python f
 call shape (what a call site repeats, with its origin id), so natively recorded calls pay
 nothing per call for it. Two kinds resolve per call, through Python: DDP's buckets (buckets
 may share a size; without a hook they are numbered in the reducer's order) and DTensor
-redistributes inside a module call (layers called in a loop share call site and sizes); a
-1F1B batch's ops add their micro-batch per call from the few frames up to the schedule.
+redistributes inside a module call (layers called in a loop share call site and sizes). A
+1F1B batch's p2p ops are still recorded natively: the kernel asks for each one's micro-batch
+(``MicroBatches.of``, a few frames up to the schedule) and keeps a shape per micro-batch.
 ``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that loses).
 """
 
