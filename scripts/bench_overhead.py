@@ -37,7 +37,9 @@ under a running profiler, inside an annotate_collective block and per p2p call: 
 
 A host's noise (a few tenths of a microsecond on these medians) hides small costs, so
 ``--instructions`` (CPU only, needs valgrind) also counts the instructions each variant executes
-per c10d call, all threads of the measured rank, under callgrind: one child per side under
+per c10d call under callgrind, all threads of the measured rank and its calling thread alone
+(with a p2p peer, what gloo's other threads spin waiting moves from run to run by thousands of
+instructions per call; commviz's work is on the calling thread): one child per side under
 valgrind (its peer, for p2p, outside it) sets up untimed, then for each variant in turn runs
 warm-up calls, and callgrind counts exactly ``--count-calls`` calls (zeroed before, dumped
 after). The count does not drift with the host's load; it moves by a few dozen instructions per
@@ -278,7 +280,7 @@ class Proc:
         cmd = [sys.executable, __file__, "--child", side, "--rank", str(rank),
                "--device", args.device, "--arrival", args.arrival]
         if callgrind is not None:
-            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
                    f"--callgrind-out-file={callgrind}", *cmd]
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TORCH_FR_BUFFER_SIZE=SIDES[side].flight_recorder)
@@ -437,9 +439,10 @@ def timed(args: argparse.Namespace, names: list[str]) -> None:
               f"{'met' if got <= bound else 'MISSED'})")
 
 
-def _counted(sides: Sides, side: str, name: str, calls: int, out: Path, dumps: int) -> float:
+def _counted(sides: Sides, side: str, name: str, calls: int, out: Path, dumps: int
+             ) -> tuple[float, float]:
     """Instructions per c10d call of ``name`` on ``side``'s measured rank (already under
-    callgrind), counted between a zeroing and a dump."""
+    callgrind), counted between a zeroing and a dump: (all its threads, the calling thread)."""
     proc = sides.procs[side][0]
     pid = str(proc.proc.pid)
     sides.send(side, "count", name, calls)
@@ -454,23 +457,26 @@ def _counted(sides: Sides, side: str, name: str, calls: int, out: Path, dumps: i
             raise SystemExit(f"bench_overhead: the {p.name} child did not finish")
     for switch in (["-i", "off"], ["--dump"]):
         subprocess.run(["callgrind_control", *switch, pid], check=True, capture_output=True)
-    dump = Path(f"{out}.{dumps}")
+    main = Path(f"{out}.{dumps}-01")          # one file per thread; the main thread's first
     for _ in range(600):
-        if dump.exists() and re.search(r"^totals: \d+", dump.read_text(), re.M):
+        if main.exists() and re.search(r"^totals: \d+", main.read_text(), re.M):
             break
         time.sleep(0.1)
-    totals = re.search(r"^totals: (\d+)", dump.read_text(), re.M)
-    if totals is None:
-        raise SystemExit(f"bench_overhead: no totals in {dump}")
+    totals = {path: re.search(r"^totals: (\d+)", path.read_text(), re.M)
+              for path in out.parent.glob(f"{out.name}.{dumps}-*")}
+    if totals.get(main) is None:
+        raise SystemExit(f"bench_overhead: no totals in {main}")
     ops = calls * OPS_PER_CALL.get(VARIANTS[name].call, 1)
-    return int(totals.group(1)) / ops
+    return (sum(int(t.group(1)) for t in totals.values() if t) / ops,
+            int(totals[main].group(1)) / ops)
 
 
 def instructions(args: argparse.Namespace, names: list[str]) -> None:
     """Instructions per c10d call of each variant, twice each in alternation."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench_overhead: --instructions needs valgrind (callgrind_control)")
-    counts: dict[str, list[float]] = {v: [] for v in VARIANTS if VARIANTS[v].side in names}
+    counts: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS
+                                                    if VARIANTS[v].side in names}
     with tempfile.TemporaryDirectory(prefix="commviz-callgrind-") as tmp:
         outs = {side: Path(tmp) / f"{side}.out" for side in names}
         sides = Sides(names, args, callgrind=outs)
@@ -486,20 +492,26 @@ def instructions(args: argparse.Namespace, names: list[str]) -> None:
             sides.close()
     import torch
 
-    print(f"instructions per c10d call (callgrind, all threads of the measured rank, gloo, "
-          f"arriving {args.arrival}, {args.count_calls} calls, two runs each; torch "
-          f"{torch.__version__})")
-    for name, got in counts.items():
-        base = VARIANTS[name].base
-        mean = statistics.mean(got)
-        extra = ""
-        if base:
-            plain = statistics.mean(counts[base])
-            extra = f"  adds {mean - plain:+,.0f} over {base} ({(mean - plain) / plain:+.2%})"
-        print(f"  {name:<22}{' / '.join(f'{g:,.0f}' for g in got)}{extra}")
-    if "annotate, on" in counts:
-        added = statistics.mean(counts["annotate, on"]) - statistics.mean(counts["annotate block"])
-        print(f"  annotate, on over annotate block: {added:+,.0f}")
+    print(f"instructions per c10d call (callgrind, gloo, arriving {args.arrival}, "
+          f"{args.count_calls} calls, two runs each; torch {torch.__version__}): all threads of "
+          "the measured rank, then its calling thread alone (a p2p peer's timing moves what "
+          "gloo's other threads spin)")
+
+    def mean(name: str, which: int) -> float:
+        return statistics.mean(g[which] for g in counts[name])
+
+    for which, what in ((0, "all threads"), (1, "calling thread")):
+        print(f" {what}:")
+        for name, got in counts.items():
+            base = VARIANTS[name].base
+            extra = ""
+            if base:
+                added = mean(name, which) - mean(base, which)
+                extra = f"  adds {added:+,.0f} over {base} ({added / mean(base, which):+.2%})"
+            print(f"  {name:<22}{' / '.join(f'{g[which]:,.0f}' for g in got)}{extra}")
+        if "annotate, on" in counts:
+            added = mean("annotate, on", which) - mean("annotate block", which)
+            print(f"  annotate, on over annotate block: {added:+,.0f}")
 
 
 def main() -> None:

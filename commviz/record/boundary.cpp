@@ -854,7 +854,7 @@ int64_t take_seq(PyObject* attrs, int64_t slots) {
 // What a call inside a calls.SCOPE block takes (Kernel::scoped): its group and sequence
 // numbers; no group for a p2p call. Per (group, op, device), touched with the GIL held only.
 struct Scoped {
-  py::object info, attrs;  // its GroupInfo and that one's attribute dict (attrs_of)
+  py::object attrs;  // its GroupInfo's attribute dict (attrs_of); null for a p2p call
   int64_t slots = 1;
   std::string pg_name;
 };
@@ -1050,8 +1050,9 @@ class Kernel {
   }
 
   // A call inside a calls.SCOPE block is not recorded on its own: a collective takes its
-  // group's numbers, for the innermost annotate_collective block to stand for it (its Claim),
-  // or for nothing (an unrecorded block). What a group and op take is asked once (`scoped`).
+  // group's numbers and gives them to the innermost annotate_collective block, which stands
+  // for it (its Claim), or to nothing (an unrecorded block). What a group and op take is asked
+  // once (`scoped`).
   // Needs the GIL.
   void scoped(c10d::ProcessGroup& pg, const Args& call) const {
     const std::string& name = pg.getGroupName();
@@ -1062,18 +1063,20 @@ class Kernel {
       Scoped entry;
       entry.pg_name = name;
       if (!got.is_none()) {
-        std::tie(entry.info, entry.slots) = got.cast<std::tuple<py::object, int64_t>>();
-        entry.attrs = attrs_of(entry.info);
+        py::object info;
+        std::tie(info, entry.slots) = got.cast<std::tuple<py::object, int64_t>>();
+        entry.attrs = attrs_of(info);
       }
       it = g_scoped->insert_or_assign(key, std::move(entry)).first;
     }
     const Scoped& entry = it->second;
-    if (!entry.info) return;           // a p2p call: blocks number none
+    if (!entry.attrs) return;          // a p2p call: blocks number none
+    const int64_t seq = take_seq(entry.attrs.ptr(), entry.slots);
     if (t_scope_top != nullptr && t_scope_top != Py_None) {
-      py::reinterpret_borrow<py::object>(t_scope_top)
-          .attr(g_py->claim_attr)(entry.info, entry.slots);
-    } else {
-      take_seq(entry.attrs.ptr(), entry.slots);
+      py::object number = py::reinterpret_steal<py::object>(PyLong_FromLongLong(seq));
+      py::object done = py::reinterpret_steal<py::object>(
+          PyObject_CallMethodOneArg(t_scope_top, g_py->claim_attr.ptr(), number.ptr()));
+      if (!done) throw py::error_already_set();
     }
   }
 

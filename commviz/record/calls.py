@@ -63,21 +63,15 @@ class Claim:
         self.rec = rec
         self.open = rec is not None
 
-    def claim(self, info: md.GroupInfo, slots: int) -> None:
-        """A c10d collective inside the block (the boundary kernel calls this): the first one
-        is the block's; later ones only take their group's numbers."""
+    def claim(self, seq: int) -> None:
+        """A c10d collective inside the block took its group's number ``seq`` (the boundary
+        kernel calls this): the first one is the block's; later ones are nobody's."""
         if self.open:
-            self.take(info, slots)
-        else:
-            info.take_seq(slots)
-
-    def take(self, info: md.GroupInfo, slots: int) -> None:
-        seq = info.take_seq(slots)
-        rec = self.rec
-        rec[md.R_SEQ] = seq
-        if rec[_META] is not None:
-            rec[_META][md.SEQ] = seq
-        self.open = False
+            rec = self.rec
+            rec[md.R_SEQ] = seq
+            if rec[_META] is not None:
+                rec[_META][md.SEQ] = seq
+            self.open = False
 
     def close(self) -> None:
         """At the block's end: an unclaimed collective annotation numbers itself."""
