@@ -246,10 +246,24 @@ class Child:
         ops = calls * OPS_PER_CALL.get(variant.call, 1)
         return {name: (ends[name] - starts[name]) / ops for name in clocks}
 
+    def count(self, variant: Variant, calls: int) -> None:
+        """Warm-up calls, ``ready``, the counted calls, ``done``; the profiler of a profiled
+        variant starts before and stops after the count (the parent says when)."""
+        fn, t = self.calls[variant.call], self.tensor
+        self.select(variant)
+        with self.around(variant):
+            for _ in range(300):
+                fn(t)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            for _ in range(calls):
+                fn(t)
+            print("done", flush=True)
+            sys.stdin.readline()
+
     def serve(self) -> None:
         """Commands on stdin, one a line: ``time VARIANT CALLS`` (prints wall and thread CPU
-        ns per call), ``count VARIANT CALLS`` (warm up, ``ready``, wait, the counted calls,
-        ``done``), ``quit``."""
+        ns per call), ``count VARIANT CALLS`` (``count``), ``quit``."""
         import torch.distributed as td
 
         clocks = {"wall": time.perf_counter_ns, "thread cpu": time.thread_time_ns}
@@ -262,11 +276,7 @@ class Child:
                 got = self.batch(variant, calls, clocks)
                 print(f"{got['wall']}\t{got['thread cpu']}", flush=True)
             elif cmd == "count":
-                self.batch(variant, 300, {})
-                print("ready", flush=True)
-                sys.stdin.readline()
-                self.batch(variant, calls, {})
-                print("done", flush=True)
+                self.count(variant, calls)
         td.destroy_process_group()
 
 
@@ -457,6 +467,7 @@ def _counted(sides: Sides, side: str, name: str, calls: int, out: Path, dumps: i
             raise SystemExit(f"bench_overhead: the {p.name} child did not finish")
     for switch in (["-i", "off"], ["--dump"]):
         subprocess.run(["callgrind_control", *switch, pid], check=True, capture_output=True)
+    sides.send(side, "")                       # the child may stop its profiler now
     main = Path(f"{out}.{dumps}-01")          # one file per thread; the main thread's first
     for _ in range(600):
         if main.exists() and re.search(r"^totals: \d+", main.read_text(), re.M):
