@@ -8,10 +8,9 @@ one, and adds its own keys under the ``commviz.`` prefix (the Perfetto UI groups
 
 from __future__ import annotations
 
-import itertools
 import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -78,6 +77,7 @@ GRAPH_NODE = "commviz.graph_node"  # graphed kernels: CUPTI id of the captured n
 MARK = "commviz.mark"            # commviz.mark label of a compute kernel ("outer/inner")
 MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
+TID = "commviz.tid"              # the calling thread's OS id (the profiler trace's "tid")
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
 # where a call comes from (commviz.record.origin): one short string, its kind and unit
 ORIGIN = "commviz.origin"                # "FSDP forward all-gather (layers.0)", "train.py:88"
@@ -354,9 +354,6 @@ class GroupInfo:
     ranks_str: str = ""
     last_seq: int = 0                # the group's last collective sequence number taken
     last_user_seq: int = 0           # annotations of communication outside c10d
-    p2p_seq: dict[tuple[int, int], Any] = field(default_factory=dict)
-    last_fr_p2p_seq: int = 0         # NCCL's p2p numbering (take_fr_p2p_seq)
-    p2p_block: Any = None            # the coalescing block that took the last p2p number
 
     def __post_init__(self) -> None:
         self.ranks_str = str(self.ranks)
@@ -379,24 +376,6 @@ class GroupInfo:
         """A rank of this group as a global rank."""
         ranks = self.ranks
         return ranks[group_rank] if 0 <= group_rank < len(ranks) else group_rank
-
-    def next_p2p_seq(self, src: int, dst: int) -> int:
-        counter = self.p2p_seq.get((src, dst))
-        if counter is None:
-            counter = self.p2p_seq.setdefault((src, dst), itertools.count(1))
-        return next(counter)
-
-    def take_fr_p2p_seq(self, block: Any) -> int:
-        """NCCL's number of a p2p op, as ProcessGroupNCCL::pointToPoint counts ``seqP2P_`` and
-        Flight Recorder writes it (``p2p_seq_id``): one per group, taken by each p2p op outside
-        a coalescing block and once by each block (``batch_isend_irecv``: its ops share it and
-        NCCL runs them as one kernel). ``block``: the op list torch keeps for the group's open
-        ``_coalescing_manager`` (``_world.pg_coalesce_state``), None outside one; it is held
-        here, so its identity cannot be reused by a later block."""
-        if block is None or block is not self.p2p_block:
-            self.last_fr_p2p_seq += 1
-        self.p2p_block = block
-        return self.last_fr_p2p_seq
 
     def table_row(self) -> dict[str, Any]:
         return {"name": self.name, "desc": self.desc, "ranks": list(self.ranks),

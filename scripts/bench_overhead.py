@@ -1,33 +1,55 @@
-"""CPU time commviz's c10d boundary recorder adds to a collective, measured side by side.
+"""CPU time commviz's c10d boundary recorder adds to a call, measured side by side.
 
-One process, one rank (gloo on CPU, or NCCL on one GPU with ``--device cuda``), interleaved
-batches of one-element ``torch.distributed.all_reduce`` calls; per call, median and minimum
-over the batches, by wall clock and by this thread's CPU time:
-  plain            no commviz kernel installed (torch as it ships)
-  recording on     commviz's boundary kernel installed, recording
-  recording off    installed, ``commviz.enable(False)``
-  record_function  plain call inside ``torch.profiler.record_function`` (a familiar yardstick)
-  FSDP range       plain call inside a range commviz follows for origins (FSDP2's name)
-  FSDP range, on   the same, recording on (what it adds is printed against FSDP range)
-``--arrival unboxed`` makes the same calls in ``torch.inference_mode`` on an inference tensor:
-c10d's op then skips torch's Autograd fallback and reaches commviz's kernel unboxed, the way
-functional collectives and compiled code reach it (the default, ``boxed``, is how
-torch.distributed's functions, DDP and FSDP reach it).
-Targets (thread CPU, median): recording on adds < 5 us, recording off < 0.5 us. What a variant
-adds (median) is the median over rounds of its time minus plain's in the same round (the order
-of the variants rotates each round), so a host's slow drift cancels out, with a bootstrap 95%
-interval of that median; (min) compares each variant's best round.
+Interleaved batches of one-element calls (gloo on CPU, or NCCL with ``--device cuda``); per
+variant, median over the batches of wall clock and of the calling thread's CPU time per c10d
+call. The variants run in child processes, one per *side*, each set up once:
+  one      one rank, Flight Recorder off (``TORCH_FR_BUFFER_SIZE=0``):
+           plain            no commviz kernel installed (torch as it ships)
+           recording on     commviz's boundary kernel installed, recording
+           recording off    installed, ``commviz.enable(False)``
+           record_function  plain call inside ``torch.profiler.record_function`` (a yardstick)
+           FSDP range       plain call inside a range commviz follows for origins (FSDP2's name)
+           FSDP range, on   the same, recording on (against FSDP range)
+           profiler         plain call while ``torch.profiler`` runs (CPU activity, shapes
+                            recorded: what ``commviz.profile`` starts)
+           profiler, on     the same, recording on (against profiler)
+           annotate block   the call inside ``commviz.annotate_collective``, no kernel
+                            installed: what the block itself costs
+           annotate, on     the same block, recording on (against plain: all the annotated
+                            call costs; and against annotate block)
+  fr       one rank, torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE=2000``, torch's default):
+           Flight Recorder  plain call (against plain: what Flight Recorder costs)
+           FR + on          recording on as well (against Flight Recorder)
+  p2p      two ranks (the peer a process of its own, mirroring each call), Flight Recorder off;
+           per point-to-point call, each exchange being one send and one receive:
+           send/recv, isend/irecv (waited), batch_isend_irecv (one isend, one irecv), each
+           plain and ``, on`` (against plain)
+``--arrival unboxed`` makes the one-rank calls in ``torch.inference_mode`` on an inference
+tensor: c10d's op then reaches commviz's kernel unboxed, the way functional collectives and
+compiled code reach it (``boxed``, the default, is how torch.distributed's functions, DDP and
+FSDP reach it).
 
-A host's noise (a few tenths of a microsecond on these medians) hides what recording off
-costs, so ``--instructions`` (CPU only, needs valgrind) also counts the instructions each
-variant executes per call, all threads, under callgrind: a child process per variant sets up
-untimed, then callgrind counts exactly ``--count-calls`` calls. The count does not drift with
-the host's load; it moves by a few dozen instructions per call from run to run.
+What a variant adds (median) is the median over rounds of its time minus its base's in the
+same round (the order of the variants rotates each round), so a host's slow drift cancels out,
+with a bootstrap 95% interval of that median; (min) compares the best rounds. Targets (thread
+CPU, median): recording on adds < 5 us and no more than Flight Recorder does; off < 0.5 us;
+under a running profiler, inside an annotate_collective block and per p2p call: <= 2 us.
+
+A host's noise (a few tenths of a microsecond on these medians) hides small costs, so
+``--instructions`` (CPU only, needs valgrind) also counts the instructions each variant executes
+per c10d call under callgrind, all threads of the measured rank and its calling thread alone
+(with a p2p peer, what gloo's other threads spin waiting moves from run to run by thousands of
+instructions per call; commviz's work is on the calling thread): one child per side under
+valgrind (its peer, for p2p, outside it) sets up untimed, then for each variant in turn runs
+warm-up calls, and callgrind counts exactly ``--count-calls`` calls (zeroed before, dumped
+after). The count does not drift with the host's load; it moves by a few dozen instructions per
+call from run to run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -38,76 +60,309 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
-import torch
-import torch.distributed as td
+# (torch, commviz: imported in the children only, where the side's environment is set first)
 
-import commviz
-from commviz.record import boundary
-from commviz.record.boundary import Impl
+FR_OFF, FR_ON = "0", "2000"
 
 
-def _per_call_ns(tensor: torch.Tensor, calls: int, clock: Callable[[], int],
-                 fn: Callable[[torch.Tensor], object]) -> float:
-    t0 = clock()
-    for _ in range(calls):
-        fn(tensor)
-    return (clock() - t0) / calls
+@dataclass(frozen=True)
+class Side:
+    """A child process setting: how many ranks, whether Flight Recorder records."""
+
+    world: int
+    flight_recorder: str
 
 
-def _with_record_function(t: torch.Tensor) -> None:
-    with torch.profiler.record_function("all_reduce"):
-        td.all_reduce(t)
+SIDES = {"one": Side(1, FR_OFF), "fr": Side(1, FR_ON), "p2p": Side(2, FR_OFF)}
 
 
-def _in_fsdp_range(t: torch.Tensor) -> None:
-    """The call inside a range commviz follows for origins, as FSDP2 opens it."""
-    with torch.profiler.record_function("FSDP::all_gather (layers.0)"):
-        td.all_reduce(t)
+@dataclass(frozen=True)
+class Variant:
+    """One way of making the call: the side that runs it, commviz's state, what it is
+    measured against (``base``; None: nothing) and what a target says of it."""
+
+    side: str
+    kernel: bool            # commviz's boundary kernel installed
+    recording: bool
+    call: str               # a name of CALLS
+    base: str | None = "plain"
+    profiled: bool = False  # torch.profiler running around the batch
 
 
-# variant -> (boundary implementation or None for plain, recording on, call)
-VARIANTS: dict[str, tuple[Impl | None, bool, Callable[[torch.Tensor], object]]] = {
-    "plain": (None, True, td.all_reduce),
-    "recording on": (Impl.CPP, True, td.all_reduce),
-    "recording off": (Impl.CPP, False, td.all_reduce),
-    "record_function": (None, True, _with_record_function),
-    "FSDP range": (None, True, _in_fsdp_range),
-    "FSDP range, on": (Impl.CPP, True, _in_fsdp_range),
+# variant -> its setting (the order is the table's)
+VARIANTS: dict[str, Variant] = {
+    "plain": Variant("one", False, True, "all_reduce", None),
+    "recording on": Variant("one", True, True, "all_reduce"),
+    "recording off": Variant("one", True, False, "all_reduce"),
+    "record_function": Variant("one", False, True, "record_function"),
+    "FSDP range": Variant("one", False, True, "fsdp_range"),
+    "FSDP range, on": Variant("one", True, True, "fsdp_range", "FSDP range"),
+    "profiler": Variant("one", False, True, "all_reduce", profiled=True),
+    "profiler, on": Variant("one", True, True, "all_reduce", "profiler", profiled=True),
+    "annotate block": Variant("one", False, True, "annotated"),
+    "annotate, on": Variant("one", True, True, "annotated"),
+    "Flight Recorder": Variant("fr", False, True, "all_reduce"),
+    "FR + on": Variant("fr", True, True, "all_reduce", "Flight Recorder"),
+    "send/recv": Variant("p2p", False, True, "send_recv", None),
+    "send/recv, on": Variant("p2p", True, True, "send_recv", "send/recv"),
+    "isend/irecv": Variant("p2p", False, True, "isend_irecv", None),
+    "isend/irecv, on": Variant("p2p", True, True, "isend_irecv", "isend/irecv"),
+    "batch_isend_irecv": Variant("p2p", False, True, "batch", None),
+    "batch_isend_irecv, on": Variant("p2p", True, True, "batch", "batch_isend_irecv"),
 }
+# c10d calls per call of CALLS[name] (a p2p exchange sends once and receives once)
+OPS_PER_CALL = {"send_recv": 2, "isend_irecv": 2, "batch": 2}
+# Added cost (median thread CPU, us) each target allows: (variant, against, limit); a limit
+# named by a variant is what that variant adds over its own base
+TARGETS: list[tuple[str, str, float | str]] = [
+    ("recording on", "plain", 5.0),
+    ("recording on", "plain", "Flight Recorder"),
+    ("recording off", "plain", 0.5),
+    ("profiler, on", "profiler", 2.0),
+    ("annotate, on", "plain", 2.0),
+    ("send/recv, on", "send/recv", 2.0),
+    ("isend/irecv, on", "isend/irecv", 2.0),
+    ("batch_isend_irecv, on", "batch_isend_irecv", 2.0),
+]
 
 
-def _select(impl: Impl | None, recording: bool) -> None:
-    if boundary.BOUNDARY.impl is not impl:
-        boundary.uninstall()
-        if impl is not None:
-            got = boundary.install(impl)
-            if got is not impl:
-                raise SystemExit(f"bench_overhead: wanted the {impl.value} kernel, got "
-                                 f"{got.value}: {boundary.BOUNDARY.problem}")
-    commviz.enable(recording)
+# -- the child: one side's process group, its calls ---------------------------------------------
+
+def _calls(peer: int | None, mirror: bool) -> dict[str, Callable[..., object]]:
+    """Each call by name; ``mirror``: the peer's side of a p2p exchange."""
+    import torch
+    import torch.distributed as td
+
+    import commviz
+
+    def record_function(t: torch.Tensor) -> None:
+        with torch.profiler.record_function("all_reduce"):
+            td.all_reduce(t)
+
+    def fsdp_range(t: torch.Tensor) -> None:
+        """The call inside a range commviz follows for origins, as FSDP2 opens it."""
+        with torch.profiler.record_function("FSDP::all_gather (layers.0)"):
+            td.all_reduce(t)
+
+    def annotated(t: torch.Tensor) -> None:
+        with commviz.annotate_collective("all_reduce", t, t):
+            td.all_reduce(t)
+
+    def send_recv(t: torch.Tensor) -> None:
+        if mirror:
+            td.recv(t, peer)
+            td.send(t, peer)
+        else:
+            td.send(t, peer)
+            td.recv(t, peer)
+
+    def isend_irecv(t: torch.Tensor) -> None:
+        for work in (td.isend(t, peer), td.irecv(t.clone() if mirror else t, peer)):
+            work.wait()
+
+    def batch(t: torch.Tensor) -> None:
+        ops = [td.P2POp(td.isend, t, peer), td.P2POp(td.irecv, torch.empty_like(t), peer)]
+        for work in td.batch_isend_irecv(ops):
+            work.wait()
+
+    return {"all_reduce": td.all_reduce, "record_function": record_function,
+            "fsdp_range": fsdp_range, "annotated": annotated, "send_recv": send_recv,
+            "isend_irecv": isend_irecv, "batch": batch}
 
 
-# Held entered for the whole process with --arrival unboxed.
-_INFERENCE = torch.inference_mode()
+class Child:
+    """A side's rank: process group, commviz, and the variants it runs on command."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        import torch.distributed as td
+
+        self.args = args
+        self.rank = args.rank
+        side = SIDES[args.child]
+        if args.arrival == "unboxed" and side.world == 1:
+            torch.inference_mode().__enter__()       # held for the process's life
+        device = args.device
+        if device == "cuda":
+            torch.cuda.set_device(self.rank)
+        td.init_process_group("nccl" if device == "cuda" else "gloo", rank=self.rank,
+                              world_size=side.world)
+        self.tensor = torch.ones(1, device=device)
+        self.calls = _calls(1 - self.rank if side.world == 2 else None, mirror=self.rank == 1)
+        if self.rank == 0:
+            import commviz
+
+            commviz.start(tempfile.mkdtemp(prefix="commviz-bench-"), capacity=10_000,
+                          flush_interval=None)
+
+    def select(self, variant: Variant) -> None:
+        """commviz's kernel in or out, recording on or off (the measured rank only)."""
+        if self.rank != 0:
+            return
+        import commviz
+        from commviz.record import boundary
+        from commviz.record.boundary import Impl
+
+        want = Impl.CPP if variant.kernel else None
+        if boundary.BOUNDARY.impl is not want:
+            boundary.uninstall()
+            if want is not None:
+                got = boundary.install(want)
+                if got is not want:
+                    raise SystemExit(f"bench_overhead: no C++ kernel: {boundary.BOUNDARY.problem}")
+        commviz.enable(variant.recording)
+
+    def around(self, variant: Variant) -> ContextManager[object]:
+        """What a batch runs inside: the profiler ``commviz.profile`` starts, for the
+        profiled variants (on the measured rank; its trace is not written)."""
+        if not variant.profiled or self.rank != 0:
+            return contextlib.nullcontext()
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.args.device == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        return profile(activities=activities, record_shapes=True)
+
+    def batch(self, variant: Variant, calls: int, clocks: dict[str, Callable[[], int]]
+              ) -> dict[str, float]:
+        """``calls`` calls of ``variant``; ns per c10d call by each clock."""
+        import torch
+
+        fn, t = self.calls[variant.call], self.tensor
+        self.select(variant)
+        with self.around(variant):
+            if self.args.device == "cuda":
+                torch.cuda.synchronize()
+            starts = {name: clock() for name, clock in clocks.items()}
+            for _ in range(calls):
+                fn(t)
+            ends = {name: clock() for name, clock in clocks.items()}
+        ops = calls * OPS_PER_CALL.get(variant.call, 1)
+        return {name: (ends[name] - starts[name]) / ops for name in clocks}
+
+    def count(self, variant: Variant, calls: int) -> None:
+        """Warm-up calls, ``ready``, the counted calls, ``done``; the profiler of a profiled
+        variant starts before and stops after the count (the parent says when)."""
+        fn, t = self.calls[variant.call], self.tensor
+        self.select(variant)
+        with self.around(variant):
+            for _ in range(300):
+                fn(t)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            for _ in range(calls):
+                fn(t)
+            print("done", flush=True)
+            sys.stdin.readline()
+
+    def serve(self) -> None:
+        """Commands on stdin, one a line: ``time VARIANT CALLS`` (prints wall and thread CPU
+        ns per call), ``count VARIANT CALLS`` (``count``), ``quit``."""
+        import torch.distributed as td
+
+        clocks = {"wall": time.perf_counter_ns, "thread cpu": time.thread_time_ns}
+        for line in sys.stdin:
+            cmd, *rest = line.rstrip("\n").split("\t")
+            if cmd == "quit":
+                break
+            variant, calls = VARIANTS[rest[0]], int(rest[1])
+            if cmd == "time":
+                got = self.batch(variant, calls, clocks)
+                print(f"{got['wall']}\t{got['thread cpu']}", flush=True)
+            elif cmd == "count":
+                self.count(variant, calls)
+        td.destroy_process_group()
 
 
-def _setup(device: str, arrival: str) -> torch.Tensor:
-    """One-rank process group and commviz's recorder; the tensor every variant reduces."""
-    if arrival == "unboxed":
-        _INFERENCE.__enter__()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    if device == "cuda":
-        torch.cuda.set_device(0)
-    td.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
-    commviz.start(tempfile.mkdtemp(prefix="commviz-bench-"), capacity=10_000, flush_interval=None)
-    return torch.ones(1, device=device)
+# -- the parent: children, rounds, figures -------------------------------------------------------
+
+class Proc:
+    """One child process, talked to through its stdin and stdout."""
+
+    def __init__(self, side: str, rank: int, port: int, args: argparse.Namespace,
+                 callgrind: Path | None = None) -> None:
+        cmd = [sys.executable, __file__, "--child", side, "--rank", str(rank),
+               "--device", args.device, "--arrival", args.arrival]
+        if callgrind is not None:
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                   f"--callgrind-out-file={callgrind}", *cmd]
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCH_FR_BUFFER_SIZE=SIDES[side].flight_recorder)
+        if args.device == "cuda":        # NCCL's own recorder in torch 2.11
+            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = SIDES[side].flight_recorder
+        self.name = f"{side} rank {rank}"
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL if callgrind else None, text=True,
+                                     env=env)
+
+    def send(self, *words: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\t".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"bench_overhead: the {self.name} child exited early "
+                             f"({self.proc.wait()})")
+        return line.strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.send("quit")
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Sides:
+    """The children of the sides in use: the measured rank and, for p2p, its peer."""
+
+    def __init__(self, names: list[str], args: argparse.Namespace,
+                 callgrind: dict[str, Path] | None = None) -> None:
+        self.procs: dict[str, list[Proc]] = {}
+        try:
+            for name in names:
+                port = _port()
+                self.procs[name] = [
+                    Proc(name, rank, port, args,
+                         callgrind.get(name) if callgrind and rank == 0 else None)
+                    for rank in range(SIDES[name].world)]
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, side: str, *words: object) -> None:
+        for proc in self.procs[side]:
+            proc.send(*words)
+
+    def time(self, name: str, calls: int) -> tuple[float, float]:
+        """One batch of ``name``: (wall, thread CPU) ns per c10d call on the measured rank."""
+        side = VARIANTS[name].side
+        self.send(side, "time", name, calls)
+        answers = [proc.read() for proc in self.procs[side]]
+        wall, cpu = answers[0].split("\t")
+        return float(wall), float(cpu)
+
+    def close(self) -> None:
+        for procs in self.procs.values():
+            for proc in procs:
+                proc.close()
 
 
 def _median_interval(diffs: list[float], resamples: int = 2000) -> tuple[float, float]:
@@ -118,153 +373,185 @@ def _median_interval(diffs: list[float], resamples: int = 2000) -> tuple[float, 
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def timed(args: argparse.Namespace) -> None:
+def _sides(args: argparse.Namespace) -> list[str]:
+    """The sides this run can have: p2p needs two devices on CUDA."""
+    names = list(SIDES)
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            print("(p2p variants skipped: they need 2 GPUs, this host has "
+                  f"{torch.cuda.device_count()})")
+            names.remove("p2p")
+    return names
+
+
+def timed(args: argparse.Namespace, names: list[str]) -> None:
     """The interleaved rounds, by wall clock and thread CPU time."""
-    tensor = _setup(args.device, args.arrival)
-    clocks = {"wall": time.perf_counter_ns, "thread cpu": time.thread_time_ns}
-    results: dict[tuple[str, str], list[float]] = {(v, c): [] for v in VARIANTS for c in clocks}
-    for name, (impl, recording, fn) in VARIANTS.items():      # warm-up
-        _select(impl, recording)
-        _per_call_ns(tensor, 200, time.perf_counter_ns, fn)
-    names = list(VARIANTS)
-    for round_ in range(args.batches):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            impl, recording, fn = VARIANTS[name]
-            _select(impl, recording)
-            for cname, clock in clocks.items():
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                results[(name, cname)].append(_per_call_ns(tensor, args.calls, clock, fn))
-    _select(Impl.CPP, True)
+    variants = [v for v in VARIANTS if VARIANTS[v].side in names]
+    results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    sides = Sides(names, args)
+    try:
+        for name in variants:                                   # warm-up
+            sides.time(name, 200)
+        for round_ in range(args.batches):
+            turn = round_ % len(variants)
+            for name in variants[turn:] + variants[:turn]:
+                results[name].append(sides.time(name, args.calls))
+    finally:
+        sides.close()
 
-    print(f"commviz boundary overhead: all_reduce of 1 element, {td.get_backend()}, 1 rank, "
-          f"arriving {args.arrival}, {args.batches} batches x {args.calls} calls, "
-          f"torch {torch.__version__}")
-    stats = {"median": statistics.median, "min": min}
+    print(f"commviz boundary overhead: 1-element calls, {'nccl' if args.device == 'cuda' else 'gloo'}, "
+          f"arriving {args.arrival}, {args.batches} rounds x {args.calls} calls per variant; "
+          "us per c10d call (p2p: per send or receive)")
 
-    def diffs(name: str, clock: str) -> list[float]:
-        """Per round, what ``name`` took over plain, in us."""
-        return [(v - p) / 1000 for v, p in zip(results[(name, clock)], results[("plain", clock)])]
+    def diffs(name: str, base: str, clock: int) -> list[float]:
+        """Per round, what ``name`` took over ``base``, in us."""
+        return [(v[clock] - b[clock]) / 1000 for v, b in zip(results[name], results[base])]
 
-    def added(name: str, clock: str, stat: str) -> float:
-        """What ``name`` adds over plain, in us: the median of the per-round differences, or
-        the difference of the best rounds."""
-        if stat == "min":
-            return (min(results[(name, clock)]) - min(results[("plain", clock)])) / 1000
-        return statistics.median(diffs(name, clock))
+    def best(name: str, clock: int) -> float:
+        return min(r[clock] for r in results[name]) / 1000
 
-    print(f"{'variant':<17}" + "".join(f"{c.split()[-1] + ' ' + s:>16}"
-                                       for c in clocks for s in stats))
-    for name in VARIANTS:
-        row = f"{name:<17}"
-        for c in clocks:
-            for s, f in stats.items():
-                row += f"{f(results[(name, c)]) / 1000:>9.2f}" + (
-                    f"{added(name, c, s):>+7.2f}" if name != "plain" else " " * 7)
+    print(f"{'variant':<22}{'base':<18}{'wall med':>9}{'added':>8}{'cpu med':>9}{'added':>8}"
+          f"{'95% interval':>18}{'cpu min':>9}{'added':>8}")
+    for name in variants:
+        base = VARIANTS[name].base
+        row = f"{name:<22}{base or '':<18}"
+        for clock in (0, 1):
+            row += f"{statistics.median(r[clock] for r in results[name]) / 1000:>9.2f}"
+            row += f"{statistics.median(diffs(name, base, clock)):>+8.2f}" if base else " " * 8
+        if base:
+            low, high = _median_interval(diffs(name, base, 1))
+            row += f"{low:>+9.2f} .. {high:>+5.2f}{best(name, 1):>9.2f}"
+            row += f"{best(name, 1) - best(base, 1):>+8.2f}"
+        else:
+            row += " " * 18 + f"{best(name, 1):>9.2f}"
         print(row)
-    print("(columns: us per call, then us added over plain: median of the per-round "
-          "differences, difference of the best rounds)")
-    for s in stats:
-        on = added("recording on", "thread cpu", s)
-        off = added("recording off", "thread cpu", s)
-        print(f"targets ({s}, thread cpu): recording on adds {on:.2f} us "
-              f"(< 5: {'met' if on < 5 else 'MISSED'}), off adds {off:.2f} us "
-              f"(< 0.5: {'met' if off < 0.5 else 'MISSED'})")
-    for name in ("recording on", "recording off"):
-        low, high = _median_interval(diffs(name, "thread cpu"))
-        print(f"  {name}: 95% interval of the median added thread cpu {low:+.2f} .. {high:+.2f} us")
-    # inside a range commviz follows (FSDP2's, pipelining's): against the same call without it
-    ranged = [(v - p) / 1000 for v, p in zip(results[("FSDP range, on", "thread cpu")],
-                                             results[("FSDP range", "thread cpu")])]
-    low, high = _median_interval(ranged)
-    print(f"  inside an FSDP range, recording on adds {statistics.median(ranged):+.2f} us thread "
-          f"cpu over the same call without commviz (95%: {low:+.2f} .. {high:+.2f}; < 5: "
-          f"{'met' if statistics.median(ranged) < 5 else 'MISSED'})")
-    td.destroy_process_group()
+    print("(added: median of the per-round differences from the base; cpu min: the best "
+          "round and its difference from the base's best round)")
+    if "annotate, on" in results:
+        low, high = _median_interval(diffs("annotate, on", "annotate block", 1))
+        print(f"  annotate, on over annotate block: "
+              f"{statistics.median(diffs('annotate, on', 'annotate block', 1)):+.2f} us "
+              f"(95%: {low:+.2f} .. {high:+.2f})")
+    for name, base, limit in TARGETS:
+        if name not in results or base not in results:
+            continue
+        got = statistics.median(diffs(name, base, 1))
+        if isinstance(limit, str):
+            if limit not in results:
+                continue
+            bound = statistics.median(diffs(limit, VARIANTS[limit].base or "plain", 1))
+            what = f"<= {limit}'s {bound:+.2f}"
+        else:
+            bound, what = limit, f"<= {limit:g}"
+        print(f"target: {name} adds {got:+.2f} us thread cpu over {base} ({what}: "
+              f"{'met' if got <= bound else 'MISSED'})")
 
 
-def count_child(args: argparse.Namespace) -> None:
-    """Under callgrind (instrumentation off): set up, then call while the parent counts."""
-    tensor = _setup("cpu", args.arrival)
-    impl, recording, fn = VARIANTS[args.count_child]
-    _select(impl, recording)
-    for _ in range(300):
-        fn(tensor)
-    for step in ("ready", "done"):   # the parent switches callgrind's counting on, then off
-        print(step, flush=True)
-        sys.stdin.readline()
-        if step == "ready":
-            for _ in range(args.count_calls):
-                fn(tensor)
-    td.destroy_process_group()
+def _counted(sides: Sides, side: str, name: str, calls: int, out: Path, dumps: int
+             ) -> tuple[float, float]:
+    """Instructions per c10d call of ``name`` on ``side``'s measured rank (already under
+    callgrind), counted between a zeroing and a dump: (all its threads, the calling thread)."""
+    proc = sides.procs[side][0]
+    pid = str(proc.proc.pid)
+    sides.send(side, "count", name, calls)
+    for p in sides.procs[side]:
+        if p.read() != "ready":
+            raise SystemExit(f"bench_overhead: the {p.name} child did not get ready")
+    for switch in (["-z"], ["-i", "on"]):
+        subprocess.run(["callgrind_control", *switch, pid], check=True, capture_output=True)
+    sides.send(side, "")
+    for p in sides.procs[side]:
+        if p.read() != "done":
+            raise SystemExit(f"bench_overhead: the {p.name} child did not finish")
+    for switch in (["-i", "off"], ["--dump"]):
+        subprocess.run(["callgrind_control", *switch, pid], check=True, capture_output=True)
+    sides.send(side, "")                       # the child may stop its profiler now
+    main = Path(f"{out}.{dumps}-01")          # one file per thread; the main thread's first
+    for _ in range(600):
+        if main.exists() and re.search(r"^totals: \d+", main.read_text(), re.M):
+            break
+        time.sleep(0.1)
+    totals = {path: re.search(r"^totals: (\d+)", path.read_text(), re.M)
+              for path in out.parent.glob(f"{out.name}.{dumps}-*")}
+    if totals.get(main) is None:
+        raise SystemExit(f"bench_overhead: no totals in {main}")
+    ops = calls * OPS_PER_CALL.get(VARIANTS[name].call, 1)
+    return (sum(int(t.group(1)) for t in totals.values() if t) / ops,
+            int(totals[main].group(1)) / ops)
 
 
-def _counted(variant: str, args: argparse.Namespace, out: Path) -> float:
-    """Instructions per call of ``variant``, all threads, counted by callgrind."""
-    calls = args.count_calls
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-         sys.executable, __file__, "--count-child", variant, "--count-calls", str(calls),
-         "--arrival", args.arrival],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={k: v for k, v in os.environ.items() if k != "MASTER_PORT"})  # a port of its own
-    assert proc.stdin is not None and proc.stdout is not None
-    for step, switch in (("ready", "on"), ("done", "off")):
-        while (line := proc.stdout.readline()) and line.strip() != step:
-            pass
-        if not line:
-            raise SystemExit(f"bench_overhead: the {variant!r} child under valgrind exited early")
-        subprocess.run(["callgrind_control", "-i", switch, str(proc.pid)], check=True,
-                       capture_output=True)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-    if proc.wait() != 0:
-        raise SystemExit(f"bench_overhead: the {variant!r} child failed ({proc.returncode})")
-    totals = re.search(r"^totals: (\d+)", out.read_text(), re.M)
-    if totals is None:
-        raise SystemExit(f"bench_overhead: no totals in {out}")
-    return int(totals.group(1)) / calls
-
-
-def instructions(args: argparse.Namespace) -> None:
-    """Instructions per call of each variant, twice each in alternation."""
+def instructions(args: argparse.Namespace, names: list[str]) -> None:
+    """Instructions per c10d call of each variant, twice each in alternation."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench_overhead: --instructions needs valgrind (callgrind_control)")
-    counts: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    counts: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS
+                                                    if VARIANTS[v].side in names}
     with tempfile.TemporaryDirectory(prefix="commviz-callgrind-") as tmp:
-        for repeat in range(2):
-            for i, name in enumerate(VARIANTS):
-                counts[name].append(_counted(name, args, Path(tmp) / f"{repeat}-{i}.out"))
-    plain = statistics.mean(counts["plain"])
-    print(f"instructions per call (callgrind, all threads, gloo, arriving {args.arrival}, "
-          f"{args.count_calls} calls, two runs each; torch {torch.__version__})")
-    for name, got in counts.items():
-        added = statistics.mean(got) - plain
-        extra = "" if name == "plain" else f"  adds {added:+,.0f} ({added / plain:+.2%} of plain)"
-        print(f"  {name:<17}{' / '.join(f'{g:,.0f}' for g in got)}{extra}")
+        outs = {side: Path(tmp) / f"{side}.out" for side in names}
+        sides = Sides(names, args, callgrind=outs)
+        dumps = dict.fromkeys(names, 0)
+        try:
+            for repeat in range(2):
+                for name in counts:
+                    side = VARIANTS[name].side
+                    dumps[side] += 1
+                    counts[name].append(_counted(sides, side, name, args.count_calls,
+                                                 outs[side], dumps[side]))
+        finally:
+            sides.close()
+    import torch
+
+    print(f"instructions per c10d call (callgrind, gloo, arriving {args.arrival}, "
+          f"{args.count_calls} calls, two runs each; torch {torch.__version__}): all threads of "
+          "the measured rank, then its calling thread alone (a p2p peer's timing moves what "
+          "gloo's other threads spin)")
+
+    def mean(name: str, which: int) -> float:
+        return statistics.mean(g[which] for g in counts[name])
+
+    for which, what in ((0, "all threads"), (1, "calling thread")):
+        print(f" {what}:")
+        for name, got in counts.items():
+            base = VARIANTS[name].base
+            extra = ""
+            if base:
+                added = mean(name, which) - mean(base, which)
+                extra = f"  adds {added:+,.0f} over {base} ({added / mean(base, which):+.2%})"
+            print(f"  {name:<22}{' / '.join(f'{g[which]:,.0f}' for g in got)}{extra}")
+        if "annotate, on" in counts:
+            added = mean("annotate, on", which) - mean("annotate block", which)
+            print(f"  annotate, on over annotate block: {added:+,.0f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--calls", type=int, default=2000, help="calls per batch")
-    parser.add_argument("--batches", type=int, default=41)
+    parser.add_argument("--batches", type=int, default=41, help="rounds of every variant")
     parser.add_argument("--arrival", default="boxed", choices=["boxed", "unboxed"],
                         help="how the op reaches commviz's kernel (unboxed: inference mode)")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help=f"which sides to run, of {', '.join(SIDES)}")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions per call under callgrind (CPU only)")
-    parser.add_argument("--count-calls", type=int, default=5000,
+    parser.add_argument("--count-calls", type=int, default=2000,
                         help="calls counted per variant with --instructions")
-    parser.add_argument("--count-child", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.count_child:
-        count_child(args)
+    if args.child:
+        Child(args).serve()
         return
-    timed(args)
+    if args.instructions and args.device != "cpu":
+        raise SystemExit("bench_overhead: --instructions counts the CPU (gloo) path only")
+    names = [n for n in _sides(args) if n in args.sides.split(",")]
+    if "one" not in names:
+        raise SystemExit("bench_overhead: the one side's plain call is every side's yardstick")
+    timed(args, names)
     if args.instructions:
-        if args.device != "cpu":
-            raise SystemExit("bench_overhead: --instructions counts the CPU (gloo) path only")
-        instructions(args)
+        instructions(args, names)
 
 
 if __name__ == "__main__":

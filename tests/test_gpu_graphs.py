@@ -200,49 +200,35 @@ def _nccl(ev: dict) -> bool:
         parse_nccl(str(ev.get("name", ""))) is not None
 
 
-def eager_truth(trace: Any) -> dict[tuple[str, int], dict[str, Any]]:
+def eager_truth(trace: Any, record: dict) -> dict[tuple[str, int], dict[str, Any]]:
     """(process group name, position of the call on that group) -> the eager NCCL kernel's
-    profiler metadata and the args of the commviz range its launch ran in."""
-    from commviz.capture.hooks import REPLAY_RANGE
-    from commviz.capture.marks import RANGE_PREFIX
+    profiler metadata and commviz's metadata of the call it ran for: the eager step's record,
+    each call joined to the kernels launched inside its event (the profiler's ``c10d::<op>``
+    event, in older traces commviz's ``commviz::<op>`` range) by commviz's matcher."""
+    from commviz import metadata as md
+    from commviz.match import match_rank
 
-    events = trace.events
-    launches, ranges = {}, defaultdict(list)
-    for ev in events:
-        if ev.get("ph") != "X":
-            continue
-        name, args = str(ev.get("name", "")), ev.get("args") or {}
-        thread = (ev.get("pid"), ev.get("tid"))
-        if ev.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in args:
-            launches[args["correlation"]] = (thread, float(ev["ts"]))
-        elif name.startswith("commviz::") and name != REPLAY_RANGE \
-                and not name.startswith(RANGE_PREFIX):
-            ranges[thread].append((float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]), args))
-    owned = {}
-    for ev in events:
-        if not _nccl(ev):
-            continue
-        thread, ts = launches[ev["args"]["correlation"]]
-        inside = [r for r in ranges[thread] if r[0] <= ts <= r[1]]
-        if not inside and "SendRecv" in ev["name"] and _eager_keys()[0] not in ev["args"]:
-            continue      # a coalesced p2p group's kernel: NCCL launches it as the group ends,
-            #               after its calls returned, and the profiler gives it no metadata
-        assert inside, f"eager kernel {ev['name']} launched outside every commviz range"
-        rng = max(inside, key=lambda r: r[0])
-        owned[id(rng[2])] = (ev, rng)
+    matched = match_rank(trace, record, rank=int(record["rank"]))
+    kernel_of = {ev.extra["record_index"]: ev.extra["kernel_indices"][0]
+                 for ev in matched.events if ev.source == "kernel"}
+    for i, ev in enumerate(trace.events):
+        if _nccl(ev):
+            assert i in kernel_of.values(), f"eager kernel {ev['name']} joined to no call"
     out: dict[tuple[str, int], dict[str, Any]] = {}
     count: dict[str, int] = defaultdict(int)
     keys = _eager_keys()
-    for thread_ranges in ranges.values():
-        for rng in sorted(thread_ranges, key=lambda r: r[0]):
-            pg = str(rng[2]["Process Group Name"])
-            count[pg] += 1
-            ev, _ = owned.get(id(rng[2]), (None, None))
-            out[(pg, count[pg])] = {
-                "kernel": ev["name"] if ev else None,
-                "profiler": {k: ev["args"][k] for k in keys if ev and k in ev["args"]},
-                "commviz": {k: rng[2][k] for k in keys if k in rng[2]},
-                "op": rng[2].get("commviz.op")}
+    for pos, meta in enumerate(record["collectives"]):
+        if meta.get(md.CAPTURED):
+            continue
+        pg = str(meta[md.PG_NAME])
+        count[pg] += 1
+        index = kernel_of.get(pos)
+        ev = trace.events[index] if index is not None else None
+        out[(pg, count[pg])] = {
+            "kernel": ev["name"] if ev else None,
+            "profiler": {k: ev["args"][k] for k in keys if ev and k in ev["args"]},
+            "commviz": {k: meta[k] for k in keys if k in meta},
+            "op": meta.get(md.OP)}
     return out
 
 
@@ -258,12 +244,13 @@ def format_differences(truth: dict) -> list[dict[str, Any]]:
     return diffs
 
 
-def check_rank(eager_trace: Any, graphed_trace: Any, record: dict) -> dict[str, Any]:
+def check_rank(eager_trace: Any, graphed_trace: Any, record: dict, eager_record: dict
+               ) -> dict[str, Any]:
     """Match the graphed trace and compare every graphed NCCL kernel with its eager twin."""
     from commviz import metadata as md
     from commviz.match.graphed import REPLAY, match_graphed
 
-    truth = eager_truth(eager_trace)
+    truth = eager_truth(eager_trace, eager_record)
     result = match_graphed(graphed_trace, record)
     # where the second graph's calls sit in the eager run: after the first step's, per group
     first = min(g["graph"] for g in record["graphs"])
@@ -333,13 +320,14 @@ def _batch_differences(i: int, args: dict[str, Any], truth: dict, pg: str, pos: 
     return []
 
 
-def load_rank(run: Path, rank: int) -> tuple[Any, Any, dict]:
+def load_rank(run: Path, rank: int) -> tuple[Any, Any, dict, dict]:
     from commviz.record.store import load_record
     from commviz.trace.load import load_trace
 
     return (load_trace(run / "eager" / f"trace_rank{rank}.json.gz"),
             load_trace(run / "graphed" / f"trace_rank{rank}.json.gz"),
-            load_record(run / "graphed" / f"commviz_rank{rank}.pkl"))
+            load_record(run / "graphed" / f"commviz_rank{rank}.pkl"),
+            load_record(run / "eager" / f"commviz_rank{rank}.pkl"))
 
 
 def assert_rank(report: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Matching on real gloo jobs: every recorded call becomes one CommEvent on its commviz range.
+"""Matching on real gloo jobs: every recorded call becomes one CommEvent on the profiler's own
+event of its c10d op.
 
 Each job calls every wrapper on the world group and on subgroups, under ``commviz.profile``
 with a schedule (two profiled steps, so two traces per rank, then one unprofiled step), and
@@ -21,7 +22,7 @@ import torch
 import commviz
 from commviz import metadata as md
 from commviz.match import artifact, match_rank, match_run
-from commviz.match.index import RANGE_PREFIX
+from commviz.match.index import OP_NAMES
 from commviz.match.ranges import TOLERANCE_NS
 from commviz.trace.gpu import gpu_ops
 from commviz.trace.load import load_trace
@@ -120,8 +121,8 @@ def _members(args: dict[str, Any]) -> set[int]:
     return set(json.loads(args[md.PG_RANKS]))
 
 
-def test_every_call_is_one_event_on_its_range(run) -> None:
-    run_dir, world, shapes = run
+def test_every_call_is_one_event_on_its_c10d_op_event(run) -> None:
+    run_dir, world, _ = run
     loaded = load_run(run_dir)
     assert not loaded.problems and sorted(loaded.ranks) == list(range(world))
     matches = match_run(loaded)
@@ -147,18 +148,20 @@ def test_every_call_is_one_event_on_its_range(run) -> None:
                 continue
             trace = traces[ev.extra["trace_path"]]
             event = trace.events[ev.extra["trace_index"]]
-            assert event["name"] == RANGE_PREFIX + meta[md.OP]
+            # the profiler's own event of the call's c10d op, on the calling thread
+            assert OP_NAMES[event["name"]] == meta[md.OP] and event["tid"] == meta[md.TID]
             assert (ev.start_ns, ev.end_ns) == _wall_ns(trace, event)
             tol = TOLERANCE_NS      # profiler and time.time_ns convert the clock differently
             assert ev.start_ns - tol <= meta[md.T_BEGIN] and meta[md.T_END] <= ev.end_ns + tol
-            # the range ends up with the call's full metadata: its own args plus what we add
+            # the event ends up with the call's full metadata: its own args plus what we add
             added = labels[ev.extra["trace_path"]][ev.extra["trace_index"]]
             known = {k: v for k, v in meta.items() if v is not None}
             assert {**(event.get("args") or {}), **added}.items() >= known.items()
-            assert (md.T_BEGIN in added) and (md.OP in added) != shapes
+            assert md.T_BEGIN in added and md.OP in added
         for part in m.per_trace:
-            expected = "ranges_by_identity" if shapes else "ranges_by_time"
-            assert part.stats[expected] == part.stats["ranges"] == len(calls) // 3
+            # every c10d op the profiler saw is a recorded call, paired whatever record_shapes
+            assert part.stats["ranges_by_op"] == part.stats["op_events"] == len(calls) // 3
+            assert part.stats["ranges"] == 0
 
 
 def test_instance_keys_agree_across_ranks(run) -> None:

@@ -2,8 +2,10 @@
 
 There is no GPU here. The records come from a real 2-rank gloo job through commviz's wrappers;
 the GPU side of each rank's trace is built around them to mirror what torch 2.11's profiler
-writes on the H200 machines (``/work/shared/device-findings.md``): ``commviz::<op>`` ranges
-around each call, a ``record_param_comms`` op inside with the eager keys, the launch
+writes on the H200 machines (``/work/shared/device-findings.md``): the profiler's own
+``c10d::<op>`` event around each call on the calling thread (or, as commviz's traces had them
+before 2026-11-26, ``commviz::<op>`` ranges), a ``record_param_comms`` op inside with the eager
+keys, the launch
 (``cuLaunchKernelEx``, ``cat: cuda_driver``) whose ``correlation`` the kernel repeats, NCCL
 kernels carrying the eager keys in ``args`` except the ``ncclDevKernel_SendRecv`` of
 ``batch_isend_irecv`` (none), kernels of a ``cudaGraphLaunch`` replay (cbid 311) with only
@@ -44,6 +46,12 @@ KERNELS = {                           # what NCCL 2.28 names each call's kernel
     "recv": "ncclDevKernel_SendRecv",
 }
 ARGS_STORAGE = "(ncclDevKernelArgsStorage<4096ul>)"
+C10D_EVENTS = {                       # the dispatcher op each call reaches, as torch names it
+    "all_reduce": "c10d::allreduce_", "broadcast": "c10d::broadcast_",
+    "all_gather_into_tensor": "c10d::_allgather_base_",
+    "reduce_scatter_tensor": "c10d::_reduce_scatter_base_",
+    "all_to_all_single": "c10d::alltoall_base_", "send": "c10d::send", "recv": "c10d::recv_",
+}
 PROFILER_ONLY = ("Rank", "Global rank start", "Global rank stride")
 
 
@@ -112,13 +120,17 @@ def test_records_say_what_the_eager_profiler_says(records) -> None:
 class GpuTrace:
     """Builds one rank's synthetic eager GPU trace around its record's calls."""
 
-    def __init__(self, record: dict[str, Any], *, shapes: bool = True) -> None:
+    def __init__(self, record: dict[str, Any], *, shapes: bool = True, c10d: bool = False
+                 ) -> None:
+        """``c10d``: each call is the profiler's own ``c10d::<op>`` event on the thread the
+        record names; else a ``commviz::<op>`` range, its args the record's if ``shapes``."""
         self.record = record
-        self.shapes = shapes
+        self.shapes, self.c10d = shapes, c10d
         self.base = min(c[md.T_BEGIN] for c in record["collectives"]) - 1_000_000
         self.events: list[dict[str, Any]] = []
         self.ids = iter(range(100, 10_000))
-        self.pid, self.tid = 4000 + record["rank"], 4000 + record["rank"]
+        self.pid = 4000 + record["rank"]
+        self.tid = record["collectives"][0][md.TID] if c10d else 4000 + record["rank"]
         self.kernel_of: dict[int, int] = {}     # record position -> kernel event index
         for pos, meta in enumerate(record["collectives"]):
             self._call(pos, meta)
@@ -150,8 +162,13 @@ class GpuTrace:
     def _call(self, pos: int, meta: dict[str, Any]) -> None:
         t0, t1 = meta[md.T_BEGIN], meta[md.T_END]
         span = {k: v for k, v in meta.items() if k not in (md.T_BEGIN, md.T_END)}
-        self.cpu("commviz::" + meta[md.OP], "cpu_op", t0 - 300, t1 + 300,
-                 {"External id": next(self.ids), **(span if self.shapes else {})})
+        if self.c10d:
+            assert meta[md.TID] == self.tid          # the job made its calls on one thread
+            self.cpu(C10D_EVENTS[meta[md.OP]], "cpu_op", t0 - 300, t1 + 300,
+                     {"External id": next(self.ids), "Record function id": 0})
+        else:
+            self.cpu("commviz::" + meta[md.OP], "cpu_op", t0 - 300, t1 + 300,
+                     {"External id": next(self.ids), **(span if self.shapes else {})})
         corr, ext = next(self.ids), next(self.ids)
         launch_at = t0 + 200
         self.cpu("record_param_comms", "cpu_op", t0 + 150, t0 + 400,
@@ -242,13 +259,14 @@ def _trace(tmp_path: Path, builder: GpuTrace) -> Any:
     return load_trace(builder.write(tmp_path / f"trace_rank{rank}.json.gz"))
 
 
-@pytest.mark.parametrize("shapes", [True, False], ids=["record_shapes", "no_shapes"])
+@pytest.mark.parametrize("shapes,c10d", [(True, True), (True, False), (False, False)],
+                         ids=["c10d_events", "record_shapes", "no_shapes"])
 def test_eager_kernels_keep_profiler_values_and_gain_commviz_keys(
-        records, tmp_path, shapes) -> None:
+        records, tmp_path, shapes, c10d) -> None:
     keys: dict[tuple, set[int]] = {}
     for record in records:
         rank = record["rank"]
-        builder = GpuTrace(record, shapes=shapes)
+        builder = GpuTrace(record, shapes=shapes, c10d=c10d)
         trace = _trace(tmp_path, builder)
         before = copy.deepcopy(trace.events)
         m = match_rank(trace, record, rank=rank)
@@ -276,7 +294,7 @@ def test_eager_kernels_keep_profiler_values_and_gain_commviz_keys(
             else:
                 assert not set(md.EAGER_KEYS) & set(added)       # kept the profiler's
             keys.setdefault(ev.key, set()).add(rank)
-        stat = "ranges_by_identity" if shapes else "ranges_by_time"
+        stat = "ranges_by_op" if c10d else "ranges_by_identity" if shapes else "ranges_by_time"
         assert m.stats[stat] == len(calls)
     assert all(ranks == set(range(WORLD)) for ranks in keys.values()), keys
 

@@ -77,14 +77,15 @@ def test_run_dir_files_every_rank(recorded: Path) -> None:
         (trace,) = list(inp.load_traces())
         assert trace.rank == rank and trace.base_ns > 0
         assert trace.distributed_info["world_size"] == 2
-        # commviz's own ranges hold the call as the record times it (same wall clock): the
-        # range opens before the record's begin is read and closes after its end is
-        spans = [e for e in trace.events if e.get("name", "").startswith("commviz::")]
+        # the profiler's own event of each call's c10d op holds the call as the record times
+        # it (same wall clock), on the thread the record names: the op is entered before the
+        # record's begin is read and returns after its end is
+        spans = [e for e in trace.events if e.get("name", "").startswith("c10d::")]
         calls = inp.record["collectives"]
         assert len(spans) == len(calls) == 4
         slack = 200_000                 # the profiler's clock, converted to wall time
         for span, call in zip(sorted(spans, key=lambda e: e["ts"]), calls):
-            assert span["args"]["commviz.seq"] == call["commviz.seq"]
+            assert span["tid"] == call["commviz.tid"]
             start, end = trace.ns(span["ts"]), trace.ns(span["ts"] + span["dur"])
             assert start - slack <= call["commviz.t_begin_ns"] <= call["commviz.t_end_ns"] \
                 <= end + slack, (start, end, call["commviz.t_begin_ns"], call["commviz.t_end_ns"])

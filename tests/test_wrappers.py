@@ -17,6 +17,9 @@ import torch
 import commviz
 import commviz.distributed as cvd
 from commviz import metadata as md
+from commviz.match import match_rank
+from commviz.match.index import OP_NAMES
+from commviz.trace.load import load_trace
 from fr_compare import FR_ENV, compare, snapshot
 from harness import run_ranks
 
@@ -210,15 +213,19 @@ def test_metadata_values_and_profiler_ranges(run_dir: Path) -> None:
     sends = [c for c in records[0] if c[md.OP] == "send"]
     assert [(c[md.PEER], c[md.SRC], c[md.DST]) for c in sends] == [(1, 0, 1)] * 3
 
-    # Eager mode: the same metadata shows up in the profiler trace on commviz:: ranges.
-    trace = json.load(gzip.open(run_dir / "trace_rank0.json.gz"))
-    ranges = [e for e in trace["traceEvents"] if e.get("name", "").startswith("commviz::")]
-    assert len(ranges) == len(records[0])
-    for ev, rec in zip(sorted(ranges, key=lambda e: e["ts"]), records[0]):
-        assert ev["name"] == "commviz::" + rec[md.OP]
+    # Eager mode: after the job, the same metadata goes onto the profiler's own event of each
+    # call's c10d op, one event per call, on the calling thread.
+    trace = load_trace(run_dir / "trace_rank0.json.gz", rank=0)
+    matched = match_rank(trace, commviz.load_record(run_dir / "commviz_rank0.pkl"), rank=0)
+    assert sorted(ev.extra["record_index"] for ev in matched.events if ev.source == "cpu") == \
+        list(range(len(records[0])))
+    for ev in matched.events:
+        rec, event = records[0][ev.extra["record_index"]], trace.events[ev.extra["trace_index"]]
+        assert OP_NAMES[event["name"]] == rec[md.OP] and event["tid"] == rec[md.TID]
+        labelled = matched.kernel_args[ev.extra["trace_index"]]
         for key in md.EAGER_KEYS + (md.SEQ, md.RANK, md.CALLSITE, md.LANE):
             if key in rec:
-                assert ev["args"][key] == rec[key], (rec[md.OP], key)
+                assert labelled[key] == rec[key], (rec[md.OP], key)
 
 
 def _job_torch_unchanged(rank: int, world: int, run_dir: str) -> dict[str, Any]:

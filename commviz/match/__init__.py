@@ -54,8 +54,9 @@ def match_rank(trace: Any, record: dict | None, *, rank: int) -> RankMatch:
         collectives = record["collectives"]
         pairing = pair_ranges(index, collectives)
         result.stats.update(records=len(collectives), ranges=len(index.ranges),
+                            op_events=len(index.op_events),
                             ranges_by_identity=pairing.by_identity,
-                            ranges_by_time=pairing.by_time,
+                            ranges_by_time=pairing.by_time, ranges_by_op=pairing.by_op,
                             range_time_mismatch=pairing.time_mismatch)
         with_kernels, strays = eager.match_eager(index, collectives, pairing, eager_kernels,
                                                  result, rank=rank)

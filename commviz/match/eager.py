@@ -1,8 +1,9 @@
 """Eager NCCL kernels <- commviz's record: keep the profiler's metadata, add commviz's keys.
 
-A kernel belongs to the call whose ``commviz::<op>`` range was open on the launching thread
-when its CPU launch ran (runtime/driver event with the kernel's ``correlation``); failing a
-launch event, the ``record_param_comms`` op it is linked to (``External id``) stands in. A
+A kernel belongs to the recorded call whose event (the profiler's ``c10d::<op>`` event, or an
+annotation's ``commviz::<op>`` range) was open on the launching thread when its CPU launch ran
+(runtime/driver event with the kernel's ``correlation``); failing a launch event, the
+``record_param_comms`` op it is linked to (``External id``) stands in. A
 kernel outside every range is joined to the one recorded call whose ``[t_begin, t_end]`` holds
 its launch, if exactly one of the right kind does. Each join is checked against what the
 kernel's name says (collective type, dtype, reduction); where the profiler wrote an eager key
@@ -42,15 +43,17 @@ def agrees(profiler: Any, record: Any) -> bool:
     return p == r
 
 
-def _owning_range(index: TraceIndex, kernel: Span) -> Span | None:
-    """The innermost commviz range around this kernel's launch (or its record_param_comms op)."""
-    launch = index.launch_of(kernel.index)
-    if launch is not None:
-        return index.enclosing_range(launch.thread, launch.start)
-    comms = index.param_comms.get(index.args(kernel.index).get("External id"))
-    if comms is not None:
-        return index.enclosing_range(comms.thread, comms.start)
-    return None
+def _owning_range(index: TraceIndex, kernel: Span, paired: dict[int, int]) -> Span | None:
+    """The innermost recorded call around this kernel's launch (or its record_param_comms op):
+    a c10d call inside an ``annotate_collective`` block is the block's, whose range is outside
+    the call's own (unpaired) c10d op event."""
+    where = index.launch_of(kernel.index)
+    if where is None:
+        where = index.param_comms.get(index.args(kernel.index).get("External id"))
+    if where is None:
+        return None
+    return next((span for span in index.enclosing_ranges(where.thread, where.start)
+                 if span.index in paired), None)
 
 
 def _by_call_time(index: TraceIndex, k: NcclSpan, collectives: list[dict[str, Any]],
@@ -81,8 +84,8 @@ def match_eager(index: TraceIndex, collectives: list[dict[str, Any]], pairing: P
     owned: dict[int, list[NcclSpan]] = {}
     strays: list[NcclSpan] = []
     for k in kernels:
-        rng = _owning_range(index, k.span)
-        pos = pairing.entry_of.get(rng.index) if rng is not None else None
+        rng = _owning_range(index, k.span, pairing.entry_of)
+        pos = pairing.entry_of[rng.index] if rng is not None else None
         if pos is None:               # outside every range, or in one no recorded call pairs
             strays.append(k)
         else:

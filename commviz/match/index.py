@@ -1,6 +1,8 @@
 """One pass over a trace: the events the matchers join on, with their times in wall ns.
 
-Kineto links the two sides of a GPU launch by ``args.correlation`` (the CPU runtime/driver call
+A recorded call is in the trace as the profiler's own event of its c10d op (``c10d::allreduce_``
+..., on the calling thread, around the whole call) or, for an annotation (and in traces of
+commviz before 2026-11-26, for every call), as commviz's ``commviz::<op>`` range. Kineto links the two sides of a GPU launch by ``args.correlation`` (the CPU runtime/driver call
 and the kernel it launched) and an eager NCCL kernel to its ``record_param_comms`` CPU op by
 ``External id``. A kernel whose correlation is that of a ``cudaGraphLaunch`` (runtime cbid 311)
 or that carries a non-zero ``"graph node id"`` (torch >= 2.12) ran inside a CUDA graph replay.
@@ -15,10 +17,13 @@ from typing import Any
 
 from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
+from commviz.record.ops import OPS
 from commviz.trace.kernels import (GPU_CATS, LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed,
                                    parse_nccl)
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
+OP_PREFIX = "c10d::"                # c10d::<op>: the profiler's event of a c10d op call
+OP_NAMES = {OP_PREFIX + name: spec.op for name, spec in OPS.items()}   # -> commviz.op
 PARAM_COMMS = "record_param_comms"
 COALESCED_RANGE = "nccl:coalesced"  # ProcessGroupNCCL's endCoalescing: a coalesced group's launch
 
@@ -105,6 +110,7 @@ class TraceIndex:
         self.trace = trace
         self.events: list[dict] = trace.events
         self.ranges: list[Span] = []                  # commviz::<op> CPU ranges
+        self.op_events: list[tuple[Span, str]] = []   # c10d::<op> CPU ops, with commviz.op
         self.param_comms: dict[Any, Span] = {}        # External id -> record_param_comms op
         self.launches: dict[Any, Span] = {}           # correlation -> CPU launch call
         self.graph_launches: set[Any] = set()         # correlations of cudaGraphLaunch calls
@@ -145,6 +151,8 @@ class TraceIndex:
                     self.graph_launches.add(corr)
             elif name.startswith(RANGE_PREFIX) and not is_other_range(name):
                 self.ranges.append(span)
+            elif name in OP_NAMES and cat not in GPU_CATS:
+                self.op_events.append((span, OP_NAMES[name]))
             elif name == PARAM_COMMS and args.get("External id") is not None:
                 self.param_comms[args["External id"]] = span
             elif name == COALESCED_RANGE and cat not in GPU_CATS:
@@ -155,7 +163,7 @@ class TraceIndex:
             args = ev.get("args") or {}
             self.nccl.append(NcclSpan(span, nccl, is_graphed(args, self.graph_launches)))
         by_thread: dict[tuple[Any, Any], list[tuple[int, int, Span]]] = {}
-        for span in self.ranges:
+        for span in self.ranges + [span for span, _ in self.op_events]:
             by_thread.setdefault(span.thread, []).append((span.start, span.end, span))
         self._open = {thread: Intervals(items) for thread, items in by_thread.items()}
 
@@ -165,11 +173,11 @@ class TraceIndex:
     def name(self, index: int) -> str:
         return str(self.events[index].get("name", ""))
 
-    def enclosing_range(self, thread: tuple[Any, Any], t: int) -> Span | None:
-        """The innermost commviz range on ``thread`` that is open at time ``t``."""
+    def enclosing_ranges(self, thread: tuple[Any, Any], t: int) -> list[Span]:
+        """The calls (commviz ranges, c10d op events) on ``thread`` open at ``t``, innermost
+        first."""
         ranges = self._open.get(thread)
-        held = ranges.holding(t) if ranges is not None else []
-        return held[0] if held else None
+        return ranges.holding(t) if ranges is not None else []
 
     def launch_of(self, kernel_index: int) -> Span | None:
         """The CPU runtime/driver call that launched a kernel (same ``correlation``)."""

@@ -1,10 +1,13 @@
-"""Pair each record entry with the ``commviz::<op>`` range its call opened in the trace.
+"""Pair each record entry with its call's event in the trace.
 
-With ``record_shapes=True`` a range's args are the entry's metadata, so the pair is found by
-identity (op, group, sequence numbers). Without them only the op name and time are left: the
-range opens before the call reads its begin time and closes after it reads its end time, on the
-same thread, so a range encloses exactly its own entry's ``[t_begin, t_end]``; two candidates
-that fit equally well leave the range unpaired rather than guessed.
+A c10d call is the profiler's own ``c10d::<op>`` event: it opens before the boundary kernel
+reads the call's begin time and closes after it reads its end time, on the thread the record
+names (``commviz.tid``), so the innermost such event of the record's op on that thread that
+encloses ``[t_begin, t_end]`` is the call's. An annotation (and, in traces of commviz before
+2026-11-26, every call) is a ``commviz::<op>`` range: with ``record_shapes=True`` its args are the
+entry's metadata, so the pair is found by identity (op, group, sequence numbers); without them
+only the op name and time are left, and two candidates that fit equally well leave the range
+unpaired rather than guessed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from commviz import metadata as md
-from commviz.match.index import RANGE_PREFIX, Span, TraceIndex
+from commviz.match.index import RANGE_PREFIX, Intervals, Span, TraceIndex
 
 # How far a range's bounds may sit inside its entry's [t_begin, t_end]: the profiler and
 # time.time_ns read the same wall clock through different conversions (measured: tens of ns).
@@ -46,6 +49,7 @@ class Pairing:
     unpaired: list[tuple[Span, str]] = field(default_factory=list)   # (range, reason)
     by_identity: int = 0
     by_time: int = 0
+    by_op: int = 0              # paired with their c10d op event
     time_mismatch: int = 0      # identity pairs whose times disagree beyond the tolerance
 
     def add(self, pos: int, span: Span) -> None:
@@ -129,7 +133,31 @@ def pair_ranges(index: TraceIndex, collectives: list[dict[str, Any]],
         result.by_identity += 1
     if timed:
         _pair_by_time(index, collectives, timed, result, tol)
+    if index.op_events:
+        _pair_by_op(index, collectives, result, tol)
     return result
+
+
+def _pair_by_op(index: TraceIndex, collectives: list[dict[str, Any]], result: Pairing,
+                tol: int) -> None:
+    """Entries not paired yet, with their call's ``c10d::<op>`` event: on the entry's thread,
+    the innermost event of its op that encloses its ``[t_begin, t_end]``. (An event no entry
+    pairs with is a call commviz did not record: its own traffic, or recording off.)"""
+    by_thread: dict[str, list[tuple[int, int, tuple[Span, str]]]] = {}
+    for span, op in index.op_events:
+        by_thread.setdefault(str(span.thread[1]), []).append((span.start, span.end, (span, op)))
+    open_on = {tid: Intervals(items) for tid, items in by_thread.items()}
+    for pos, meta in enumerate(collectives):
+        times = _times(meta)
+        events = open_on.get(str(meta.get(md.TID)))
+        if pos in result.range_of or times is None or events is None or meta.get(md.CAPTURED):
+            continue
+        for span, op in events.holding(times[0], tol):        # innermost first
+            if op == meta.get(md.OP) and span.index not in result.entry_of and \
+                    _encloses(span, times, tol):
+                result.add(pos, span)
+                result.by_op += 1
+                break
 
 
 def _pair_by_time(index: TraceIndex, collectives: list[dict[str, Any]], spans: list[Span],

@@ -15,16 +15,21 @@
 // in `signatures()` (another torch) gets a boxed-only kernel (`Boxed`); it works the same but
 // converts unboxed calls even when off.
 //
-// The common call (no profiler, no annotate_collective block around it) is recorded here
-// without running Python: what its call site repeats (op, group, sizes, dtype, root,
-// reduction, site) is a *shape*, registered once through commviz's Python `shape`; each call
-// then only adds a fixed 40-byte entry (shape, seq, times, ordinal) to a ring in memory and to
-// this generation's calls file beside the journal (a shared file mapping: the page cache
-// outlives a SIGKILLed process). A synchronous call under CUDA graph capture is recorded the
+// A call is recorded here without running Python, whether or not a profiler runs (the profiler's
+// own `c10d::<op>` event is the call in its trace: the match step pairs the two after the job
+// by thread and time): what its call site repeats (op, group, sizes, dtype, root or peer,
+// reduction, site, origin, thread) is a *shape*, registered once through commviz's Python
+// `shape`; each call then only adds a fixed 48-byte entry (shape, numbers, times, ordinal) to a
+// ring in memory and to this generation's calls file beside the journal (a shared file mapping:
+// the page cache outlives a SIGKILLed process). A point-to-point call is numbered here too
+// (Flight Recorder's p2p number per group, commviz's per pair of ranks). A collective inside an
+// annotate_collective block is not recorded on its own: it takes its group's number and gives it
+// to the block (`Claim.claim`). A synchronous call under CUDA graph capture is recorded the
 // same way, and as it returns the kernel reads its stream's capture frontier (the driver's
 // cuStreamGetCaptureInfo, from the libcuda torch loaded); Python places those calls in their
-// graph in one go (`take_captured`) when the capture ends. Other calls go through Python's
-// `begin` / `finish`, which build the full record.
+// graph in one go (`take_captured`) when the capture ends. Other calls (split sizes, per-call
+// origins, asynchronous or point-to-point work under capture) go through Python's `begin` /
+// `finish`, which build the full record.
 //
 // Built on first use by commviz.record.boundary (torch.utils.cpp_extension).
 
@@ -49,6 +54,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,13 +101,28 @@ struct Slots {
 // interpreter teardown.
 struct Python {
   py::object begin, finish;   // build / finish a full record
-  py::object shape;           // register a call site's shape: (index, GroupInfo, slots) | ...
+  py::object shape;           // register a call site's shape: (index, GroupInfo, slots, src,
+                              // dst) | ...
+  py::object microbatch;      // a 1F1B p2p call's micro-batch (origin.MicroBatches), or -1
+  py::object scoped;          // a call in a calls.SCOPE block: (GroupInfo, slots) | None
   py::object failed;          // a natively recorded call raised: (ordinal, error)
   py::object hooks;           // commviz.record.capturing: its installed(), looked up per
                               // captured call (a test or benchmark may replace it)
-  py::object last_seq_attr, installed_attr;
+  py::object coalescing;      // torch's _world.pg_coalesce_state: group -> open block's ops
+  py::object last_seq_attr, installed_attr, claim_attr, pg_attr;
 };
 Python* g_py = nullptr;
+
+// The GIL, taken with CPython's own calls (pybind11's acquire adds bookkeeping of its own, a
+// few hundred instructions a call).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  Gil() = default;
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+  ~Gil() { PyGILState_Release(state); }
+};
+
 
 struct PgName {
   std::string name;
@@ -289,7 +310,7 @@ void watch_exit(const std::string& name, py::object callback) {
 }
 
 void call_exit_watch() {
-  py::gil_scoped_acquire gil;
+  Gil gil;
   try {
     g_exit_watch->callback();
   } catch (const std::exception&) {
@@ -354,24 +375,25 @@ int64_t now_ns() {
 
 // -- natively recorded calls ---------------------------------------------------------------
 
-// One call recorded without Python. The same 40 bytes go to the ring and to the calls file
-// (commviz.record.journal.CALLS reads them): the ordinal is written last and a fresh file
+// One call recorded without Python. The same 48 bytes go to the ring and to the calls file
+// (commviz.record.journal.NATIVE_CALL reads them): the ordinal is written last and a fresh file
 // reads zero, so an entry torn by a SIGKILL reads as absent.
 struct Call {
   int32_t shape;
   int32_t flags;    // FAILED: the call raised (its text went to the journal via `failed`);
                     // CAPTURED: it ran under CUDA graph capture
-  int64_t seq;      // -1: none
+  int64_t seq;      // a collective's group number, a p2p call's Flight Recorder number; -1: none
+  int64_t pair;     // a p2p call's number between its two ranks (commviz.p2p_seq); -1: none
   int64_t t_begin;
   int64_t t_end;    // RUNNING until the call returns
   int64_t ordinal;
 };
-static_assert(sizeof(Call) == 40, "the calls file's entry is 40 bytes");
+static_assert(sizeof(Call) == 48, "the calls file's entry is 48 bytes");
 constexpr int64_t RUNNING = -1;
 constexpr int32_t FAILED = 1;
 constexpr int32_t CAPTURED = 2;
 constexpr char CALLS_MAGIC[16] = {'c', 'o', 'm', 'm', 'v', 'i', 'z', '.', 'c',
-                                  'a', 'l', 'l', 's', '.', '1', '\n'};
+                                  'a', 'l', 'l', 's', '.', '2', '\n'};
 constexpr size_t CHUNK = 64 << 10;      // first reservation; doubles up to MAX_STEP
 constexpr size_t MAX_STEP = 16 << 20;
 
@@ -420,13 +442,13 @@ struct Where {
 // the calls files. All under one mutex: the end of a call is written without the GIL.
 class Native {
  public:
-  Where add(int32_t shape, int64_t seq, int64_t t_begin) {
+  Where add(int32_t shape, int64_t seq, int64_t pair, int64_t t_begin) {
     std::lock_guard<std::mutex> lock(mu_);
     Where w;
     w.ordinal = ++ordinal_;
     w.shape = shape;
     w.t_begin = t_begin;
-    Call call{shape, 0, seq, t_begin, RUNNING, w.ordinal};
+    Call call{shape, 0, seq, pair, t_begin, RUNNING, w.ordinal};
     if (!ring_.empty()) {
       w.ring_pos = pushed_++;
       ring_[w.ring_pos % ring_.size()] = call;
@@ -642,6 +664,15 @@ Native* g_native = new Native();
 
 // -- shapes: what a call site repeats --------------------------------------------------------
 
+// The calling thread as the OS names it (the profiler's trace names threads so): the match
+// step finds the call's `c10d::<op>` event on this thread.
+thread_local int32_t t_tid = 0;
+
+int32_t thread_id() {
+  if (t_tid == 0) t_tid = static_cast<int32_t>(syscall(SYS_gettid));
+  return t_tid;
+}
+
 struct ShapeKey {
   const void* pg;
   PyCodeObject* code;
@@ -651,12 +682,14 @@ struct ShapeKey {
   int dtype;
   bool async_op, cuda;
   int32_t origin;
+  int32_t tid;
+  int32_t microbatch;  // a 1F1B p2p call's micro-batch (-1: none asked)
 
   bool operator==(const ShapeKey& o) const {
     return pg == o.pg && code == o.code && line == o.line && origin == o.origin && op == o.op &&
-           in_n == o.in_n &&
-           out_n == o.out_n && root == o.root && redop == o.redop && dtype == o.dtype &&
-           async_op == o.async_op && cuda == o.cuda;
+           in_n == o.in_n && out_n == o.out_n && root == o.root && redop == o.redop &&
+           dtype == o.dtype && async_op == o.async_op && cuda == o.cuda && tid == o.tid &&
+           microbatch == o.microbatch;
   }
 };
 
@@ -672,40 +705,75 @@ struct ShapeKeyHash {
     mix(static_cast<size_t>(k.out_n));
     mix(static_cast<size_t>(k.root) * 31 + static_cast<size_t>(k.redop));
     mix(static_cast<size_t>(k.dtype) * 4 + k.async_op * 2 + k.cuda);
+    mix(static_cast<size_t>(k.tid) * 131 + static_cast<size_t>(k.microbatch));
     return h;
   }
 };
 
-// What Python said of a shape: record natively (its index, group and sequence slots), never
-// record (a group this rank is not in, commviz's side group), or always ask `begin`
-// (point-to-point calls, numbered per peer pair).
-enum class Verdict { NATIVE, SKIP, PYTHON };
+// A group's point-to-point numbering, as ProcessGroupNCCL counts `seqP2P_` and Flight Recorder
+// writes it (`p2p_seq_id`): one per p2p op outside a coalescing block, one per block
+// (batch_isend_irecv on a backend that coalesces: its ops share it); and commviz's own per
+// (source, destination) pair, which a send and its receive on the peer share. Both for every
+// p2p call the kernel records, natively or through Python (`take_p2p`).
+struct P2P {
+  int64_t fr = 0;
+  py::object block;  // the coalescing block that took the last number (held: its id stays its own)
+  std::map<std::pair<int64_t, int64_t>, int64_t> pairs;
+};
+// By group name; never erased (a group's numbering lasts the process). Touched with the GIL.
+auto* g_p2p = new std::unordered_map<std::string, P2P>();
+
+// `block`: the op list torch keeps for the group's open _coalescing_manager (borrowed), or null.
+std::pair<int64_t, int64_t> take_p2p(P2P& state, PyObject* block, int64_t src, int64_t dst) {
+  if (block == nullptr || block != state.block.ptr()) ++state.fr;
+  state.block = block == nullptr ? py::object() : py::reinterpret_borrow<py::object>(block);
+  const int64_t pair = src >= 0 && dst >= 0 ? ++state.pairs[{src, dst}] : -1;
+  return {state.fr, pair};
+}
+
+// The group's open coalescing block (torch's own state, read, never changed). Needs the GIL.
+PyObject* coalescing_block(PyObject* pg) {
+  if (pg == nullptr || pg == Py_None || !g_py->coalescing) return nullptr;
+  PyObject* block = PyDict_GetItemWithError(g_py->coalescing.ptr(), pg);  // borrowed
+  if (block == nullptr) PyErr_Clear();
+  return block;
+}
+
+// What Python said of a shape: record natively (its index, group and sequence slots; for a
+// p2p call its ranks and group numbering), never record (a group this rank is not in,
+// commviz's side group), ask for the micro-batch first (a 1F1B schedule's p2p call: the
+// shape is per micro-batch), or always ask `begin` (origins that change per call).
+enum class Verdict { NATIVE, SKIP, MICROBATCH, PYTHON };
 
 struct Shape {
   Verdict verdict = Verdict::PYTHON;
   int32_t index = -1;
-  py::object info;  // GroupInfo: its last_seq is the group's numbering
+  py::object attrs;  // its GroupInfo's attribute dict (attrs_of): last_seq, the group's number
   int64_t slots = 1;
   std::string pg_name;  // a pointer reused by a later group is not the same group
+  P2P* p2p = nullptr;   // a p2p shape's group numbering
+  py::object pg;        // its torch ProcessGroup (the coalescing state's key)
+  int64_t src = -1, dst = -1;  // its global ranks (-1: a receive from any source)
 };
 
 // Touched with the GIL held only.
 auto* g_shapes = new std::unordered_map<ShapeKey, Shape, ShapeKeyHash>();
 
-// How many blocks of calls.SCOPE are open on this thread (calls.DEPTH sets it).
+// The calls.SCOPE blocks open on this thread (calls.SCOPE sets them): how many, and the
+// innermost one's Claim (None: an `unrecorded` block). The Claim is kept alive by the stack.
 thread_local int64_t t_scope_depth = 0;
+thread_local PyObject* t_scope_top = nullptr;
 // What commviz.record.capturing.capture_possible() says (capturing.changed sets it).
 std::atomic<bool> g_capture_possible{false};
 
 // How a call is recorded: natively as a plain call, natively under capture (its frontier is
-// read as it returns), or by Python's `begin` / `finish`.
-enum class Mode { PLAIN, CAPTURE_POSSIBLE, CAPTURED, PYTHON };
+// read as it returns), by Python's `begin` / `finish`, or not on its own (inside a block).
+enum class Mode { PLAIN, CAPTURE_POSSIBLE, CAPTURED, PYTHON, SCOPED };
 
-// No annotate_collective / unrecorded block open on this thread and no profiler running:
-// PLAIN, or CAPTURE_POSSIBLE for a CUDA call while a capture may be running. Needs the GIL.
+// PLAIN, or CAPTURE_POSSIBLE for a CUDA call while a capture may be running; SCOPED inside an
+// annotate_collective or unrecorded block.
 Mode call_mode(bool cuda) {
-  if (t_scope_depth > 0) return Mode::PYTHON;
-  if (torch::profiler::impl::profilerEnabled()) return Mode::PYTHON;
+  if (t_scope_depth > 0) return Mode::SCOPED;
   if (!cuda) return Mode::PLAIN;
   return g_capture_possible.load(std::memory_order_relaxed) ? Mode::CAPTURE_POSSIBLE
                                                              : Mode::PLAIN;
@@ -946,28 +1014,54 @@ py::object read_graph(uintptr_t graph_handle) {
                         with_tools ? py::object(as_bytes(tools)) : py::none());
 }
 
-// The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Needs the GIL.
-int64_t take_seq(PyObject* info, int64_t slots) {
-  py::object last = py::reinterpret_steal<py::object>(
-      PyObject_GetAttr(info, g_py->last_seq_attr.ptr()));
-  if (!last) throw py::error_already_set();
-  int64_t value = PyLong_AsLongLong(last.ptr());
+// A GroupInfo's attribute dict: its `last_seq` (a plain dataclass field) is read and written
+// there, as Python's own attribute access does, for a fraction of the cost. Needs the GIL.
+py::object attrs_of(const py::object& info) {
+  return py::reinterpret_steal<py::object>(PyObject_GenericGetDict(info.ptr(), nullptr));
+}
+
+// The group's next number (GroupInfo.take_seq): `slots` numbers from its last, in the
+// GroupInfo's attribute dict (attrs_of). Needs the GIL.
+int64_t take_seq(PyObject* attrs, int64_t slots) {
+  PyObject* last = PyDict_GetItemWithError(attrs, g_py->last_seq_attr.ptr());  // borrowed
+  if (last == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "GroupInfo.last_seq");
+    throw py::error_already_set();
+  }
+  const int64_t value = PyLong_AsLongLong(last);
   if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-  py::int_ next(value + slots);
-  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
+  py::object next = py::reinterpret_steal<py::object>(PyLong_FromLongLong(value + slots));
+  if (!next || PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
     throw py::error_already_set();
   }
   return value + 1;
 }
 
-void set_last_seq(PyObject* info, int64_t value) {  // needs the GIL
+// What a call inside a calls.SCOPE block takes (Kernel::scoped): its group and sequence
+// numbers; no group for a p2p call. Per (group, op, device), touched with the GIL held only.
+struct Scoped {
+  py::object attrs;  // its GroupInfo's attribute dict (attrs_of); null for a p2p call
+  int64_t slots = 1;
+  std::string pg_name;
+};
+auto* g_scoped = new std::map<std::tuple<const void*, int, bool>, Scoped>();
+
+void set_last_seq(PyObject* attrs, int64_t value) {  // in attrs_of(GroupInfo); needs the GIL
   py::int_ v(value);
-  if (PyObject_SetAttr(info, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
+  if (PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
 }
 
 // The kernels below redispatch with this: the backend's kernel is next.
 const c10::DispatchKeySet kBelowBackendSelect(c10::DispatchKeySet::FULL_AFTER,
                                               c10::DispatchKey::BackendSelect);
+
+// The object of a custom-class argument (ProcessGroup, ReduceOp, Work), unchecked: the op's
+// schema types it (IValue::toCustomClass would look its class up by name on every call).
+template <class T>
+T& custom(const c10::IValue& value) {
+  const void* held = value.toObjectRef().getSlot(0).internalToPointer();
+  return *static_cast<T*>(static_cast<torch::CustomClassHolder*>(const_cast<void*>(held)));
+}
 
 // Recording is on and the call goes to gloo's (CPU) or NCCL's (CUDA) kernel, not, say, to a
 // Meta kernel under a fake-tensor trace.
@@ -995,8 +1089,8 @@ class Kernel {
     const size_t nargs = op.schema().arguments().size();
     record(stack->data() + (stack->size() - nargs), [&]() -> c10d::Work* {
       op.redispatchBoxed(below, stack);
-      return !stack->empty() && stack->back().isCustomClass()
-                 ? stack->back().toCustomClass<c10d::Work>().get()  // the stack keeps it
+      return !stack->empty() && stack->back().isObject()
+                 ? &custom<c10d::Work>(stack->back())  // the stack keeps it
                  : nullptr;
     });
   }
@@ -1007,12 +1101,12 @@ class Kernel {
     const c10::IValue& out = args[spec_.out_arg < 0 ? spec_.in_arg : spec_.out_arg];
     const at::Tensor* tensor = first_tensor(in);
     if (tensor == nullptr) tensor = first_tensor(out);
-    auto pg = args[spec_.pg_arg].toCustomClass<c10d::ProcessGroup>();
+    c10d::ProcessGroup& pg = custom<c10d::ProcessGroup>(args[spec_.pg_arg]);
     Args call;
     call.redop = -1;
     if (spec_.redop_arg >= 0) {
       call.redop =
-          static_cast<int64_t>(args[spec_.redop_arg].toCustomClass<c10d::ReduceOp>()->op_);
+          static_cast<int64_t>(custom<c10d::ReduceOp>(args[spec_.redop_arg]).op_);
     }
     call.root = spec_.root_arg >= 0 ? args[spec_.root_arg].toInt() : -1;
     call.async_op = spec_.async_arg >= 0 && args[spec_.async_arg].toBool();
@@ -1025,37 +1119,58 @@ class Kernel {
     const bool splits = has_split(args, spec_.in_split_arg) || has_split(args, spec_.out_split_arg);
 
     Verdict verdict = Verdict::PYTHON;
-    PyObject* info = nullptr;  // borrowed: GroupInfo objects live as long as the process
+    PyObject* info = nullptr;  // borrowed: a GroupInfo's attrs_of (they live as the process)
     int64_t seq = -1;
     Where where;
     py::object rec;
     void* stream = nullptr;    // a captured call's stream
     {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
-        Site site = callsite();
-        Mode mode = splits ? Mode::PYTHON : call_mode(call.cuda);
-        if (mode == Mode::CAPTURE_POSSIBLE) mode = capture_mode(*tensor, call.async_op, &stream);
-        if (mode != Mode::CAPTURED) stream = nullptr;
-        if (mode == Mode::PLAIN || mode == Mode::CAPTURED) {
-          const Shape& shape = shape_of(*pg, site, call);
-          verdict = shape.verdict;
-          if (verdict == Verdict::NATIVE) {
-            info = shape.info.ptr();
-            seq = take_seq(info, shape.slots);
-            where = g_native->add(shape.index, seq, now_ns());
+        Mode mode = call_mode(call.cuda);
+        if (mode == Mode::SCOPED) {
+          scoped(pg, call);
+          verdict = Verdict::SKIP;
+        } else {
+          Site site = callsite();
+          call.tid = thread_id();
+          if (splits) mode = Mode::PYTHON;
+          if (mode == Mode::CAPTURE_POSSIBLE) mode = capture_mode(*tensor, call.async_op, &stream);
+          if (mode != Mode::CAPTURED) stream = nullptr;
+          if (mode == Mode::PLAIN || mode == Mode::CAPTURED) {
+            const Shape* shape = &shape_of(pg, site, call);
+            if (shape->verdict == Verdict::MICROBATCH) {
+              call.microbatch = microbatch();
+              shape = &shape_of(pg, site, call);
+            }
+            // p2p work under capture is placed by Python (asynchronous: the stream does not
+            // wait for it)
+            verdict = shape->p2p != nullptr && mode == Mode::CAPTURED ? Verdict::PYTHON
+                                                                     : shape->verdict;
+            if (verdict == Verdict::NATIVE) {
+              info = shape->attrs.ptr();
+              int64_t pair = -1;
+              if (shape->p2p != nullptr) {
+                std::tie(seq, pair) = take_p2p(*shape->p2p, coalescing_block(shape->pg.ptr()),
+                                               shape->src, shape->dst);
+              } else {
+                seq = take_seq(info, shape->slots);
+              }
+              where = g_native->add(shape->index, seq, pair, now_ns());
+              if (shape->p2p != nullptr) info = nullptr;  // no group number to follow
+            }
           }
+          if (verdict == Verdict::PYTHON) rec = begin(args, pg, site, call);
         }
-        if (verdict == Verdict::PYTHON) rec = begin(args, *pg, site, call);
       } catch (py::error_already_set& exc) {  // never break the job's collective
         exc.discard_as_unraisable("commviz: recording a collective");
         verdict = Verdict::SKIP;
       }
     }
     if (verdict == Verdict::NATIVE) {
-      run_native(run, *pg, call, info, seq, where, stream);
+      run_native(run, pg, call, info, seq, where, stream);
     } else if (verdict == Verdict::PYTHON && rec) {
-      run_python(run, *pg, call, rec);
+      run_python(run, pg, call, rec);
     } else {
       run();
     }
@@ -1066,6 +1181,8 @@ class Kernel {
   struct Args {
     int64_t in_n = 0, out_n = 0, esize = 0, root = -1, redop = -1;
     int32_t origin = 0;  // the framework ranges open on this thread (origin_path)
+    int32_t tid = 0;     // the calling thread (thread_id)
+    int32_t microbatch = -1;  // -1: not asked; -2: asked, none (Verdict::MICROBATCH)
     c10::ScalarType st = c10::ScalarType::Byte;
     bool async_op = false, cuda = false;
   };
@@ -1078,28 +1195,75 @@ class Kernel {
   // The shape of this call: cached, else registered through Python's `shape`. Needs the GIL.
   const Shape& shape_of(c10d::ProcessGroup& pg, const Site& site, const Args& call) const {
     ShapeKey key{&pg, site.code, site.line, spec_.code, call.in_n, call.out_n, call.root,
-                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda, call.origin};
+                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda, call.origin,
+                 call.tid, call.microbatch};
     const std::string& name = pg.getGroupName();
     auto it = g_shapes->find(key);
     if (it != g_shapes->end() && it->second.pg_name == name) return it->second;
     py::object got = g_py->shape(spec_.code, pg_name(pg), call.in_n, call.out_n,
                                  dtype_name(call.st), call.esize, call.cuda, call.root,
                                  call.redop, call.async_op, site.file(), site.line_obj(),
-                                 call.origin);
+                                 call.origin, call.tid, call.microbatch);
     Shape shape;
     shape.pg_name = name;
     if (got.is_none()) {
       shape.verdict = Verdict::PYTHON;
     } else if (PyBool_Check(got.ptr())) {
       shape.verdict = Verdict::SKIP;
+    } else if (PyUnicode_Check(got.ptr())) {
+      shape.verdict = Verdict::MICROBATCH;
     } else {
-      auto [index, info, slots] = got.cast<std::tuple<int32_t, py::object, int64_t>>();
+      auto [index, info, slots, src, dst] =
+          got.cast<std::tuple<int32_t, py::object, int64_t, py::object, py::object>>();
       shape.verdict = Verdict::NATIVE;
       shape.index = index;
-      shape.info = std::move(info);
       shape.slots = slots;
+      if (!src.is_none() || !dst.is_none()) {  // a p2p shape: its ranks and group numbering
+        shape.src = src.is_none() ? -1 : src.cast<int64_t>();
+        shape.dst = dst.is_none() ? -1 : dst.cast<int64_t>();
+        shape.p2p = &(*g_p2p)[name];
+        shape.pg = info.attr(g_py->pg_attr);
+      }
+      shape.attrs = attrs_of(info);
     }
     return g_shapes->insert_or_assign(key, std::move(shape)).first->second;
+  }
+
+  // This 1F1B p2p call's micro-batch (origin.MicroBatches), -2 where it has none. Needs the GIL.
+  int32_t microbatch() const {
+    py::object got = g_py->microbatch(spec_.code);
+    return got.is_none() ? -2 : got.cast<int32_t>();
+  }
+
+  // A call inside a calls.SCOPE block is not recorded on its own: a collective takes its
+  // group's numbers and gives them to the innermost annotate_collective block, which stands
+  // for it (its Claim), or to nothing (an unrecorded block). What a group and op take is asked
+  // once (`scoped`).
+  // Needs the GIL.
+  void scoped(c10d::ProcessGroup& pg, const Args& call) const {
+    const std::string& name = pg.getGroupName();
+    auto key = std::make_tuple(static_cast<const void*>(&pg), spec_.code, call.cuda);
+    auto it = g_scoped->find(key);
+    if (it == g_scoped->end() || it->second.pg_name != name) {
+      py::object got = g_py->scoped(spec_.code, pg_name(pg), call.cuda);
+      Scoped entry;
+      entry.pg_name = name;
+      if (!got.is_none()) {
+        py::object info;
+        std::tie(info, entry.slots) = got.cast<std::tuple<py::object, int64_t>>();
+        entry.attrs = attrs_of(info);
+      }
+      it = g_scoped->insert_or_assign(key, std::move(entry)).first;
+    }
+    const Scoped& entry = it->second;
+    if (!entry.attrs) return;          // a p2p call: blocks number none
+    const int64_t seq = take_seq(entry.attrs.ptr(), entry.slots);
+    if (t_scope_top != nullptr && t_scope_top != Py_None) {
+      py::object number = py::reinterpret_steal<py::object>(PyLong_FromLongLong(seq));
+      py::object done = py::reinterpret_steal<py::object>(
+          PyObject_CallMethodOneArg(t_scope_top, g_py->claim_attr.ptr(), number.ptr()));
+      if (!done) throw py::error_already_set();
+    }
   }
 
   py::object begin(const c10::IValue* args, c10d::ProcessGroup& pg, const Site& site,
@@ -1111,7 +1275,7 @@ class Kernel {
     py::object rec = g_py->begin(spec_.code, pg_name(pg), call.in_n, call.out_n,
                                  dtype_name(call.st), call.esize, call.cuda, call.root,
                                  call.redop, call.async_op, in_split, out_split, site.file(),
-                                 site.line_obj(), call.origin);
+                                 site.line_obj(), call.origin, call.tid);
     if (rec.is_none()) return py::object();
     if (PyList_CheckExact(rec.ptr())) {
       // The ring keeps every record alive: as tracked containers they would make the
@@ -1149,7 +1313,7 @@ class Kernel {
     } catch (const std::exception& exc) {
       const bool captured = stream != nullptr && capture_info(stream).status > CAPTURE_NONE;
       g_native->end(where, seq, now_ns(), FAILED | (captured ? CAPTURED : 0));
-      py::gil_scoped_acquire gil;
+      Gil gil;
       try {
         g_py->failed(where.ordinal, py::str(exc.what()));
       } catch (py::error_already_set& err) {
@@ -1157,10 +1321,11 @@ class Kernel {
       }
       throw;
     }
-    const int64_t reported = backend_seq(pg, call);
+    // (a p2p call, info null, keeps the number it took: NCCL's is its collectives')
+    const int64_t reported = info != nullptr ? backend_seq(pg, call) : -1;
     const int64_t t_end = now_ns();
     if (reported > 0 && reported != seq) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       set_last_seq(info, reported);
       seq = reported;
     }
@@ -1176,7 +1341,7 @@ class Kernel {
     const CaptureInfo info = capture_info(stream);
     if (info.status <= CAPTURE_NONE) return 0;
     Native::Captured note{};
-    note.call = Call{where.shape, CAPTURED, seq, where.t_begin, t_end, where.ordinal};
+    note.call = Call{where.shape, CAPTURED, seq, -1, where.t_begin, t_end, where.ordinal};
     note.stream = reinterpret_cast<uintptr_t>(stream);
     if (info.status == CAPTURE_ACTIVE) {
       note.capture_id = info.id;
@@ -1195,13 +1360,13 @@ class Kernel {
     try {
       call_original(run, call);
     } catch (const std::exception& exc) {
-      py::gil_scoped_acquire gil;
+      Gil gil;
       finish(rec, -1, exc.what());
       throw;
     }
     const int64_t reported = backend_seq(pg, call);
     const int64_t t_end = now_ns();
-    py::gil_scoped_acquire gil;
+    Gil gil;
     PyObject* list = rec.ptr();
     if (PyList_Check(list) && PyList_GET_SIZE(list) > g_slots.region &&
         PyList_GET_ITEM(list, g_slots.meta) == Py_None &&
@@ -1456,11 +1621,17 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
   g_py->begin = python["begin"];
   g_py->finish = python["finish"];
   g_py->shape = python["shape"];
+  g_py->microbatch = python["microbatch"];
+  g_py->scoped = python["scoped"];
   g_py->failed = python["failed"];
   g_py->hooks = python["hooks"];
+  g_py->coalescing = python["coalescing"];
   g_py->installed_attr = py::str("installed");
   g_py->last_seq_attr = py::str("last_seq");
+  g_py->claim_attr = py::str("claim");
+  g_py->pg_attr = py::str("pg");
   g_shapes->clear();
+  g_scoped->clear();
   std::vector<std::string> boxed, taken;
   if (!g_registrations.empty()) return {boxed, taken};
   if (!g_origin_prefixes->empty()) install_range_kernels();
@@ -1506,8 +1677,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("current_origin", []() { return t_origin; }, "this thread's origin id");
   m.def("set_capture_possible", [](bool possible) { g_capture_possible.store(possible); },
         "whether a stream may be capturing (commviz.record.capturing.changed)");
-  m.def("set_scope_depth", [](int64_t depth) { t_scope_depth = depth; },
-        "how many calls.SCOPE blocks are open on this thread");
+  m.def("set_scope", [](int64_t depth, py::handle top) {
+    t_scope_depth = depth;
+    t_scope_top = depth > 0 ? top.ptr() : nullptr;  // the stack keeps it alive
+  }, "the calls.SCOPE blocks open on this thread: how many, the innermost one's Claim");
+  m.def("take_p2p", [](const std::string& pg_name, int64_t src, int64_t dst, py::handle block) {
+    return take_p2p((*g_p2p)[pg_name], block.is_none() ? nullptr : block.ptr(), src, dst);
+  }, "a p2p call's numbers: (Flight Recorder's, its pair's); -1 for the pair's if a rank is "
+     "unknown");
   m.def("watch_exit", &watch_exit, "call a function when a range of this name exits");
   // the ring of natively recorded calls and the ordinal counter shared with Python's records
   m.def("next_ordinal", []() { return g_native->next_ordinal(); });

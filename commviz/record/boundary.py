@@ -22,12 +22,16 @@ unboxed-only one costs about 550 per boxed call off and 5,900 more when recordin
 C++ signature this torch changed gets the boxed-only kernel (``BOUNDARY.boxed`` names them).
 Recording, it reads the call's sizes, dtype, group and root off the boxed
 arguments without making Python objects of them and never holds the GIL while torch's kernel
-runs. A plain call (no profiler, no ``annotate_collective`` block) is recorded in C++: its call
-site's *shape* is registered once (``calls.shape``), then each call adds a fixed entry to a
-native ring and calls file (``RECORDER.attach``). Under CUDA graph capture a synchronous call is
-recorded the same way and the kernel reads its stream's capture frontier as it returns; the
-capture code places it in its graph after the capture (``graphs.adopt_native``). Other calls
-build their record in Python (``calls.begin``).
+runs. A call is recorded in C++, collective or point-to-point, while a profiler runs or not:
+its call site's *shape* is registered once (``calls.shape``), then each call adds a fixed entry
+to a native ring and calls file (``RECORDER.attach``); under a profiler the profiler's own
+``c10d::<op>`` event is the call in the trace (``commviz.match.ranges`` pairs them after the
+job). A collective inside an ``annotate_collective`` block gives its number to the block
+(``calls.Claim``). Under CUDA graph capture a synchronous call is recorded the same way and the
+kernel reads its stream's capture frontier as it returns; the capture code places it in its
+graph after the capture (``graphs.adopt_native``). Other calls (split sizes, origins that
+change per call, asynchronous or p2p work under capture) build their record in Python
+(``calls.begin``).
 
 There is no pure-Python kernel on purpose: a ``torch.library`` Python kernel must call torch's
 kernel with the GIL held, and gloo's worker thread (like NCCL's watchdog) takes the GIL to free
@@ -186,14 +190,15 @@ class _Boundary:
                                    p.root, p.async_op, p.out_split, p.in_split))
                  for name, p in ops.items()]
         python = {"begin": calls.begin, "finish": calls.finish, "shape": calls.shape,
-                  "failed": calls.failed,
-                  "hooks": capturing}
+                  "microbatch": calls.microbatch, "scoped": calls.scoped,
+                  "failed": calls.failed, "hooks": capturing, "coalescing": calls.COALESCING}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
                                         list(calls.OWN_DIRS), list(origin.prefixes()))
         self._ext = ext
-        ext.set_scope_depth(len(calls.SCOPE.stack))
-        calls.DEPTH = ext.set_scope_depth
+        stack = calls.SCOPE.stack
+        ext.set_scope(len(stack), stack[-1] if stack else None)
+        calls.MIRROR = ext.set_scope
         capturing.NOTIFY = ext.set_capture_possible
         capturing.changed()
         origin.NATIVE = ext

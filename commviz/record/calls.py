@@ -1,14 +1,17 @@
 """One collective call's record: opened before torch runs it, finished when torch returns.
 
 The c10d boundary kernel (``commviz.record.boundary``, every collective whoever issues it)
-records a plain collective itself (also a synchronous one under CUDA graph capture), once
-``shape`` has described its call site; it calls ``begin``/``finish`` for the others (profiled,
-annotated, asynchronous under capture, point-to-point), which
-build their record here, as ``commviz.annotate_collective`` does for communication the user
-issues outside c10d. ``open_record`` does, each only when it applies:
+records a call itself (collective or point-to-point, profiled or not, also a synchronous one
+under CUDA graph capture), once ``shape`` has described its call site; a collective inside an
+``annotate_collective`` block gives its number to the block (``Claim``). It calls
+``begin``/``finish`` for the others (split sizes, origins that change per call, asynchronous or
+point-to-point work under capture), which build their record here, as
+``commviz.annotate_collective`` does for communication the user issues outside c10d.
+``open_record`` does, each only when it applies:
 - appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
-- opens a ``commviz::<op>`` profiler range whose args are the metadata, so eager traces carry
-  the keys graphed ones get;
+- for an annotation while a profiler runs, opens a ``commviz::<name>`` profiler range whose args
+  are the metadata (a c10d call has the profiler's own ``c10d::<op>`` event, which the match
+  step pairs with its record after the job, by thread and time);
 - under CUDA graph capture, starts the region that finds the call's graph nodes.
 
 Sequence numbers follow the backend's own (Flight Recorder's ``collective_seq_id``): one per
@@ -60,13 +63,15 @@ class Claim:
         self.rec = rec
         self.open = rec is not None
 
-    def take(self, info: md.GroupInfo, slots: int) -> None:
-        seq = info.take_seq(slots)
-        rec = self.rec
-        rec[md.R_SEQ] = seq
-        if rec[_META] is not None:
-            rec[_META][md.SEQ] = seq
-        self.open = False
+    def claim(self, seq: int) -> None:
+        """A c10d collective inside the block took its group's number ``seq`` (the boundary
+        kernel calls this): the first one is the block's; later ones are nobody's."""
+        if self.open:
+            rec = self.rec
+            rec[md.R_SEQ] = seq
+            if rec[_META] is not None:
+                rec[_META][md.SEQ] = seq
+            self.open = False
 
     def close(self) -> None:
         """At the block's end: an unclaimed collective annotation numbers itself."""
@@ -83,28 +88,28 @@ class Claim:
 class _Scope(threading.local):
     """Per-thread stack of blocks whose c10d calls are not recorded on their own: commviz's
     own traffic (``unrecorded``: None) and ``annotate_collective`` blocks (a ``Claim``).
-    Its depth is mirrored in the boundary kernel's thread-local (``DEPTH``), which then need
-    not ask Python on every call."""
+    Its depth and innermost block are mirrored in the boundary kernel's thread-locals
+    (``MIRROR``), which then handles a call inside without asking Python what is open."""
 
     def __init__(self) -> None:
         self.stack: list[Claim | None] = []
 
     def push(self, claim: Claim | None) -> None:
         self.stack.append(claim)
-        DEPTH(len(self.stack))
+        MIRROR(len(self.stack), claim)
 
     def pop(self) -> Claim | None:
         claim = self.stack.pop()
-        DEPTH(len(self.stack))
+        MIRROR(len(self.stack), self.stack[-1] if self.stack else None)
         return claim
 
 
-def _unmirrored(depth: int) -> None:
-    """Until the boundary kernel is in, nothing mirrors a scope's depth."""
+def _unmirrored(depth: int, top: Claim | None) -> None:
+    """Until the boundary kernel is in, nothing mirrors the scope."""
 
 
 SCOPE = _Scope()
-DEPTH: Callable[[int], None] = _unmirrored   # the boundary kernel's setter, once it is in
+MIRROR: Callable[[int, Claim | None], None] = _unmirrored   # the kernel's setter, once it is in
 
 
 class unrecorded:  # noqa: N801 - a context manager used like a function
@@ -161,17 +166,20 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
 # per shape: its origin keys, and whether each call adds its micro-batch (Refresh.MICROBATCH)
 _origins: dict[tuple[Any, ...], tuple[dict[str, Any], bool]] = {}
 _merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+Refresh = _origin.Refresh
 
 
 def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nbytes: int,
                 site: tuple[str | None, int | None], origin: int | None, depth: int,
-                count: bool = True) -> tuple[dict[str, Any], bool]:
+                count: bool = True) -> tuple[dict[str, Any], Refresh]:
     """``extra`` with the call's origin keys, worked out once per (origin ranges, call site,
-    op, size, p2p peer), and whether they hold for this call only (DDP's buckets, numbered in the
-    reducer's order). A collective's merged extra is one shared dict per content, so the
-    journal and the shapes see a repeated call as such. ``depth``: frames between the
-    caller of the c10d op and this function's caller; ``count``: False where the call is
-    only being looked at (``shape``: ``begin`` records it)."""
+    op, size, p2p peer), and what of them a later call of its shape must work out again: ALL
+    where they hold for this call only (DDP's buckets, numbered in the reducer's order),
+    MICROBATCH where this call's micro-batch is in them (a 1F1B schedule's p2p calls). A
+    collective's merged extra is one shared dict per content, so the journal and the shapes see
+    a repeated call as such. ``depth``: frames between the caller of the c10d op and this
+    function's caller; ``count``: False where the call is only being looked at (``shape``:
+    ``begin`` records it)."""
     if origin is None:
         origin = _origin.NATIVE.current_origin() if _origin.NATIVE is not None else 0
     # a p2p call's peer is part of its shape: one pipeline call site sends forward to the
@@ -186,19 +194,19 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
     if cached is None:
         keys, refresh = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
                                         count)
-        if refresh is _origin.Refresh.ALL:
-            return dict(extra or {}, **keys), True
-        cached = _origins[key] = (keys, refresh is _origin.Refresh.MICROBATCH)
+        if refresh is Refresh.ALL:
+            return dict(extra or {}, **keys), Refresh.ALL
+        cached = _origins[key] = (keys, refresh is Refresh.MICROBATCH)
     keys, batched = cached
     if batched:
         keys = _origin.MICRO_BATCHES.keys(keys, frame)
     if kind != "collective":
-        return dict(extra or {}, **keys), False     # per-call extras (peers, numbers)
+        return dict(extra or {}, **keys), Refresh.MICROBATCH if batched else Refresh.NOTHING
     content = (id(keys), *(extra.items() if extra else ()))
     merged = _merged.get(content)
     if merged is None:
         merged = _merged[content] = dict(extra or {}, **keys)
-    return merged, False
+    return merged, Refresh.NOTHING
 
 
 # -- open and finish ---------------------------------------------------------------------------
@@ -209,34 +217,31 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
                 seq: int | None, want_meta: bool = False, origin: int | None = None
                 ) -> list[Any]:
     """Record a call that is about to run; returns its compact record for ``finish_record``.
-    ``origin``: the boundary kernel's origin id (None: this thread's, read now)."""
+    ``origin``: the boundary kernel's origin id (None: this thread's, read now);
+    ``want_meta``: an annotation, whose caller gets the metadata dict (and, while a profiler
+    runs, a range of its own: it has no c10d op event)."""
     extra = with_origin(extra, op, kind, in_n, in_n * esize, site, origin, 2)[0]
     rec = [op, kind, info, in_n, out_n, dtype, esize, in_split, out_split, async_op,
            site[0], site[1], info.my_rank, device, seq, extra, None, None, None,
            None, None, None, None, None, None]
-    profiling = _profiler_enabled()
     if device == "cuda" and _capture.capture_possible():
         # a synchronous call costs least (its nodes are worked out after capture); work the
-        # stream does not wait for, user code and profiled calls are walked
-        rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta or profiling)
+        # stream does not wait for and user code are walked
+        rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta)
     meta = None
-    if profiling:
+    if want_meta:
         meta = rec[_META] = md.expand(rec)
-        rng = rec[_RANGE] = _RecordFunctionFast(
-            "commviz::" + op, [],
-            {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
-        rng.__enter__()
-    elif want_meta:
-        meta = rec[_META] = md.expand(rec)
+        if _profiler_enabled():
+            rng = rec[_RANGE] = _RecordFunctionFast(
+                "commviz::" + op, [],
+                {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
+            rng.__enter__()
     recorder = _rec.RECORDER
-    if meta is None:
-        if recorder.enabled:
-            recorder.append(rec)
-        rec[md.R_T_BEGIN] = _time_ns()
-    else:
-        if recorder.enabled:
-            recorder.append(meta)
-        meta[md.T_BEGIN] = _time_ns()
+    if recorder.enabled:           # journaled as the compact record: its shape, once per site
+        recorder.append(rec if meta is None else meta, journaled=rec)
+    now = rec[md.R_T_BEGIN] = _time_ns()
+    if meta is not None:
+        meta[md.T_BEGIN] = now
     return rec
 
 
@@ -244,13 +249,13 @@ def finish_record(rec: list[Any], error: str | None = None) -> None:
     """Close what ``open_record`` opened; under capture this is where the region ends."""
     if rec[_REGION] is not None:
         _capture.exit(rec[_REGION], rec)
+    now = rec[md.R_T_END] = _time_ns()
+    if error is not None:
+        rec[md.R_ERROR] = error
     meta = rec[_META]
     if meta is None:
-        rec[md.R_T_END] = _time_ns()
-        if error is not None:
-            rec[md.R_ERROR] = error
         return
-    meta[md.T_END] = _time_ns()
+    meta[md.T_END] = now
     if error is not None:
         meta[md.ERROR] = error
     if rec[_RANGE] is not None:
@@ -300,29 +305,73 @@ def _slots(spec: Any, info: md.GroupInfo, cuda: bool) -> int:
     return info.size if spec.slots_per_rank and not cuda else spec.slots
 
 
+def _peers(spec: Any, info: md.GroupInfo, root: int) -> tuple[dict[str, Any], int | None,
+                                                              int | None]:
+    """A p2p call's peer keys and its global (source, destination); a receive from any source
+    knows its source only when it completes."""
+    me = info.my_rank
+    peer = None if spec.any_source else info.global_rank(root)
+    src, dst = (me, peer) if spec.op == "send" else (peer, me)
+    return {md.PEER: peer, md.SRC: src, md.DST: dst}, src, dst
+
+
+def _with_thread(extra: dict[str, Any] | None, tid: int) -> dict[str, Any]:
+    return {**extra, md.TID: tid} if extra else {md.TID: tid}
+
+
+PER_MICROBATCH = "per micro-batch"   # ``shape``'s answer: ask ``microbatch``, then again
+
+
 def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
           root: int, reduce_op: int, async_op: bool, file: str | None, line: int | None,
-          origin: int = 0) -> tuple[int, md.GroupInfo, int] | bool | None:
-    """The boundary kernel asks this once per call shape (what a call site repeats) when no
-    block, profiler or asynchronous captured work needs Python: (the shape's index, its group, the sequence
-    numbers a call takes) to record such calls natively, False never to record them (a group
-    this rank is not in, commviz's own group), None to ask ``begin`` every time
-    (point-to-point calls: numbered per peer pair)."""
+          origin: int, tid: int, microbatch: int
+          ) -> tuple[int, md.GroupInfo, int, int | None, int | None] | bool | str | None:
+    """The boundary kernel asks this once per call shape (what a call site repeats, on one
+    thread) when no block or asynchronous captured work needs Python: (the shape's index, its
+    group, the sequence numbers a call takes, and a p2p call's global source and destination,
+    else None twice) to record such calls natively; False never to record them (a group this
+    rank is not in, commviz's own group); ``PER_MICROBATCH`` to ask again with the call's
+    micro-batch (``microbatch`` -1: not asked yet); None to ask ``begin`` every time (origins
+    that change per call)."""
     spec = _SPECS[code]
     info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
     if not info.member or info.desc == _SIDE:
         return False
-    if spec.kind != "collective":
+    src = dst = None
+    if spec.kind == "collective":
+        in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize, root,
+                                                     reduce_op)
+    else:
+        async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
+        extra, src, dst = _peers(spec, info, root)
+    extra, refresh = with_origin(_with_thread(extra, tid), spec.op, spec.kind, in_n,
+                                 in_n * esize, (file, line), origin, 1, count=False)
+    if refresh is Refresh.ALL:
         return None
-    in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize, root,
-                                                 reduce_op)
-    extra, per_call = with_origin(extra, spec.op, spec.kind, in_n, in_n * esize, (file, line),
-                                  origin, 1, count=False)
-    if per_call:
-        return None
+    if refresh is Refresh.MICROBATCH and microbatch == -1:
+        return PER_MICROBATCH
     fields = [spec.op, spec.kind, info, in_n, out_n, dtype, esize, "[]", "[]", async_op, file,
               line, info.my_rank, "cuda" if cuda else "cpu"]
-    return _rec.RECORDER.add_shape(fields, extra), info, _slots(spec, info, cuda)
+    return _rec.RECORDER.add_shape(fields, extra), info, _slots(spec, info, cuda), src, dst
+
+
+def microbatch(code: int) -> int | None:
+    """The micro-batch of the 1F1B p2p call being made (``origin.MicroBatches``), if any."""
+    try:
+        frame: FrameType | None = _getframe(1)
+    except ValueError:                      # no Python frame: an autograd device thread
+        return None
+    return _origin.MICRO_BATCHES.of(frame, _SPECS[code].op == "send")
+
+
+def scoped(code: int, pg_name: str, cuda: bool) -> tuple[md.GroupInfo, int] | None:
+    """What a c10d call inside a ``SCOPE`` block takes: a collective its group's sequence
+    numbers (the kernel asks this once per group and op); a p2p call nothing."""
+    spec = _SPECS[code]
+    if spec.kind != "collective":
+        return None
+    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
+    return info, _slots(spec, info, cuda)
 
 
 def failed(ordinal: int, error: str) -> None:
@@ -332,51 +381,43 @@ def failed(ordinal: int, error: str) -> None:
 
 def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int, cuda: bool,
           root: int, reduce_op: int, async_op: bool, in_split: list[int] | None,
-          out_split: list[int] | None, file: str | None, line: int | None, origin: int = 0
-          ) -> list[Any] | None:
+          out_split: list[int] | None, file: str | None, line: int | None, origin: int,
+          tid: int) -> list[Any] | None:
     """The boundary kernel calls this before torch's kernel runs, with the call site it found
-    (``callsite``'s rule, walked in C++), for calls ``shape`` does not cover; None: nothing
-    to record."""
+    (``callsite``'s rule, walked in C++) and the calling thread, for calls ``shape`` does not
+    cover (outside any ``SCOPE`` block); None: nothing to record."""
     spec = _SPECS[code]
     info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
-    slots = _slots(spec, info, cuda)
-    collective = spec.kind == "collective"
-    scope = SCOPE.stack
-    if scope:
-        owner = scope[-1]
-        if collective:
-            if owner is not None and owner.open:
-                owner.take(info, slots)       # the annotation stands for this call
-            else:
-                info.take_seq(slots)
-        return None
     if not info.member or info.desc == _SIDE:
         return None
     op = spec.op
-    if collective:
-        seq = info.take_seq(slots)
+    if spec.kind == "collective":
+        seq = info.take_seq(_slots(spec, info, cuda))
         in_n, out_n, dtype, esize, extra = _describe(spec, info, in_n, out_n, dtype, esize,
                                                      root, reduce_op)
     else:
         seq = None
         async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
-        me = info.my_rank
-        peer = None if spec.any_source else info.global_rank(root)
-        src, dst = (me, peer) if op == "send" else (peer, me)
-        extra = {md.PEER: peer, md.SRC: src, md.DST: dst,
-                 md.FR_P2P_SEQ: info.take_fr_p2p_seq(_coalescing_block(info))}
-        if peer is not None:
-            extra[md.P2P_SEQ] = info.next_p2p_seq(src, dst)
+        extra, src, dst = _peers(spec, info, root)
+        fr, pair = _origin.NATIVE.take_p2p(info.name, -1 if src is None else src,
+                                           -1 if dst is None else dst, _coalescing_block(info))
+        extra[md.FR_P2P_SEQ] = fr
+        if pair >= 0:
+            extra[md.P2P_SEQ] = pair
     in_s = "[]" if in_split is None else str(in_split)
     out_s = "[]" if out_split is None else str(out_split)
     return open_record(op, spec.kind, info, in_n, out_n, dtype, esize, "cuda" if cuda else "cpu",
-                       in_s, out_s, async_op, extra, (file, line), seq, origin=origin)
+                       in_s, out_s, async_op, _with_thread(extra, tid), (file, line), seq,
+                       origin=origin)
 
 
 def _coalescing_block(info: md.GroupInfo) -> list[Any] | None:
     """The op list of the group's open ``_coalescing_manager`` block (``batch_isend_irecv`` on
     a backend that coalesces), None outside one: torch's own state, read, never changed."""
-    return _c10d._world.pg_coalesce_state.get(info.pg) if info.pg is not None else None
+    return COALESCING.get(info.pg) if info.pg is not None else None
+
+
+COALESCING = _c10d._world.pg_coalesce_state    # torch's, the same dict for the process's life
 
 
 def finish(rec: list[Any], backend_seq: int, error: str | None) -> None:

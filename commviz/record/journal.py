@@ -48,13 +48,16 @@ CALL = struct.Struct("<IBIqqqq")            # header + shape id, seq, t_begin, t
 TIMES = struct.Struct("<qq")
 TIMES_AT = HEAD.size + 4 + 8                # where t_begin/t_end sit in a call entry
 CALL_BODY = CALL.size - HEAD.size
+# (T_META, a call's metadata as JSON, is written no more since 2026-11-26; older journals have it)
 T_HEADER, T_GROUP, T_EXTRA, T_SHAPE, T_META, T_CALL, T_ALIVE, T_NSHAPE, T_ERROR = b"hgesmcaNE"
 ALIVE = struct.Struct("<q")                 # the ticker's last "still alive" wall time
 RUNNING = -1                                # t_end of a call still running at that time
 # The boundary kernel's calls file (boundary.cpp ``Call``), one per generation beside it:
-# a magic line, then fixed entries (shape index, flags, seq, t_begin, t_end, ordinal).
-NATIVE_CALL = struct.Struct("<iiqqqq")
-CALLS_MAGIC = b"commviz.calls.1\n"
+# a magic line, then fixed entries (shape index, flags, seq, pair, t_begin, t_end, ordinal);
+# files of version 1 (written before p2p calls were recorded natively) have no pair.
+NATIVE_CALL = struct.Struct("<iiqqqqq")
+CALLS_MAGIC = b"commviz.calls.2\n"
+_CALLS_V1 = (b"commviz.calls.1\n", struct.Struct("<iiqqqq"))
 FAILED = 1                                  # NATIVE_CALL flag: the call raised
 CAPTURED = 2                                # NATIVE_CALL flag: it ran under CUDA graph capture
 NATIVE_FAILED = "failed (its error text was not kept)"
@@ -176,20 +179,17 @@ class Journal:
         self._stop = threading.Event()
 
     # -- hot path ---------------------------------------------------------------------------
-    def add(self, rec: Any, ordinal: int) -> None:
-        """Journal one record; ``ordinal`` is the recorder's count after appending it."""
+    def add(self, rec: list[Any], ordinal: int) -> None:
+        """Journal one compact record; ``ordinal`` is the recorder's count after appending it."""
         seg = self._seg
         if seg is None or seg.pos > self._limit:
             seg = self._prepare()
             if seg is None:
                 return
-        if type(rec) is list:
-            site = self._sites.get(rec[_LINE])
-            if site is None or rec[_EXTRA] is not site[1] or rec[:_FIELDS] != site[0]:
-                site = self._shape(rec)
-            sid, seq = site[2], rec[_SEQ]
-        else:
-            sid, seq = self._write_json(T_META, rec), rec.get(md.SEQ)
+        site = self._sites.get(rec[_LINE])
+        if site is None or rec[_EXTRA] is not site[1] or rec[:_FIELDS] != site[0]:
+            site = self._shape(rec)
+        sid, seq = site[2], rec[_SEQ]
         pos = seg.pos
         _pack_call(seg.map, pos, CALL_BODY, T_CALL, sid, -1 if seq is None else seq, 0, 0,
                    ordinal)
@@ -361,10 +361,7 @@ class Journal:
         running: list[Any] = []
         running_at = array("q")
         for rec, pos in zip(self._waiting, self._waiting_at):
-            if type(rec) is list:
-                begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
-            else:
-                begin, end = rec.get(md.T_BEGIN), rec.get(md.T_END)
+            begin, end = rec[md.R_T_BEGIN], rec[md.R_T_END]
             TIMES.pack_into(seg.map, pos + TIMES_AT, begin or 0, RUNNING if end is None else end)
             if end is None:
                 running.append(rec)
@@ -499,10 +496,10 @@ def read_journal(path: Path) -> Entries:
             else:
                 raise RecordError(str(path), f"unknown journal entry {kind!r} at byte {pos}")
         pos = end
-    for shape, flags, seq, begin, end_ns, ordinal in _native_calls(calls_path(path)):
+    for shape, flags, seq, pair, begin, end_ns, ordinal in _native_calls(calls_path(path)):
         if shape not in shapes:
             break
-        meta = _call(shapes[shape], groups, objects, seq, begin, end_ns, alive)
+        meta = _call(shapes[shape], groups, objects, seq, begin, end_ns, alive, pair)
         if flags & FAILED:
             meta[md.ERROR] = NATIVE_FAILED
         if flags & CAPTURED:                 # its graph placement was never journaled
@@ -514,27 +511,42 @@ def read_journal(path: Path) -> Entries:
     return Entries(header, groups, calls, alive)
 
 
-def _native_calls(path: Path) -> Iterator[tuple[int, int, int, int, int, int]]:
-    """The boundary kernel's entries in a calls file, up to the first one not (fully) written."""
+def native_numbers(kind: str, extra: Any, seq: int, pair: int) -> tuple[int | None, Any]:
+    """A native entry's number and extra as its record has them: a p2p call's numbers are
+    its extra's (Flight Recorder's ``FR_P2P_SEQ``, its pair's ``P2P_SEQ``), not a ``SEQ``."""
+    if kind != "p2p":
+        return (None if seq < 0 else seq), extra
+    numbers = {md.FR_P2P_SEQ: seq, md.P2P_SEQ: pair} if pair >= 0 else {md.FR_P2P_SEQ: seq}
+    return None, {**extra, **numbers} if extra else numbers
+
+
+def _native_calls(path: Path) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+    """The boundary kernel's entries in a calls file, up to the first one not (fully) written:
+    (shape, flags, seq, pair, t_begin, t_end, ordinal)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return
     except OSError as exc:
         raise RecordError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    if not data.startswith(CALLS_MAGIC):
+    magic, entry = CALLS_MAGIC, NATIVE_CALL
+    if data.startswith(_CALLS_V1[0]):
+        magic, entry = _CALLS_V1
+    elif not data.startswith(CALLS_MAGIC):
         if data.strip(b"\0"):
             raise RecordError(str(path), "not a commviz calls file")
         return
-    end = len(CALLS_MAGIC) + (len(data) - len(CALLS_MAGIC)) // NATIVE_CALL.size * NATIVE_CALL.size
-    for entry in NATIVE_CALL.iter_unpack(data[len(CALLS_MAGIC):end]):
-        if entry[5] <= 0:
+    end = len(magic) + (len(data) - len(magic)) // entry.size * entry.size
+    for fields in entry.iter_unpack(data[len(magic):end]):
+        if fields[-1] <= 0:
             return
-        yield entry
+        yield fields if entry is NATIVE_CALL else (*fields[:3], -1, *fields[3:])
 
 
 def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any], seq: int,
-          begin: int, end: int, alive: int) -> dict:
+          begin: int, end: int, alive: int, pair: int | None = None) -> dict:
+    """One call's metadata from its shape (or JSON) entry and per-call numbers; ``pair``: the
+    boundary kernel's entry's (None: a journal call entry, whose extra has its p2p numbers)."""
     kind, value = obj
     if kind == T_META:
         meta = dict(value)
@@ -545,8 +557,11 @@ def _call(obj: tuple[int, Any], groups: dict[int, dict], objects: dict[int, Any]
         rec[md.R_INFO] = _Group(str(g.get("name", "?")), str(g.get("desc", "?")),
                                 list(g.get("ranks", [])), str(g.get("ranks_str", "[]")),
                                 int(g.get("lane", 0)))
-        rec[md.R_SEQ] = None if seq < 0 else seq
-        rec[md.R_EXTRA] = objects[eid][1] if eid in objects else None
+        extra = objects[eid][1] if eid in objects else None
+        if pair is None:
+            rec[md.R_SEQ], rec[md.R_EXTRA] = None if seq < 0 else seq, extra
+        else:
+            rec[md.R_SEQ], rec[md.R_EXTRA] = native_numbers(fields[md.R_KIND], extra, seq, pair)
         meta = md.expand(rec)
     if begin:
         meta[md.T_BEGIN] = begin

@@ -23,8 +23,9 @@ collective); a call's origin is worked out from that chain and the live Python f
 call shape (what a call site repeats, with its origin id), so natively recorded calls pay
 nothing per call for it. Two kinds resolve per call, through Python: DDP's buckets (buckets
 may share a size; without a hook they are numbered in the reducer's order) and DTensor
-redistributes inside a module call (layers called in a loop share call site and sizes); a
-1F1B batch's ops add their micro-batch per call from the few frames up to the schedule.
+redistributes inside a module call (layers called in a loop share call site and sizes). A
+1F1B batch's p2p ops are still recorded natively: the kernel asks for each one's micro-batch
+(``MicroBatches.of``, a few frames up to the schedule) and keeps a shape per micro-batch.
 ``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that loses).
 """
 
@@ -361,6 +362,26 @@ class MicroBatches:
 
     def keys(self, keys: dict[str, Any], frame: FrameType | None) -> dict[str, Any]:
         """``keys`` of a batched p2p call made from ``frame``, its micro-batch added."""
+        found = self._find(frame, keys[md.ORIGIN_PHASE])
+        if found is None:
+            return keys
+        from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+        stage, microbatch = found
+        action = _Action(stage, _ComputationType.from_str(keys[md.ORIGIN_PHASE]), microbatch)
+        return dict(keys, **{md.ORIGIN: PP + str(action), md.ORIGIN_MICROBATCH: microbatch})
+
+    def of(self, frame: FrameType | None, sent: bool) -> int | None:
+        """The micro-batch of a batched send (or receive) made from ``frame``, if any (the
+        boundary kernel's shapes of such calls are per micro-batch)."""
+        found = self._find(frame, None, sent)
+        return None if found is None else found[1]
+
+    def _find(self, frame: FrameType | None, phase: str | None, sent: bool = False
+              ) -> tuple[int, int] | None:
+        """(stage, micro-batch) of the p2p call made from ``frame`` whose batch part is
+        ``phase`` (None: the part its batch's description gives a send, ``sent``, or a
+        receive)."""
         batch = step = None
         schedules = _where().schedules
         while frame is not None and step is None:    # the op, batch_isend_irecv, the schedule
@@ -372,13 +393,13 @@ class MicroBatches:
                     step = frame
             frame = frame.f_back
         if batch is None or step is None:
-            return keys
+            return None
         ops, desc = batch.f_locals.get("p2p_ops"), batch.f_locals.get("desc")
         schedule = step.f_locals.get("self")
         n = getattr(schedule, "_n_microbatches", None)
         stage = getattr(getattr(schedule, "_stage", None), "stage_index", None)
         if not ops or not n or stage is None:
-            return keys
+            return None
         taken = self._batches.get(ops[0])
         if taken is None:
             import torch.distributed as dist
@@ -387,13 +408,8 @@ class MicroBatches:
             taken = self._batches[ops[0]] = {}
             for action in {_batch_phase(desc, o.op is dist.isend) for o in ops} - {None}:
                 taken[action], runs[action] = runs[action] % n, runs[action] + 1
-        microbatch = taken.get(keys[md.ORIGIN_PHASE])
-        if microbatch is None:
-            return keys
-        from torch.distributed.pipelining.schedules import _Action, _ComputationType
-
-        action = _Action(stage, _ComputationType.from_str(keys[md.ORIGIN_PHASE]), microbatch)
-        return dict(keys, **{md.ORIGIN: PP + str(action), md.ORIGIN_MICROBATCH: microbatch})
+        microbatch = taken.get(phase or _batch_phase(desc, sent))
+        return None if microbatch is None else (stage, microbatch)
 
 
 MICRO_BATCHES = MicroBatches()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from commviz import metadata as md
 from commviz.record import schema, store
 from commviz.record.journal import (CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal,
-                                    flush_lock)
+                                    flush_lock, native_numbers)
 
 DEFAULT_CAPACITY = 100_000
 
@@ -36,8 +36,8 @@ class Recorder:
 
     Records come two ways, numbered by one ordinal counter: calls the boundary kernel records
     natively (``native``: its ring of fixed entries, each naming a shape of ``shapes``) and
-    records built in Python (``append``: profiled and annotated calls, asynchronous calls under
-    capture, point-to-point calls). ``records()`` puts them back in one order."""
+    records built in Python (``append``: annotations, calls with split sizes or origins that
+    change per call, asynchronous or point-to-point calls under capture). ``records()`` puts them back in one order."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._enabled = os.environ.get("COMMVIZ_RECORD", "1") != "0"
@@ -122,25 +122,26 @@ class Recorder:
                 self.journal.note_error(ordinal, error)
 
     def _native_record(self, shape: int, flags: int, seq: int, t_begin: int, t_end: int,
-                       ordinal: int) -> list[Any]:
+                       ordinal: int, pair: int = -1) -> list[Any]:
         """The compact record of one native entry (``journal.NATIVE_CALL``'s fields)."""
         fields, extra = self.shapes[shape]
         error = self.errors.get(ordinal) or (NATIVE_FAILED if flags & FAILED else None)
-        rec = fields + [None if seq < 0 else seq, extra, t_begin,
-                        None if t_end == RUNNING else t_end, error]
+        seq, extra = native_numbers(fields[md.R_KIND], extra, seq, pair)
+        rec = fields + [seq, extra, t_begin, None if t_end == RUNNING else t_end, error]
         rec += [0 if flags & CAPTURED else None] + [None] * (md.R_REGION - md.R_GRAPH)
         return rec
 
     def _native_records(self, entries: bytes) -> list[tuple[int, list[Any]]]:
         """Compact records of the native ring's entries (those placed in a graph as placed)."""
         captured = self._captured
-        return [(entry[5], captured.get(entry[5]) or self._native_record(*entry))
-                for entry in NATIVE_CALL.iter_unpack(entries)]
+        return [(ordinal, captured.get(ordinal) or
+                 self._native_record(shape, flags, seq, t0, t1, ordinal, pair))
+                for shape, flags, seq, pair, t0, t1, ordinal in NATIVE_CALL.iter_unpack(entries)]
 
     def take_captured(self) -> list[tuple[Any, ...]]:
         """The calls the kernel recorded under capture since the last take, in call order:
-        (its ``NATIVE_CALL`` fields, capture id, graph, stream, the stream's frontier as the
-        call returned). A capture id of 0: the capture was over when the call returned."""
+        (shape, flags, seq, t_begin, t_end, ordinal, capture id, graph, stream, the stream's
+        frontier as the call returned). A capture id of 0: the capture was over when the call returned."""
         return self.native.take_captured() if self.native is not None else []
 
     def captured_record(self, entry: tuple[int, int, int, int, int, int]) -> list[Any]:
@@ -154,7 +155,9 @@ class Recorder:
         return rec
 
     # -- hot path (calls the boundary kernel does not record natively) -------------------------
-    def append(self, record: Any) -> None:
+    def append(self, record: Any, journaled: list[Any] | None = None) -> None:
+        """Keep ``record``; the journal gets ``journaled`` where given (the compact record of
+        an annotation whose ``record`` is its metadata dict: no JSON per call)."""
         with self._lock:
             if self.native is not None:
                 ordinal = self.native.next_ordinal()
@@ -163,7 +166,7 @@ class Recorder:
                 ordinal = self._recorded
             self._ring.append((ordinal, record))
             if self.journal is not None:
-                self.journal.add(record, ordinal)
+                self.journal.add(record if journaled is None else journaled, ordinal)
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property
