@@ -130,6 +130,7 @@ class TraceIndex:
                     continue
             elif cat != "kernel" and not (
                     (name.startswith(RANGE_PREFIX) and not is_other_range(name))
+                    or (name in OP_NAMES and cat not in GPU_CATS)
                     or (name == PARAM_COMMS and args.get("External id") is not None)
                     or (name == COALESCED_RANGE and cat not in GPU_CATS)):
                 continue                    # most events: nothing here joins on them
