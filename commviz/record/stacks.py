@@ -295,11 +295,16 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
 
 
+# any Python's standard library, wherever it is installed: stacks are often read on another
+# machine than the one that wrote them (/usr/lib/python3.12/ there, a pyenv's here)
+_STDLIB_RE = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
+
+
 def is_user(file: str) -> bool:
     """Whether ``file`` is the program's own code (not the standard library, an installed
     package or commviz)."""
     return not (file.startswith("<") or "/site-packages/" in file or "/dist-packages/" in file
-                or file.startswith(_library_dirs()))
+                or file.startswith(_library_dirs()) or _STDLIB_RE.search(file) is not None)
 
 
 def chain(traceback_text: str) -> list[str]:
