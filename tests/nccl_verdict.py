@@ -139,9 +139,10 @@ def relocated_copy(kept: Path, name: str, scratch: Path, repo: Path) -> Path:
     own code there is here too, so the verdict tells it from the job's as it did there."""
     there = (kept / "repo.txt").read_text().strip()
     run = shutil.copytree(kept / name, scratch / name)
-    for pattern in RELOCATED:
-        for path in run.glob(pattern):
-            path.write_text(path.read_text().replace(there, str(repo)))
+    # once per file: a file two patterns match, rewritten twice, would name ``repo`` twice over
+    # where ``there`` is in ``repo`` (/work/main in /check/work/main)
+    for path in {path for pattern in RELOCATED for path in run.glob(pattern)}:
+        path.write_text(path.read_text().replace(there, str(repo)))
     return run
 
 
