@@ -13,7 +13,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 \
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   pip install "torch==2.13.0"
 fi
-if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, psutil, hta" 2>/dev/null \
+if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, xdist, psutil, hta" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.commviz-installed ]; then
   pip install -e ".[test]"
   touch .venv/.commviz-installed

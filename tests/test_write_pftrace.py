@@ -322,3 +322,47 @@ def test_cached_args_round_trip_as_each_event_holds_them(tmp_path) -> None:
             assert maybe == want["maybe"]
         assert got == {k: orjson.dumps(v).decode() if isinstance(v, list) else v
                        for k, v in want.items() if k != "maybe"}
+
+
+def test_id_strings_written_in_place_and_learnt_across_a_pieces_tracks() -> None:
+    """A string key whose values are mostly new (an instance's name) is an id: its strings are
+    written in place, not interned, and a piece's later tracks know it from their first event;
+    a repeating string stays interned. Read back with perfetto's own protobuf classes."""
+    tracks = 3
+    events = [{"name": "all_reduce", "cat": "comm",
+               "args": {"op": ("sum", "max")[i % 2], "instance": f"tp#{i} step {i // 8}",
+                        "skew_ns": 1000 + 37 * i}} for i in range(150 * tracks)]
+    buf = io.BytesIO()
+    piece = Piece(buf, 0)
+    for t in range(tracks):
+        seq = piece.sequence(piece.new_uuid())
+        piece.buf += seq.start(5)
+        emit_slices(seq, piece.buf, [(10 + 3 * i, -(11 + 3 * i), i)
+                                     for i in range(150 * t, 150 * (t + 1))], events)
+    piece.flush()
+    names: dict[tuple[int, int], str] = {}
+    strings: dict[tuple[int, int], str] = {}
+    got, in_place = [], []
+    for p in _packets(buf.getvalue()):
+        seq_id = p.trusted_packet_sequence_id
+        for n in p.interned_data.debug_annotation_names:
+            names[seq_id, n.iid] = n.name
+        for s in p.interned_data.debug_annotation_string_values:
+            strings[seq_id, s.iid] = s.str.decode()
+        if p.track_event.type != pb.TrackEvent.TYPE_SLICE_BEGIN:
+            continue
+        args = {}
+        for a in p.track_event.debug_annotations:
+            key = names[seq_id, a.name_iid]
+            which = a.WhichOneof("value")
+            args[key] = (strings[seq_id, a.string_value_iid] if which == "string_value_iid"
+                         else getattr(a, which))
+            if key != "skew_ns":
+                in_place.append((seq_id, key, which == "string_value"))
+        got.append(args)
+    assert got == [e["args"] for e in events]
+    seqs = sorted({s for s, _, _ in in_place})
+    assert len(seqs) == tracks
+    assert not any(inline for _, key, inline in in_place if key == "op")
+    later = [inline for s, key, inline in in_place if key == "instance" and s != seqs[0]]
+    assert later and all(later)

@@ -4,13 +4,16 @@ Each (backing) track gets its own ``trusted_packet_sequence_id``. Its first pack
 sequence's incremental state and sets two defaults, as Perfetto's own SDK does: the track uuid
 (so events carry none) and a sequence-scoped incremental clock (so each timestamp is the small
 delta from the previous packet on the track). Event names, categories, debug-annotation names
-and string values are interned per sequence; the encoded bytes of repeated annotations are
-cached. Events of one track are written in nesting order (an END before a BEGIN at the same
+and string values are interned per sequence (but the strings of an id key, such as an
+instance's name, which rarely repeat: those are written in place); the encoded bytes of
+repeated annotations are cached. Events of one track are written in nesting order (an END before a BEGIN at the same
 time, a parent's BEGIN before its child's), which also keeps the deltas non-negative.
 
 A profiler event's args repeat but for a few ids (``External id``, ``correlation``, ``Ev Idx``):
 per sequence and per key order, the encoded annotations are cached by the args' other values
-(``_ArgsPlan``), so an event's args cost one lookup plus its ids, not one step per arg.
+(``_ArgsPlan``), so an event's args cost one lookup plus its ids, not one step per arg. Which
+keys are ids is learnt once per piece: a piece's many alike tracks (one per process group)
+start knowing what the first ones found.
 
 A piece (one rank, or the cross-rank part) owns a range of sequence ids and track uuids, so
 pieces written separately can be concatenated into one valid trace.
@@ -31,8 +34,9 @@ from commviz.write.proto import (
     SMALL, VARINT, F, f_bytes, f_double, f_str, f_varint, packet, tag, varint)
 
 FLUSH_BYTES = 4 << 20
-CACHE_LIMIT = 2048            # past this many distinct ints of one key, they are not cached
-DYNAMIC_MIN = 64              # a number key with more distinct values is an id: left out of
+CACHE_LIMIT = 2048            # past this many distinct values of one key, they are not cached
+DYNAMIC_MIN = 64              # a key with more distinct numbers is an id (or strings, most new):
+                              # left out of
 PLAN_CHECKS = (64, 256, 1024)         # the args cache key, looked at again at these sizes
 PLAN_CACHE_MAX = 4096         # args of one key order cached per sequence, at most
 _pack_double = struct.Struct("<d").pack
@@ -46,6 +50,7 @@ _FLOW = tag(F.FLOW_IDS, FIXED64)
 _A_INT = tag(F.A_INT, VARINT)
 _A_DOUBLE = tag(F.A_DOUBLE, FIXED64)
 _A_STRING_IID = tag(F.A_STRING_IID, VARINT)
+_A_STRING = tag(F.A_STRING, LEN)
 _TS = tag(F.TIMESTAMP, VARINT)
 _INTERNED = tag(F.INTERNED, LEN)
 _TRACK_EVENT = tag(F.TRACK_EVENT, LEN)
@@ -65,11 +70,12 @@ class Sequence:
     """One track's packet sequence: its interning tables, caches and running clock."""
 
     __slots__ = ("seq_id", "uuid", "last_ts", "head", "end_hdr", "end_tail", "names", "cats",
-                 "keys", "strings", "next_iid", "pending", "plans")
+                 "keys", "strings", "next_iid", "pending", "plans", "ids")
 
-    def __init__(self, seq_id: int, uuid: int) -> None:
+    def __init__(self, seq_id: int, uuid: int, ids: set[str] | None = None) -> None:
         self.seq_id = seq_id
         self.uuid = uuid
+        self.ids = set() if ids is None else ids   # keys found to be ids (shared in a piece)
         self.last_ts: int | None = None
         self.head = f_varint(F.SEQ_ID, seq_id) + f_varint(F.FLAGS, SEQ_NEEDS)
         self.end_tail = self.head + f_bytes(F.TRACK_EVENT, f_varint(F.TYPE, SLICE_END))
@@ -78,7 +84,8 @@ class Sequence:
                                 for n in range(1, 11)]
         self.names: dict[str, bytes] = {}          # event name -> name_iid field bytes
         self.cats: dict[str, bytes] = {}           # category -> category_iids field bytes
-        # annotation key -> [name part, str/JSON cache, int cache (None: not cached), float cache]
+        # annotation key -> [name part, str/JSON cache, int cache, float cache, strings encoded]
+        # (a cache None: that key's values are ids, not cached; strings written in place)
         self.keys: dict[str, list] = {}
         self.strings: dict[Any, int] = {}          # interned string values (str or JSON bytes)
         self.next_iid = 1
@@ -110,11 +117,20 @@ class Sequence:
     def key(self, key: str) -> list:
         iid = self._iid()
         self._define(F.I_ANNOTATION_NAMES, iid, key)
-        entry = self.keys[key] = [f_varint(F.A_NAME_IID, iid), {}, {}, {}]
+        known = key in self.ids
+        entry = self.keys[key] = [f_varint(F.A_NAME_IID, iid), None if known else {},
+                                  None if known else {}, {}, 0]
         return entry
 
     def ann_str(self, entry: list, value: str | bytes) -> bytes:
-        """Annotation with an interned string value (``value`` bytes = JSON text of a list)."""
+        """Annotation with a string value (``value`` bytes = JSON text of a list): interned,
+        or in place for an id key (most of whose strings are new)."""
+        cache = entry[1]
+        if cache is None:
+            return _ann_text(entry[0], value)
+        if len(cache) >= CACHE_LIMIT:
+            entry[1] = None
+            return _ann_text(entry[0], value)
         iid = self.strings.get(value)
         if iid is None:
             iid = self.strings[value] = self._iid()
@@ -148,7 +164,7 @@ class Sequence:
             text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
         except TypeError:
             text = orjson.dumps(str(value))
-        cached = entry[1].get(text)
+        cached = entry[1].get(text) if entry[1] is not None else None
         return cached if cached is not None else self.ann_str(entry, text)
 
     def interned_part(self) -> bytes:
@@ -183,9 +199,19 @@ class Sequence:
                       + f_bytes(F.TRACK_EVENT, track_event))
 
 
+def _ann_text(name: bytes, value: str | bytes) -> bytes:
+    """An annotation with its string value in place (not interned)."""
+    data = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
+    return _wrap(name + _A_STRING + varint(len(data)) + data)
+
+
 def _is_id(entry: list) -> bool:
-    """Whether an annotation key has had many distinct numbers (an id, not a setting)."""
-    return entry[2] is None or len(entry[2]) > DYNAMIC_MIN or len(entry[3]) > DYNAMIC_MIN
+    """Whether an annotation key has had many distinct numbers, or many strings most of which
+    were new (an id, not a setting)."""
+    strings = entry[1]
+    return (entry[2] is None or strings is None or len(entry[2]) > DYNAMIC_MIN
+            or len(entry[3]) > DYNAMIC_MIN
+            or len(strings) > DYNAMIC_MIN and 2 * len(strings) > entry[4])
 
 
 class _ArgsPlan:
@@ -202,8 +228,11 @@ class _ArgsPlan:
     def __init__(self, seq: Sequence, keys: tuple) -> None:
         entries = [seq.keys[k] for k in keys]
         self.pos = [i for i, e in enumerate(entries) if _is_id(e)]
-        self.ids = [(keys[i], entries[i][0] + _A_INT, entries[i][0] + _A_DOUBLE)
+        self.ids = [(keys[i], entries[i][0] + _A_INT, entries[i][0] + _A_DOUBLE, entries[i][0])
                     for i in self.pos]
+        for i in self.pos:                  # an id here is one on the piece's other tracks
+            seq.ids.add(keys[i])
+            entries[i][1] = entries[i][2] = None
         fixed = [k for i, k in enumerate(keys) if i not in self.pos]
         self.n_fixed = len(fixed)
         # the non-id values (a bare value for one key): their JSON is the cache key
@@ -307,18 +336,21 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
             if runs is not None:            # cached: only the ids are encoded
                 parts.append(runs[0])
                 j = 1
-                for k, p_int, p_double in plan.ids:
+                for k, p_int, p_double, p_name in plan.ids:
                     v = args[k]
                     if v.__class__ is int and 0 <= v < _INT63:
                         inner = p_int + (small[v] if v < 16384 else low14[v & 0x3FFF] + small[
                             v >> 14] if v < 0x10000000 else big(v))
+                        parts.append(_ANN + small[len(inner)] + inner)
                     elif v.__class__ is float:
                         inner = p_double + _pack_double(v)
+                        parts.append(_ANN + small[len(inner)] + inner)
+                    elif v.__class__ is str:
+                        parts.append(_ann_text(p_name, v))
                     else:                   # an id of another type: encoded arg by arg
                         del parts[n0:]
                         runs = None
                         break
-                    parts.append(_ANN + small[len(inner)] + inner)
                     parts.append(runs[j])
                     j += 1
         if args and runs is None:
@@ -328,7 +360,9 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                     entry = seq.key(str(k))
                 t = type(v)
                 if t is str:
-                    b = entry[1].get(v)
+                    entry[4] += 1
+                    cache = entry[1]
+                    b = cache.get(v) if cache is not None else None
                     if b is None:
                         b = seq.ann_str(entry, v)
                 elif t is int:
@@ -346,7 +380,9 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
                     except TypeError:       # an integer past 64 bits: as any other value
                         b = seq.ann_value(entry, v)
                     else:
-                        b = entry[1].get(text)
+                        entry[4] += 1
+                        cache = entry[1]
+                        b = cache.get(text) if cache is not None else None
                         if b is None:
                             b = seq.ann_str(entry, text)
                 elif t is float:
@@ -494,6 +530,7 @@ class Piece:
         self.descriptor_seq = self._next_seq()
         self._desc_head = f_varint(F.SEQ_ID, self.descriptor_seq)
         self.packets_bytes = 0
+        self.ids: set[str] = set()            # annotation keys its tracks found to be ids
 
     def _next_seq(self) -> int:
         self._seqs += 1
@@ -509,7 +546,7 @@ class Piece:
         return self.piece_id << 32 | self._uuids
 
     def sequence(self, uuid: int) -> Sequence:
-        return Sequence(self._next_seq(), uuid)
+        return Sequence(self._next_seq(), uuid, self.ids)
 
     def descriptor(self, desc: bytes) -> None:
         self.buf += packet(self._desc_head + f_bytes(F.TRACK_DESCRIPTOR, desc))

@@ -72,7 +72,7 @@ class F:
     # TrackEvent
     CATEGORY_IIDS, ANNOTATIONS, TYPE, NAME_IID, DOUBLE_COUNTER_VALUE, FLOW_IDS = 3, 4, 9, 10, 44, 47
     # DebugAnnotation
-    A_NAME_IID, A_BOOL, A_INT, A_DOUBLE, A_STRING_IID = 1, 2, 4, 5, 17
+    A_NAME_IID, A_BOOL, A_INT, A_DOUBLE, A_STRING, A_STRING_IID = 1, 2, 4, 5, 6, 17
     # InternedData
     I_CATEGORIES, I_NAMES, I_ANNOTATION_NAMES, I_STRINGS = 1, 2, 3, 29
     # TrackDescriptor
