@@ -6,8 +6,9 @@ sequence's incremental state and sets two defaults, as Perfetto's own SDK does: 
 delta from the previous packet on the track). Event names, categories, debug-annotation names
 and string values are interned per sequence (but the strings of an id key, such as an
 instance's name, which rarely repeat: those are written in place); the encoded bytes of
-repeated annotations are cached. Events of one track are written in nesting order (an END before a BEGIN at the same
-time, a parent's BEGIN before its child's), which also keeps the deltas non-negative.
+repeated annotations are cached. Events of one track are written in nesting order (an END
+before a BEGIN at the same time, a parent's BEGIN before its child's), which also keeps the
+deltas non-negative.
 
 A profiler event's args repeat but for a few ids (``External id``, ``correlation``, ``Ev Idx``):
 per sequence and per key order, the encoded annotations are cached by the args' other values
