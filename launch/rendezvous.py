@@ -65,7 +65,9 @@ def decode_state(raw: bytes) -> tuple[list[str], bool] | None:
 class Seen:
     """What the last look that reached the store found."""
 
-    joined: list[str] = field(default_factory=list)      # torch's participants' addresses
+    # torch's participants' addresses, every one seen while waiting: torch drops them again as
+    # its join timeout expires, and the error that follows names who had come
+    joined: list[str] = field(default_factory=list)
     complete: bool = False
     launches: dict[int, str] = field(default_factory=dict)   # --node-rank -> host
 
@@ -93,7 +95,10 @@ class Watch(threading.Thread):
     def run(self) -> None:
         while not self._done.wait(self.interval):
             try:
-                self.seen, self.answering = self._look(), True
+                seen = self._look()
+                if self.seen is not None:
+                    seen.joined = sorted(set(seen.joined) | set(self.seen.joined))
+                self.seen, self.answering = seen, True
             except (OSError, RuntimeError, ValueError):  # not up yet, or gone (torchrun ended)
                 self.answering = False
             if self.seen is not None and self.seen.complete:
