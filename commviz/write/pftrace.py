@@ -36,9 +36,10 @@ from commviz.write.proto import (
 
 FLUSH_BYTES = 4 << 20
 CACHE_LIMIT = 2048            # past this many distinct values of one key, they are not cached
-DYNAMIC_MIN = 64              # a key with more distinct numbers is an id (or strings, most new):
-                              # left out of
-PLAN_CHECKS = (64, 256, 1024)         # the args cache key, looked at again at these sizes
+# a key with more distinct numbers (or strings, most of them new) is an id: left out of the
+# args cache key, which keys are ids looked at again at these cache sizes
+DYNAMIC_MIN = 64
+PLAN_CHECKS = (64, 256, 1024)
 PLAN_CACHE_MAX = 4096         # args of one key order cached per sequence, at most
 _pack_double = struct.Struct("<d").pack
 _pack_u64 = struct.Struct("<Q").pack
