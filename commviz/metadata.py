@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import sys
 import zlib
-from dataclasses import dataclass
+from array import array
+from dataclasses import InitVar, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -352,11 +353,23 @@ class GroupInfo:
     my_rank: int = 0                 # this process's global rank (the same for every group)
     member: bool = True              # False: this rank is not in the group (torch skips the call)
     ranks_str: str = ""
-    last_seq: int = 0                # the group's last collective sequence number taken
+    first_seq: InitVar[int] = 0      # the group's last number before commviz saw it
     last_user_seq: int = 0           # annotations of communication outside c10d
+    # The group's last collective sequence number taken, in a cell commviz's C++ kernel
+    # numbers from in place too (one int64, never resized).
+    seq_cell: array = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, first_seq: int) -> None:
         self.ranks_str = str(self.ranks)
+        self.seq_cell = array("q", [first_seq])
+
+    @property
+    def last_seq(self) -> int:
+        return self.seq_cell[0]
+
+    @last_seq.setter
+    def last_seq(self, value: int) -> None:
+        self.seq_cell[0] = value
 
     @property
     def size(self) -> int:
@@ -364,8 +377,9 @@ class GroupInfo:
 
     def take_seq(self, slots: int = 1) -> int:
         """The next collective sequence number (a call may take several, as the backend's)."""
-        seq = self.last_seq + 1
-        self.last_seq += slots
+        cell = self.seq_cell
+        seq = cell[0] + 1
+        cell[0] += slots
         return seq
 
     def next_user_seq(self) -> int:
@@ -407,7 +421,7 @@ def group_info(group: Any = None) -> GroupInfo:
     info = GroupInfo(pg=pg, name=str(name), desc=str(desc),
                      ranks=list(dist.get_process_group_ranks(pg)), backend=backend,
                      lane=lane_id(str(name)), my_rank=dist.get_rank(),
-                     last_seq=backend_seq(pg) or 0)
+                     first_seq=backend_seq(pg) or 0)
     _GROUPS[id(pg)] = info
     return info
 

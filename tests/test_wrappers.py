@@ -265,6 +265,58 @@ def test_torch_objects_and_warnings_stay_torchs(run_dir: Path) -> None:
         assert res["after"] == 4
 
 
+def _job_repeated(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    """Call sites repeated many times (from their second call on a call is recorded without
+    the GIL), two lines of one function, a point-to-point pair, a second thread on a group of
+    its own: each record's line as Python numbers it, its thread's OS id."""
+    import threading
+
+    import torch.distributed as td
+
+    commviz.RECORDER.clear()
+    commviz.start(run_dir)
+    side = td.new_group(list(range(world)), group_desc="side_thread")
+    lines: dict[str, int] = {}
+    tids: dict[str, int] = {}
+
+    def here(name: str) -> None:
+        lines[name] = inspect.currentframe().f_back.f_lineno + 1
+        tids[name] = threading.get_native_id()
+
+    def other_thread() -> None:
+        for _ in range(20):
+            here("thread")
+            td.all_reduce(torch.ones(3), group=side)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    for i in range(20):
+        here("first")
+        td.all_reduce(torch.ones(2))
+        here("second")
+        td.all_reduce(torch.ones(4))
+        here("p2p")
+        (td.send if rank == 0 else td.recv)(torch.ones(2), 1 - rank)
+    snap = snapshot()
+    snap.update(lines=lines, tids=tids)
+    return snap
+
+
+def test_repeated_call_sites_keep_lines_numbers_and_threads(run_dir: Path) -> None:
+    for snap in run_ranks(_job_repeated, 2, str(run_dir), env=FR_ENV, timeout=240):
+        compare(snap)
+        expect = {(2, None): "first", (4, None): "second", (3, None): "thread",
+                  (2, "p2p"): "p2p"}
+        seen: dict[str, int] = {}
+        for rec in snap["records"]:
+            name = expect[(rec[md.IN_NELEMS], "p2p" if rec[md.KIND] == "p2p" else None)]
+            assert rec[md.CALLSITE] == f"{__file__}:{snap['lines'][name]}", (name, rec)
+            assert rec[md.TID] == snap["tids"][name], (name, rec)
+            seen[name] = seen.get(name, 0) + 1
+        assert seen == {"first": 20, "second": 20, "thread": 20, "p2p": 20}
+
+
 def _job_off(rank: int, world: int, run_dir: str) -> tuple[int, int]:
     import torch.distributed as td
 

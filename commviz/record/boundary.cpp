@@ -48,6 +48,9 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/utils/pybind.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#include <torch/csrc/dynamo/cpython_includes.h>
+#endif
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -109,7 +112,7 @@ struct Python {
   py::object hooks;           // commviz.record.capturing: its installed(), looked up per
                               // captured call (a test or benchmark may replace it)
   py::object coalescing;      // torch's _world.pg_coalesce_state: group -> open block's ops
-  py::object last_seq_attr, installed_attr, claim_attr, pg_attr;
+  py::object seq_cell_attr, installed_attr, claim_attr, pg_attr;
 };
 Python* g_py = nullptr;
 
@@ -217,9 +220,15 @@ struct Site {
   }
 };
 
-// A frame's line: Python finds it by scanning its code object's line table, which costs more
-// than all the rest of a natively recorded call, so lines are kept per (code object,
-// instruction offset) where Python gives the offset (3.11 on). Needs the GIL.
+#if PY_VERSION_HEX >= 0x030B0000
+// Python 3.11 on: the interpreter's own frames (_PyInterpreterFrame, through torch's
+// cpython_includes.h, as TorchDynamo reads them), walked without making a frame object for
+// each (PyEval_GetFrame and PyFrame_GetBack do, and the frames are new on every call).
+//
+// What this thread's call sites were found to be, kept per thread so that a call can find its
+// site without the GIL (`seen_site`): each code object's verdict (own_code) and each line per
+// (code object, instruction offset) — Python finds a line by scanning its code object's line
+// table, which costs more than all the rest of a natively recorded call.
 struct LineKey {
   PyCodeObject* code;  // kept alive by g_skip
   int offset;
@@ -227,22 +236,105 @@ struct LineKey {
 };
 struct LineKeyHash {
   size_t operator()(const LineKey& k) const {
-    return std::hash<const void*>()(k.code) ^ (static_cast<size_t>(k.offset) * 0x9e3779b97f4a7c15ULL);
+    return (reinterpret_cast<uintptr_t>(k.code) >> 4) ^ (static_cast<size_t>(k.offset) * 7);
   }
 };
-auto* g_lines = new std::unordered_map<LineKey, int, LineKeyHash>();
+// A map in front of which a few recent keys sit in a direct-mapped table: a call's handful of
+// frames are found there in a few instructions rather than through a hash table each.
+template <class K, class V, class Hash>
+class Seen {
+ public:
+  const V* find(const K& key) {
+    Slot& slot = front_[Hash()(key) % FRONT];
+    if (slot.used && slot.key == key) return &slot.value;
+    auto it = all_.find(key);
+    if (it == all_.end()) return nullptr;
+    slot = Slot{it->first, it->second, true};
+    return &it->second;
+  }
+  const V* add(const K& key, V value) { return &all_.insert_or_assign(key, value).first->second; }
 
-int line_of(PyFrameObject* frame, PyCodeObject* code) {
-#if PY_VERSION_HEX >= 0x030B0000
-  auto [it, fresh] = g_lines->try_emplace(LineKey{code, PyFrame_GetLasti(frame)}, 0);
-  if (fresh) it->second = PyFrame_GetLineNumber(frame);
-  return it->second;
+ private:
+  static constexpr size_t FRONT = 64;
+  struct Slot {
+    K key{};
+    V value{};
+    bool used = false;
+  };
+  Slot front_[FRONT];
+  std::unordered_map<K, V, Hash> all_;
+};
+struct CodeHash {
+  size_t operator()(PyCodeObject* code) const { return reinterpret_cast<uintptr_t>(code) >> 4; }
+};
+struct SeenSites {
+  Seen<PyCodeObject*, bool, CodeHash> own;
+  Seen<LineKey, int, LineKeyHash> lines;
+};
+thread_local SeenSites t_sites;
+
+_PyInterpreterFrame* top_frame(PyThreadState* tstate) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return tstate->current_frame;
 #else
-  return PyFrame_GetLineNumber(frame);
+  return tstate->cframe->current_frame;
 #endif
 }
 
-Site callsite() {
+// The next frame out that has begun running (the frames PyFrame_GetBack would give; 3.12's
+// own test leaves out its C entry frames, which 3.13 on counts as incomplete).
+_PyInterpreterFrame* complete(_PyInterpreterFrame* frame) {
+  while (frame != nullptr && (_PyFrame_IsIncomplete(frame)
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+                              || frame->owner == FRAME_OWNED_BY_CSTACK
+#endif
+                              )) {
+    frame = frame->previous;
+  }
+  return frame;
+}
+
+// The call site in the frames of `tstate`, this thread's. Filling (the GIL held), what the
+// thread has not seen yet is looked up and kept; not filling (no GIL: the thread's frames stay
+// as they are while it is in this call, and only it touches `t_sites`), false where a frame or
+// line was not seen yet.
+bool find_site(PyThreadState* tstate, bool filling, Site* site) {
+  for (_PyInterpreterFrame* frame = complete(top_frame(tstate)); frame != nullptr;
+       frame = complete(frame->previous)) {
+    PyCodeObject* code = F_CODE(frame);
+    const bool* own = t_sites.own.find(code);
+    if (own == nullptr) {
+      if (!filling) return false;
+      own = t_sites.own.add(code, own_code(code));
+    }
+    if (*own) continue;
+    const LineKey key{code, _PyInterpreterFrame_LASTI(frame)};
+    const int* line = t_sites.lines.find(key);
+    if (line == nullptr) {
+      if (!filling) return false;
+      line = t_sites.lines.add(
+          key, PyCode_Addr2Line(code, key.offset * static_cast<int>(sizeof(_Py_CODEUNIT))));
+    }
+    *site = Site{code, *line};
+    return true;
+  }
+  *site = Site{};
+  return true;
+}
+
+Site callsite() {  // needs the GIL
+  Site site;
+  find_site(PyThreadState_Get(), true, &site);
+  return site;
+}
+
+// The call site without the GIL, where this thread has seen all of it before; false otherwise.
+bool seen_site(Site* site) {
+  PyThreadState* tstate = PyGILState_GetThisThreadState();
+  return tstate != nullptr && find_site(tstate, false, site);
+}
+#else
+Site callsite() {  // needs the GIL
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   while (frame != nullptr) {
@@ -250,7 +342,7 @@ Site callsite() {
     bool own = own_code(code);
     Py_DECREF(code);                              // g_skip keeps it
     if (!own) {
-      Site site{code, line_of(frame, code)};
+      Site site{code, PyFrame_GetLineNumber(frame)};
       Py_DECREF(frame);
       return site;
     }
@@ -260,6 +352,9 @@ Site callsite() {
   }
   return {};
 }
+
+bool seen_site(Site*) { return false; }  // (no fast path before Python 3.11)
+#endif
 
 // -- origins: the framework unit a call serves, as torch names it ---------------------------
 // torch's frameworks open profiler ranges around their communication whether or not a
@@ -720,15 +815,35 @@ struct P2P {
   py::object block;  // the coalescing block that took the last number (held: its id stays its own)
   std::map<std::pair<int64_t, int64_t>, int64_t> pairs;
 };
-// By group name; never erased (a group's numbering lasts the process). Touched with the GIL.
+// By group name; never erased (a group's numbering lasts the process). The map is touched
+// with the GIL; a group's numbers under g_p2p_mutex too (the fast path takes them without it).
 auto* g_p2p = new std::unordered_map<std::string, P2P>();
+std::mutex g_p2p_mutex;
 
-// `block`: the op list torch keeps for the group's open _coalescing_manager (borrowed), or null.
+int64_t take_pair(P2P& state, int64_t src, int64_t dst) {  // g_p2p_mutex held
+  return src >= 0 && dst >= 0 ? ++state.pairs[{src, dst}] : -1;
+}
+
+// `block`: the op list torch keeps for the group's open _coalescing_manager (borrowed), or
+// null. Needs the GIL.
 std::pair<int64_t, int64_t> take_p2p(P2P& state, PyObject* block, int64_t src, int64_t dst) {
+  std::lock_guard<std::mutex> lock(g_p2p_mutex);
   if (block == nullptr || block != state.block.ptr()) ++state.fr;
   state.block = block == nullptr ? py::object() : py::reinterpret_borrow<py::object>(block);
-  const int64_t pair = src >= 0 && dst >= 0 ? ++state.pairs[{src, dst}] : -1;
-  return {state.fr, pair};
+  return {state.fr, take_pair(state, src, dst)};
+}
+
+// take_p2p without the GIL, for a call outside any coalescing block after one outside a block
+// too; false where Python's objects are involved (the GIL path takes the numbers then).
+bool take_p2p_unblocked(P2P& state, int64_t src, int64_t dst, std::pair<int64_t, int64_t>* got) {
+  // (torch's dict of open blocks, its size read without the GIL: blocks are opened and closed
+  // by the thread that issues their calls, and this is that thread)
+  PyObject* open = g_py->coalescing.ptr();
+  if (open == nullptr || !PyDict_CheckExact(open) || PyDict_GET_SIZE(open) != 0) return false;
+  std::lock_guard<std::mutex> lock(g_p2p_mutex);
+  if (state.block) return false;
+  *got = {++state.fr, take_pair(state, src, dst)};
+  return true;
 }
 
 // The group's open coalescing block (torch's own state, read, never changed). Needs the GIL.
@@ -737,6 +852,24 @@ PyObject* coalescing_block(PyObject* pg) {
   PyObject* block = PyDict_GetItemWithError(g_py->coalescing.ptr(), pg);  // borrowed
   if (block == nullptr) PyErr_Clear();
   return block;
+}
+
+// A group's last sequence number, in its GroupInfo's `seq_cell` (a one-element int64 array,
+// never resized), which Python and the kernel both number from: read and written in place,
+// with the GIL held.
+struct SeqCell {
+  py::object owner;        // the array, kept alive
+  int64_t* last = nullptr;
+  explicit operator bool() const { return last != nullptr; }
+};
+
+SeqCell seq_cell(const py::object& info) {
+  py::object cell = info.attr(g_py->seq_cell_attr);
+  py::buffer_info view = py::buffer(cell).request(true);
+  if (view.itemsize != sizeof(int64_t) || view.size != 1) {
+    throw std::runtime_error("commviz: GroupInfo.seq_cell is not one int64");
+  }
+  return SeqCell{cell, static_cast<int64_t*>(view.ptr)};
 }
 
 // What Python said of a shape: record natively (its index, group and sequence slots; for a
@@ -748,7 +881,7 @@ enum class Verdict { NATIVE, SKIP, MICROBATCH, PYTHON };
 struct Shape {
   Verdict verdict = Verdict::PYTHON;
   int32_t index = -1;
-  py::object attrs;  // its GroupInfo's attribute dict (attrs_of): last_seq, the group's number
+  SeqCell seq;       // its group's numbering (GroupInfo.seq_cell)
   int64_t slots = 1;
   std::string pg_name;  // a pointer reused by a later group is not the same group
   P2P* p2p = nullptr;   // a p2p shape's group numbering
@@ -756,8 +889,15 @@ struct Shape {
   int64_t src = -1, dst = -1;  // its global ranks (-1: a receive from any source)
 };
 
-// Touched with the GIL held only.
+// Changed with the GIL and g_shapes_mutex held; read with either (the fast path: the mutex).
 auto* g_shapes = new std::unordered_map<ShapeKey, Shape, ShapeKeyHash>();
+std::mutex g_shapes_mutex;
+
+void clear_shapes() {  // needs the GIL; the shapes' Python objects go outside the mutex
+  std::unordered_map<ShapeKey, Shape, ShapeKeyHash> old;
+  std::lock_guard<std::mutex> lock(g_shapes_mutex);
+  old.swap(*g_shapes);
+}
 
 // The calls.SCOPE blocks open on this thread (calls.SCOPE sets them): how many, and the
 // innermost one's Claim (None: an `unrecorded` block). The Claim is kept alive by the stack.
@@ -1014,42 +1154,22 @@ py::object read_graph(uintptr_t graph_handle) {
                         with_tools ? py::object(as_bytes(tools)) : py::none());
 }
 
-// A GroupInfo's attribute dict: its `last_seq` (a plain dataclass field) is read and written
-// there, as Python's own attribute access does, for a fraction of the cost. Needs the GIL.
-py::object attrs_of(const py::object& info) {
-  return py::reinterpret_steal<py::object>(PyObject_GenericGetDict(info.ptr(), nullptr));
-}
-
-// The group's next number (GroupInfo.take_seq): `slots` numbers from its last, in the
-// GroupInfo's attribute dict (attrs_of). Needs the GIL.
-int64_t take_seq(PyObject* attrs, int64_t slots) {
-  PyObject* last = PyDict_GetItemWithError(attrs, g_py->last_seq_attr.ptr());  // borrowed
-  if (last == nullptr) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "GroupInfo.last_seq");
-    throw py::error_already_set();
-  }
-  const int64_t value = PyLong_AsLongLong(last);
-  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
-  py::object next = py::reinterpret_steal<py::object>(PyLong_FromLongLong(value + slots));
-  if (!next || PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), next.ptr()) != 0) {
-    throw py::error_already_set();
-  }
-  return value + 1;
+// The group's next number (GroupInfo.take_seq): `slots` numbers from its last. Atomic, as a
+// call on the fast path takes it without the GIL; Python takes its numbers from the same cell
+// with the GIL (two threads numbering one group at once would race in torch itself).
+int64_t take_seq(int64_t* last, int64_t slots) {
+  return __atomic_fetch_add(last, slots, __ATOMIC_RELAXED) + 1;
 }
 
 // What a call inside a calls.SCOPE block takes (Kernel::scoped): its group and sequence
 // numbers; no group for a p2p call. Per (group, op, device), touched with the GIL held only.
 struct Scoped {
-  py::object attrs;  // its GroupInfo's attribute dict (attrs_of); null for a p2p call
+  SeqCell seq;       // its group's numbering; none for a p2p call
   int64_t slots = 1;
   std::string pg_name;
 };
 auto* g_scoped = new std::map<std::tuple<const void*, int, bool>, Scoped>();
 
-void set_last_seq(PyObject* attrs, int64_t value) {  // in attrs_of(GroupInfo); needs the GIL
-  py::int_ v(value);
-  if (PyDict_SetItem(attrs, g_py->last_seq_attr.ptr(), v.ptr()) != 0) PyErr_Clear();
-}
 
 // The kernels below redispatch with this: the backend's kernel is next.
 const c10::DispatchKeySet kBelowBackendSelect(c10::DispatchKeySet::FULL_AFTER,
@@ -1119,12 +1239,13 @@ class Kernel {
     const bool splits = has_split(args, spec_.in_split_arg) || has_split(args, spec_.out_split_arg);
 
     Verdict verdict = Verdict::PYTHON;
-    PyObject* info = nullptr;  // borrowed: a GroupInfo's attrs_of (they live as the process)
+    int64_t* numbering = nullptr;  // the group's (GroupInfo.seq_cell: groups live as the process)
     int64_t seq = -1;
     Where where;
     py::object rec;
     void* stream = nullptr;    // a captured call's stream
-    {
+    const bool plain = !splits && call_mode(call.cuda) == Mode::PLAIN;
+    if (!plain || !without_gil(pg, call, &verdict, &numbering, &seq, &where)) {
       Gil gil;
       try {
         Mode mode = call_mode(call.cuda);
@@ -1148,16 +1269,15 @@ class Kernel {
             verdict = shape->p2p != nullptr && mode == Mode::CAPTURED ? Verdict::PYTHON
                                                                      : shape->verdict;
             if (verdict == Verdict::NATIVE) {
-              info = shape->attrs.ptr();
               int64_t pair = -1;
-              if (shape->p2p != nullptr) {
+              if (shape->p2p != nullptr) {  // (no group number to follow)
                 std::tie(seq, pair) = take_p2p(*shape->p2p, coalescing_block(shape->pg.ptr()),
                                                shape->src, shape->dst);
               } else {
-                seq = take_seq(info, shape->slots);
+                numbering = shape->seq.last;
+                seq = take_seq(numbering, shape->slots);
               }
               where = g_native->add(shape->index, seq, pair, now_ns());
-              if (shape->p2p != nullptr) info = nullptr;  // no group number to follow
             }
           }
           if (verdict == Verdict::PYTHON) rec = begin(args, pg, site, call);
@@ -1168,7 +1288,7 @@ class Kernel {
       }
     }
     if (verdict == Verdict::NATIVE) {
-      run_native(run, pg, call, info, seq, where, stream);
+      run_native(run, pg, call, numbering, seq, where, stream);
     } else if (verdict == Verdict::PYTHON && rec) {
       run_python(run, pg, call, rec);
     } else {
@@ -1192,11 +1312,52 @@ class Kernel {
                         args[arg].isTensorList());
   }
 
+  ShapeKey key_of(c10d::ProcessGroup& pg, const Site& site, const Args& call) const {
+    return ShapeKey{&pg, site.code, site.line, spec_.code, call.in_n, call.out_n, call.root,
+                    call.redop, static_cast<int>(call.st), call.async_op, call.cuda,
+                    call.origin, call.tid, call.microbatch};
+  }
+
+  // A plain call recorded without the GIL, where this thread has seen its call site and its
+  // shape before and Python has nothing to add (a group's collective, a point-to-point call
+  // outside coalescing blocks, a call not recorded): its verdict (NATIVE or SKIP), numbers and
+  // entry. False: the full path, with the GIL.
+  bool without_gil(c10d::ProcessGroup& pg, Args& call, Verdict* verdict, int64_t** numbering,
+                   int64_t* seq, Where* where) const {
+    Site site;
+    if (!seen_site(&site)) return false;
+    call.tid = thread_id();
+    const ShapeKey key = key_of(pg, site, call);
+    int32_t index = -1;
+    int64_t pair = -1;
+    {
+      std::lock_guard<std::mutex> lock(g_shapes_mutex);
+      auto it = g_shapes->find(key);
+      if (it == g_shapes->end() || it->second.pg_name != pg.getGroupName()) return false;
+      const Shape& shape = it->second;
+      if (shape.verdict == Verdict::SKIP) {
+        *verdict = Verdict::SKIP;
+        return true;
+      }
+      if (shape.verdict != Verdict::NATIVE) return false;
+      if (shape.p2p != nullptr) {
+        std::pair<int64_t, int64_t> got;
+        if (!take_p2p_unblocked(*shape.p2p, shape.src, shape.dst, &got)) return false;
+        std::tie(*seq, pair) = got;
+      } else {
+        *numbering = shape.seq.last;
+        *seq = take_seq(*numbering, shape.slots);
+      }
+      index = shape.index;
+    }
+    *where = g_native->add(index, *seq, pair, now_ns());
+    *verdict = Verdict::NATIVE;
+    return true;
+  }
+
   // The shape of this call: cached, else registered through Python's `shape`. Needs the GIL.
   const Shape& shape_of(c10d::ProcessGroup& pg, const Site& site, const Args& call) const {
-    ShapeKey key{&pg, site.code, site.line, spec_.code, call.in_n, call.out_n, call.root,
-                 call.redop, static_cast<int>(call.st), call.async_op, call.cuda, call.origin,
-                 call.tid, call.microbatch};
+    const ShapeKey key = key_of(pg, site, call);
     const std::string& name = pg.getGroupName();
     auto it = g_shapes->find(key);
     if (it != g_shapes->end() && it->second.pg_name == name) return it->second;
@@ -1224,8 +1385,9 @@ class Kernel {
         shape.p2p = &(*g_p2p)[name];
         shape.pg = info.attr(g_py->pg_attr);
       }
-      shape.attrs = attrs_of(info);
+      if (shape.p2p == nullptr) shape.seq = seq_cell(info);
     }
+    std::lock_guard<std::mutex> lock(g_shapes_mutex);
     return g_shapes->insert_or_assign(key, std::move(shape)).first->second;
   }
 
@@ -1251,13 +1413,13 @@ class Kernel {
       if (!got.is_none()) {
         py::object info;
         std::tie(info, entry.slots) = got.cast<std::tuple<py::object, int64_t>>();
-        entry.attrs = attrs_of(info);
+        entry.seq = seq_cell(info);
       }
       it = g_scoped->insert_or_assign(key, std::move(entry)).first;
     }
     const Scoped& entry = it->second;
-    if (!entry.attrs) return;          // a p2p call: blocks number none
-    const int64_t seq = take_seq(entry.attrs.ptr(), entry.slots);
+    if (!entry.seq) return;          // a p2p call: blocks number none
+    const int64_t seq = take_seq(entry.seq.last, entry.slots);
     if (t_scope_top != nullptr && t_scope_top != Py_None) {
       py::object number = py::reinterpret_steal<py::object>(PyLong_FromLongLong(seq));
       py::object done = py::reinterpret_steal<py::object>(
@@ -1306,7 +1468,7 @@ class Kernel {
   }
 
   void run_native(Run run,
-                  c10d::ProcessGroup& pg, const Args& call, PyObject* info, int64_t seq,
+                  c10d::ProcessGroup& pg, const Args& call, int64_t* numbering, int64_t seq,
                   const Where& where, void* stream) {
     try {
       call_original(run, call);
@@ -1321,12 +1483,12 @@ class Kernel {
       }
       throw;
     }
-    // (a p2p call, info null, keeps the number it took: NCCL's is its collectives')
-    const int64_t reported = info != nullptr ? backend_seq(pg, call) : -1;
+    // (a p2p call, no numbering, keeps the number it took: NCCL's is its collectives')
+    const int64_t reported = numbering != nullptr ? backend_seq(pg, call) : -1;
     const int64_t t_end = now_ns();
     if (reported > 0 && reported != seq) {
       Gil gil;
-      set_last_seq(info, reported);
+      __atomic_store_n(numbering, reported, __ATOMIC_RELAXED);
       seq = reported;
     }
     const int32_t flags = stream != nullptr ? note_captured(where, seq, t_end, stream) : 0;
@@ -1627,10 +1789,10 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> install(
   g_py->hooks = python["hooks"];
   g_py->coalescing = python["coalescing"];
   g_py->installed_attr = py::str("installed");
-  g_py->last_seq_attr = py::str("last_seq");
+  g_py->seq_cell_attr = py::str("seq_cell");
   g_py->claim_attr = py::str("claim");
   g_py->pg_attr = py::str("pg");
-  g_shapes->clear();
+  clear_shapes();
   g_scoped->clear();
   std::vector<std::string> boxed, taken;
   if (!g_registrations.empty()) return {boxed, taken};
@@ -1700,7 +1862,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("calls_close", []() {
     // atomically under the GIL: later calls register their shapes again, in the next file
     g_native->close();
-    g_shapes->clear();
+    clear_shapes();
   }, "stop writing calls to the current file");
   m.def("calls_drop", []() { g_native->drop(); }, "unmap the files no longer written");
   m.def("calls_error", []() { return g_native->error(); }, "why the file stopped, or ''");
