@@ -855,8 +855,7 @@ PyObject* coalescing_block(PyObject* pg) {
 }
 
 // A group's last sequence number, in its GroupInfo's `seq_cell` (a one-element int64 array,
-// never resized), which Python and the kernel both number from: read and written in place,
-// with the GIL held.
+// never resized), which Python and the kernel both number from in place (`take_seq`).
 struct SeqCell {
   py::object owner;        // the array, kept alive
   int64_t* last = nullptr;
@@ -1170,7 +1169,6 @@ struct Scoped {
 };
 auto* g_scoped = new std::map<std::tuple<const void*, int, bool>, Scoped>();
 
-
 // The kernels below redispatch with this: the backend's kernel is next.
 const c10::DispatchKeySet kBelowBackendSelect(c10::DispatchKeySet::FULL_AFTER,
                                               c10::DispatchKey::BackendSelect);
@@ -1244,11 +1242,11 @@ class Kernel {
     Where where;
     py::object rec;
     void* stream = nullptr;    // a captured call's stream
-    const bool plain = !splits && call_mode(call.cuda) == Mode::PLAIN;
-    if (!plain || !without_gil(pg, call, &verdict, &numbering, &seq, &where)) {
+    Mode mode = call_mode(call.cuda);
+    if (splits || mode != Mode::PLAIN ||
+        !without_gil(pg, call, &verdict, &numbering, &seq, &where)) {
       Gil gil;
       try {
-        Mode mode = call_mode(call.cuda);
         if (mode == Mode::SCOPED) {
           scoped(pg, call);
           verdict = Verdict::SKIP;
