@@ -296,6 +296,6 @@ def test_fixture_files_stay_small() -> None:
     sets = {d.name: sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
             for d in FIX.iterdir() if d.is_dir()}
     assert sum(sets.values()) < 11_000_000, sets
-    assert sets["proof-4xh100"] < 7_500_000 and sets["proof-2xh100"] < 1_600_000, sets
+    assert sets["proof-4x"] < 7_500_000 and sets["proof-2xh100"] < 1_600_000, sets
     for path in FIX.rglob("trace_rank*.json.gz"):
         assert json.loads(gzip.open(path).read())["traceEvents"]

@@ -1,6 +1,6 @@
 """Real 2- and 4-GPU NCCL runs, checked without a GPU: every NCCL kernel named, rightly.
 
-``fixtures/gpu/proof-2xh100/`` and ``proof-4xh100/``: the inputs (profiler traces, commviz
+``fixtures/gpu/proof-2xh100/`` and ``proof-4x/``: the inputs (profiler traces, commviz
 records, torch's Flight Recorder dumps, resolved config) of every ``configs/gpu-2x-*.yaml``
 launched on 2 x H100 by ``scripts/gpu_proof.sh``, and of every 4-GPU config
 (``configs/gpu-4x-*.yaml``, ``tp-dp-4gpu.yaml``) launched on 4 x H100 by ``gpu_proof.sh 4x``
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(900)
 
 HERE = Path(__file__).parent
 GPU = HERE / "fixtures" / "gpu"
-PROOFS = ("proof-2xh100", "proof-4xh100")
+PROOFS = ("proof-2xh100", "proof-4x")
 GRAPHS = GPU / "graphs-2xh100"
 EAGER_TWIN = {"graphs": "graphs-eager", "p2p-graphed": "p2p-graphed-eager", "tp-dp": "tp-dp-eager"}
 RUNS = [f"{proof}/{p.name}" for proof in PROOFS for p in sorted((GPU / proof).iterdir())
