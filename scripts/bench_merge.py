@@ -192,6 +192,19 @@ def parse_only(paths: dict[int, Path]) -> int:
 
 # --- measuring in child processes -------------------------------------------------------------
 
+def _phases(stats: dict[str, Any]) -> dict[str, float]:
+    """Where a merge's time went: each step of a rank's conversion, averaged over its ranks
+    (``stats["per_rank"][R]["phases"]``), and the main process's own steps."""
+    per_rank = [st.get("phases") or {} for st in (stats.get("per_rank") or {}).values()]
+    steps: dict[str, float] = {}
+    for phases in per_rank:
+        for step, sec in phases.items():
+            steps[f"rank {step}"] = steps.get(f"rank {step}", 0.0) + sec / len(per_rank)
+    for step, sec in (stats.get("phases") or {}).items():
+        steps[f"main {step}"] = sec
+    return steps
+
+
 def _hwm_mib(pid: int | str = "self") -> float:
     """Peak RSS of a live process (Linux VmHWM; 0 when it is gone). A forked child's VmHWM
     starts from what it shares with its parent at the fork, as the kernel counts it."""
@@ -274,6 +287,7 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
         res = merge_run(run, Path(out), progress=False, workers=int(workers))
         result["stats"] = {k: v for k, v in (res.stats or {}).items()
                            if isinstance(v, (int, float))}
+        result["phases"] = _phases(res.stats or {})
         result["problems"] = len(res.problems)
     result["seconds"] = time.perf_counter() - t
     result["cpu_seconds"] = _cpu_seconds() - cpu
@@ -404,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res_b['cpu_seconds'] / res_c['cpu_seconds']:.2f}x (all processes; no target)")
         if have and "stats" in res_b:
             print(f"  merge stats: {res_b['stats']}; problems: {res_b['problems']}")
+        if res_b.get("phases"):
+            print("  where (b)'s time went, seconds (a rank's steps: the mean over its ranks; "
+                  "main ranks: wall, from the start until every rank was converted; main cross: "
+                  "the cross-rank piece and the copy): " + ", ".join(
+                      f"{step} {sec:.2f}" for step, sec in res_b["phases"].items()))
 
         if a.verify and "error" not in res_b:
             from commviz.trace.run import load_run

@@ -199,16 +199,17 @@ def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
 
 
 class _Index:
-    """The parts of a trace the graph matcher needs, in one pass."""
+    """The parts of a trace the graph matcher needs, in one pass over its joinable events."""
 
-    def __init__(self, events: list[dict]) -> None:
+    def __init__(self, events: list[dict], joinable: list[int]) -> None:
         self.replays: dict[Any, _Replay] = {}
         self.tags: dict[tuple, list[tuple[float, float, dict]]] = defaultdict(list)
         self.mark_ranges: dict[tuple, list[tuple[float, float, str, Any]]] = defaultdict(list)
         self.launches: dict[Any, tuple[tuple, float]] = {}   # eager launch: corr -> (thread, ts)
         self.node_kernels: list[_Kernel] = []                      # kernels with graph node ids
         work: list[tuple[int, dict]] = []
-        for i, ev in enumerate(events):
+        for i in joinable:
+            ev = events[i]
             if not isinstance(ev, dict) or ev.get("ph") != "X":
                 continue
             cat = ev.get("cat")
@@ -597,7 +598,7 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
 def match_graphed(trace: Any, record: dict[str, Any] | None) -> GraphMatch:
     """Label one rank's graphed kernels (and marked kernels) from its commviz record."""
     out = GraphMatch()
-    idx = _Index(trace.events)
+    idx = _Index(trace.events, trace.joinable)
     out.graphed = set(idx.graphed)
     _eager_marks(idx, out)
     if record is None:

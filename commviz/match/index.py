@@ -18,14 +18,11 @@ from typing import Any
 from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
 from commviz.record.ops import OPS
+from commviz.trace.joinable import COALESCED_RANGE, OP_PREFIX, PARAM_COMMS, RANGE_PREFIX
 from commviz.trace.kernels import (GPU_CATS, LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed,
                                    parse_nccl)
 
-RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call
-OP_PREFIX = "c10d::"                # c10d::<op>: the profiler's event of a c10d op call
 OP_NAMES = {OP_PREFIX + name: spec.op for name, spec in OPS.items()}   # -> commviz.op
-PARAM_COMMS = "record_param_comms"
-COALESCED_RANGE = "nccl:coalesced"  # ProcessGroupNCCL's endCoalescing: a coalesced group's launch
 
 
 def is_other_range(name: str) -> bool:
@@ -104,7 +101,8 @@ class Intervals:
 
 
 class TraceIndex:
-    """The joinable parts of one trace, built in one pass over its events."""
+    """The joinable parts of one trace, built in one pass over its joinable events
+    (``Trace.joinable``)."""
 
     def __init__(self, trace: Any) -> None:
         self.trace = trace
@@ -119,7 +117,9 @@ class TraceIndex:
         self.kernels = 0
         ns = trace.ns
         kernels: list[tuple[Span, dict, NcclKernel]] = []
-        for i, ev in enumerate(self.events):
+        events = self.events
+        for i in trace.joinable:
+            ev = events[i]
             if not isinstance(ev, dict) or ev.get("ph") != "X":
                 continue
             cat, name = ev.get("cat"), ev.get("name", "")

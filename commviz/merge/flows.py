@@ -45,13 +45,6 @@ class Edge(NamedTuple):
     target: int
 
 
-class Carriers(NamedTuple):
-    """The slices of one track that carry one correlation id."""
-
-    order: list[int]            # event indices, in event order
-    members: set[int]
-
-
 class Track:
     """One track's slices, sorted ``(start, -end, index)`` items, with what lets a flow point
     find its slice without a scan: each item's nearest earlier item that ends later."""
@@ -91,17 +84,21 @@ class Track:
         return None
 
 
+Correlated = dict[tuple, list[tuple[int, tuple]]]   # (seg, correlation) -> (index, track) pairs
+
+
 class Binder:
     """Binds flow points to slices of one rank (``items``: per track the sorted
-    (start, -end, index) tuples; ``correlated``: (seg, correlation id) -> event indices, in
-    event order). Each track is indexed once, each correlation id once per flow: a point
-    costs a bisection, never a scan of its track or of the slices sharing its id."""
+    (start, -end, index) tuples; ``correlated``: (seg, correlation id) -> (event index, track)
+    pairs, in event order). Each track is indexed once, each correlation id once per flow: a
+    point costs a bisection, never a scan of its track or of the slices sharing its id."""
 
     def __init__(self, events: list[dict], items: dict[tuple, list],
-                 correlated: dict[tuple, list[int]]) -> None:
+                 correlated: Correlated) -> None:
         self.events, self.items, self.correlated = events, items, correlated
         self._tracks: dict[tuple, Track] = {}
-        self._carriers: tuple[tuple, dict[tuple, Carriers]] = ((), {})
+        self._carriers: tuple[tuple, dict[tuple, list[int]]] = ((), {})
+        self._members: dict[tuple, set[int]] = {}   # of the carriers: per track, as a set
         self.unbound = 0
         self.launch_segments: set[int] = set()      # traces whose launch flows were bound
 
@@ -111,16 +108,20 @@ class Binder:
             track = self._tracks[key] = Track(self.items.get(key, []))
         return track
 
-    def carriers(self, seg: int, fid: Any) -> dict[tuple, Carriers]:
-        """Per track, the slices of trace ``seg`` whose correlation id is ``fid``; kept for the
-        next call, since a flow's points are bound one after another."""
+    def carriers(self, seg: int, fid: Any) -> dict[tuple, list[int]]:
+        """Per track, the slices of trace ``seg`` whose correlation id is ``fid``, in event
+        order; kept for the next call, since a flow's points are bound one after another."""
         ident, by_track = self._carriers
         if ident != (seg, fid):
-            order: dict[tuple, list[int]] = defaultdict(list)
-            for i in self.correlated.get((seg, fid), ()):
-                order[(self.events[i].get("pid"), self.events[i].get("tid"))].append(i)
-            by_track = {key: Carriers(found, set(found)) for key, found in order.items()}
+            by_track = {}
+            for i, key in self.correlated.get((seg, fid), ()):
+                found = by_track.get(key)
+                if found is None:
+                    by_track[key] = [i]
+                else:
+                    found.append(i)
             self._carriers = ((seg, fid), by_track)
+            self._members = {}
         return by_track
 
     def by_correlation(self, p: FlowPoint) -> int | None:
@@ -130,11 +131,13 @@ class Binder:
         found = self.carriers(p.seg, p.fid).get(p.key)
         if found is None:
             return None
-        if len(found.order) == 1:
-            return found.order[0]
-        track = self.track(p.key)
-        here = [i for i in track.at(p.ns) if i in found.members]
-        return min(here) if here else found.order[0]
+        if len(found) == 1:
+            return found[0]
+        members = self._members.get(p.key)
+        if members is None:
+            members = self._members[p.key] = set(found)
+        here = [i for i in self.track(p.key).at(p.ns) if i in members]
+        return min(here) if here else found[0]
 
     def by_time(self, p: FlowPoint) -> int | None:
         """The innermost slice of the point's track starting at its time, else holding it."""
@@ -180,17 +183,17 @@ class Binder:
         """Launch -> GPU work edges of the given traces, from correlation ids alone: the one
         CPU call with an id launched every GPU event with it."""
         edges = []
-        for (seg, _), indices in self.correlated.items():
+        for (seg, _), pairs in self.correlated.items():
             if seg not in segments:
                 continue
-            gpu = [i for i in indices if self.events[i].get("cat") in GPU_CATS]
-            launch = [i for i in indices if self.events[i].get("cat") in LAUNCH_CATS]
+            gpu = [i for i, _ in pairs if self.events[i].get("cat") in GPU_CATS]
+            launch = [i for i, _ in pairs if self.events[i].get("cat") in LAUNCH_CATS]
             if gpu and len(launch) == 1:
                 edges.extend(Edge(launch[0], g) for g in gpu)
         return edges
 
 
-def launch_edges(events: list[dict], items: dict[tuple, list], correlated: dict[tuple, list[int]],
+def launch_edges(events: list[dict], items: dict[tuple, list], correlated: Correlated,
                  points: list[FlowPoint], segments: int) -> tuple[list[Edge], list[Edge], int]:
     """(edges of the profiler's flows, edges drawn from correlation ids for the traces that
     have no launch flows, flow points bound to no slice)."""

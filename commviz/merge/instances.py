@@ -124,8 +124,10 @@ class Instance(Span):
     @property
     def origin(self) -> str | None:
         """The ``commviz.origin`` its ranks recorded (the most common; None: none did)."""
-        seen = Counter(o for ev in self.events.values() if (o := ev.args.get(md.ORIGIN)))
-        return seen.most_common(1)[0][0] if seen else None
+        found = [o for ev in self.events.values() if (o := ev.args.get(md.ORIGIN))]
+        if not found or all(o == found[0] for o in found):
+            return found[0] if found else None
+        return Counter(found).most_common(1)[0][0]
 
 
 def instance_label(key: InstanceKey, op: str, seq: int | None) -> str:
@@ -161,29 +163,39 @@ def bandwidth_ranks(key: InstanceKey, expected: int) -> int:
 
 def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
           gpu: set[tuple[int, str]]) -> Instance:
-    first = next(iter(evs.values()))
+    late_rank, first = next(iter(evs.items()))
     args = first.args
-    starts = {r: e.start_ns for r, e in evs.items()}
-    late_rank = max(starts, key=lambda r: (starts[r], r))
-    last_start = starts[late_rank]
-    launch_only = any(is_launch_only(e, gpu) for e in evs.values())
+    last_start = first.start_ns
+    first_start, last_end = last_start, first.end_ns
+    launch_only = failed = pipeline = False
+    size = None
+    p2p = key.kind.p2p
+    for r, e in evs.items():            # one pass: a run has hundreds of thousands of these
+        start = e.start_ns
+        if start > last_start or start == last_start and r > late_rank:
+            late_rank, last_start = r, start
+        if start < first_start:
+            first_start = start
+        if e.end_ns > last_end:
+            last_end = e.end_ns
+        eargs = e.args
+        launch_only = launch_only or is_launch_only(e, gpu)
+        failed = failed or md.ERROR in eargs
+        pipeline = pipeline or p2p and eargs.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
+        s = bw.size_bytes(eargs)
+        if s is not None and (size is None or s > size):
+            size = s
     expected = expected_ranks(key, args) or tuple(sorted(evs))
     missing = tuple(r for r in expected if r in present and r not in evs)
     wait = {r: 0 if launch_only else e.duration_ns if missing and held(e)
             else max(0, min(last_start, e.end_ns) - e.start_ns) for r, e in evs.items()}
     ctype = bw.collective_type(args)
-    sizes = [s for s in (bw.size_bytes(e.args) for e in evs.values()) if s is not None]
-    size = max(sizes) if sizes else None
-    last_end = max(e.end_ns for e in evs.values())
     inst = Instance(
         key=key, pg=first.pg, pg_desc=str(args.get(md.PG_DESC, "")), seq=first.seq,
         op=first.op, ctype=ctype, kind=str(args.get(md.KIND, "collective")), events=evs,
-        ranks=expected, missing=missing,
-        first_start_ns=min(starts.values()), last_start_ns=last_start, last_end_ns=last_end,
-        late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
-        failed=any(md.ERROR in e.args for e in evs.values()), size_bytes=size, bandwidth=None,
-        pipeline=key.kind.p2p and any(e.args.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
-                                      for e in evs.values()))
+        ranks=expected, missing=missing, first_start_ns=first_start, last_start_ns=last_start,
+        last_end_ns=last_end, late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
+        failed=failed, size_bytes=size, bandwidth=None, pipeline=pipeline)
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import time
 import zlib
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from commviz.errors import TraceError
 from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
 from commviz.match.model import CommEvent, InstanceKey
-from commviz.merge.flows import Edge, FlowPoint, launch_edges
+from commviz.merge.flows import Correlated, Edge, FlowPoint, launch_edges
 from commviz.merge.keep import Keep, Spans, events_inside
 from commviz.trace.kernels import GPU_CATS
 from commviz.trace.load import Trace, load_trace
@@ -193,7 +194,7 @@ class _Layout:
         self.items: dict[tuple, list] = defaultdict(list)
         self.gpu: set[tuple] = set()
         self.flows: list[FlowPoint] = []
-        self.correlated: dict[tuple, list[int]] = defaultdict(list)  # (trace, correlation) -> i
+        self.correlated: Correlated = defaultdict(list)       # (trace, correlation) -> (i, track)
         self.counters: dict[tuple, list] = defaultdict(list)      # (pid, name, arg) -> [(ns, v)]
         self.process_labels: dict[Any, str] = {}               # pid -> "GPU 0" / "CPU"
         self.thread_names: dict[tuple, str] = {}
@@ -226,7 +227,7 @@ class _Layout:
                     if args:
                         corr = args.get("correlation")
                         if corr is not None:
-                            correlated[(seg, corr)].append(i)
+                            correlated[(seg, corr)].append((i, key))
                 elif ph == "M":
                     self._meta(ev)
                 elif ph in _TIMED:
@@ -368,12 +369,29 @@ def convert_rank(job: RankJob, art: RankArtifact | None = None) -> RankResult:
         return _convert(job, art)
 
 
+class Phases:
+    """Seconds each step of a rank's conversion took (``stats["phases"]``: read, match,
+    layout, flows, write), so a slow merge says where its time went."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._last, 4)
+        self._last = now
+
+
 def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
     problems: list[str] = []
+    phases = Phases()
     traces = load_traces(job, problems)
+    phases.done("read")
     if art is None:
         art = build_artifact(job, traces, problems)
         problems = []                  # the trace problems are the artifact's now
+    phases.done("match")
     combined, segments, extra = _concat(traces, art.labels, job.offset_ns)
     spans = job.keep.spans(combined, segments) if job.keep is not None else None
     if spans is not None:
@@ -394,6 +412,7 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
         problems.append(f"rank {job.rank}: {n} profiler events of phase {ph!r} were not "
                         "converted (commviz converts X, i, s/t/f, C and M events)")
     lanes, lane_items = lane_events(events)
+    phases.done("layout")
     device = _device(job, {k[0] for k in layout.gpu})
     host = job.host or art.host or "?"
     rank = _Rank(job, combined, segments, extra, layout, lanes, lane_items, art.pgs,
@@ -403,9 +422,11 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
     result.stats.update(host=host, device=device, traces=len(traces),
                         profiler_events=len(combined))
     if job.fmt == "json":
-        _write_json(rank, result)
+        _write_json(rank, result, phases)
     else:
-        _write_pftrace(rank, result)
+        _write_pftrace(rank, result, phases)
+    phases.done("write")
+    result.stats["phases"] = phases.seconds
     return result
 
 
@@ -413,9 +434,10 @@ def process_name(rank: int, host: str, device: str) -> str:
     return f"rank {rank} · {host} · {device}"
 
 
-def _write_pftrace(r: _Rank, result: RankResult) -> None:
+def _write_pftrace(r: _Rank, result: RankResult, phases: Phases) -> None:
     job = r.job
     bound, derived, unbound = r.launch_edges()
+    phases.done("flows")
     flows = _flow_fields(bound + derived, job.rank)
     flow_stats = {"flows": len(bound) + len(derived), "flows_from_correlation": len(derived),
                   "flow_points_unbound": unbound}
@@ -476,8 +498,9 @@ def _write_pftrace(r: _Rank, result: RankResult) -> None:
     result.stats.update(slices=slices, backing_tracks=backing, bytes=piece.packets_bytes)
 
 
-def _write_json(r: _Rank, result: RankResult) -> None:
+def _write_json(r: _Rank, result: RankResult, phases: Phases) -> None:
     _, derived, _ = r.launch_edges()       # the profiler's own flow events are copied as they are
+    phases.done("flows")
     count = write_rank_fragment(
         r.job.out, rank=r.job.rank, name=r.name, events=r.events, segments=r.segments,
         extra=r.extra, lanes=r.lanes, lane_items=r.lane_items,

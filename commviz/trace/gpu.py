@@ -33,7 +33,7 @@ def _graph_launches(events: Iterable[dict]) -> set[Any]:
     out = set()
     for ev in events:
         cat = ev.get("cat")
-        if cat.__class__ is str and cat in LAUNCH_CATS:      # is_graph_launch needs one
+        if cat.__class__ is str and cat in LAUNCH_CATS and ev.get("ph") == "X":
             args = ev.get("args") or {}
             if is_graph_launch(str(ev.get("name", "")), cat, args):
                 out.add(args.get("correlation"))
@@ -43,11 +43,12 @@ def _graph_launches(events: Iterable[dict]) -> set[Any]:
 
 def gpu_ops(trace: Any) -> list[GpuOp]:
     """Every complete GPU event of ``trace`` (a ``commviz.trace.load.Trace``), by start time."""
-    launches = _graph_launches(trace.events)
+    events = [trace.events[i] for i in trace.joinable]
+    launches = _graph_launches(events)
     out = []
     rank, ns = trace.rank, trace.ns
     work_cats = GPU_WORK_CATS
-    for ev in trace.events:
+    for ev in events:
         cat = ev.get("cat")
         if cat.__class__ is not str or cat not in work_cats or ev.get("ph") != "X":
             continue
