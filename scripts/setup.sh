@@ -14,7 +14,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   pip install "torch==2.13.0"
 fi
 if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, xdist, psutil, hta" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.commviz-installed ]; then
+   || [ pyproject.toml -nt .venv/.commviz-installed ] \
+   || [ commviz/write/_emit.c -nt .venv/.commviz-installed ]; then
   pip install -e ".[test]"
   touch .venv/.commviz-installed
 fi

@@ -29,6 +29,10 @@ from typing import Any, BinaryIO, Iterable
 
 import orjson
 
+try:                                  # the hot loop in C, built by pip install when it can be
+    from commviz.write import _emit as _native
+except ImportError:
+    _native = None
 from commviz.write.proto import (
     CLOCK_BOOTTIME, CLOCK_INCREMENTAL, COUNTER, FIXED64, INSTANT, LEN, LOW14, MERGE_BY_KEY,
     ORDER_EXPLICIT, PROCESS_ORDERING_EXPLICIT, SEQ_CLEARED, SEQ_NEEDS, SLICE_BEGIN, SLICE_END,
@@ -276,15 +280,18 @@ def _plan(seq: Sequence, keys: tuple) -> _ArgsPlan | None:
     return plan
 
 
-def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, int]],
-                events: list[dict], extra: dict[int, dict] | None = None,
-                flows: dict[int, bytes] | None = None) -> int:
+def python_emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, int]],
+                       events: list[dict], extra: dict[int, dict] | None = None,
+                       flows: dict[int, bytes] | None = None) -> int:
     """Write one backing track's slices; return how many.
 
     ``items`` are ``(start_ns, -end_ns, index)`` sorted, already known to nest (``split``);
     ``events[index]`` gives ``name``, ``cat`` and ``args`` (Chrome trace event layout).
     ``extra[index]``: args to add; ``flows[index]``: encoded flow ids (``flow_field``).
-    A zero-duration slice is an INSTANT. This is the hot loop: everything is inlined.
+    A zero-duration slice is an INSTANT. This is the hot loop: everything is inlined. Where
+    commviz's C extension is built, ``emit_slices`` is its port of this loop (``_emit.c``),
+    which writes the same bytes (tests/test_write_emit.py); this one is the reference and
+    serves where no compiler was at hand.
     """
     names, cats, keys, plans = seq.names, seq.cats, seq.keys, seq.plans
     head, end_hdr, end_tail = seq.head, seq.end_hdr, seq.end_tail
@@ -431,6 +438,16 @@ def emit_slices(seq: Sequence, out: bytearray, items: Iterable[tuple[int, int, i
         out += end_hdr[len(vd)] + vd + end_tail
     seq.last_ts = last
     return count
+
+
+if _native is not None:
+    _native.setup(ann=_ANN, te_begin=_TE_BEGIN, te_instant=_TE_INSTANT, ts=_TS,
+                  interned=_INTERNED, track_event=_TRACK_EVENT, a_int=_A_INT,
+                  a_string=_A_STRING, plan=_plan, dumps=orjson.dumps,
+                  plan_cache_max=PLAN_CACHE_MAX)
+    emit_slices = _native.emit_slices
+else:
+    emit_slices = python_emit_slices
 
 
 def split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:

@@ -1,0 +1,146 @@
+"""The pftrace writer's C loop (``commviz/write/_emit.c``) writes what its Python loop writes.
+
+``pftrace.emit_slices`` is the C port wherever pip could build it, and ``python_emit_slices``
+the reference. Both run here over the same inputs, each on fresh sequences, and must give the
+same bytes and leave each sequence's clock at the same place: every real profiler trace under
+tests/fixtures (NCCL kernels of real GPU runs, graph replays, early Kineto), laid out as the
+merge lays a rank out, and events whose args take every branch of the encoder (ids of every
+type, values past 64 bits, lone surrogates, caches filling up, args added by the matcher).
+What the bytes mean is checked against perfetto's own parser in test_write_pftrace.py, which
+runs whichever loop is built.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from commviz.merge.flows import launch_edges
+from commviz.merge.piece import _flow_fields, _Layout
+from commviz.trace.load import load_trace
+from commviz.write import pftrace
+from commviz.write.pftrace import Piece, flow_field, python_emit_slices, split
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
+native = pftrace._native
+
+
+def _compiler() -> str | None:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc)
+
+
+def test_the_c_loop_is_built_where_a_compiler_is() -> None:
+    """``pip install`` builds it (pyproject's ext-modules): a machine with a compiler must not
+    fall back to the Python loop without anyone noticing."""
+    if _compiler() is None:
+        pytest.skip("no C compiler here: the Python loop serves")
+    assert native is not None, "commviz.write._emit was not built: pip install -e . again"
+    assert pftrace.emit_slices is native.emit_slices
+
+
+def _write(emit: Callable[..., int], tracks: list[tuple[list, list[dict], dict, dict]]
+           ) -> tuple[bytes, list[int], int]:
+    """Every track through ``emit`` on a fresh piece: the bytes, each sequence's clock after,
+    and the slices written."""
+    piece = Piece(io.BytesIO(), 1)
+    out = bytearray()
+    clocks, count = [], 0
+    for items, events, extra, flows in tracks:
+        for back in split(items):
+            seq = piece.sequence(piece.new_uuid())
+            out += seq.start(back[0][0])
+            count += emit(seq, out, back, events, extra, flows)
+            clocks.append(seq.last_ts)
+    return bytes(out), clocks, count
+
+
+def _same(tracks: list[tuple[list, list[dict], dict, dict]]) -> int:
+    want = _write(python_emit_slices, tracks)
+    got = _write(native.emit_slices, tracks)
+    assert got[1:] == want[1:]
+    if got[0] != want[0]:
+        at = next(i for i, (a, b) in enumerate(zip(got[0], want[0])) if a != b)
+        raise AssertionError(f"bytes differ from byte {at} of {len(want[0])}: "
+                             f"C {got[0][at - 16:at + 16]!r}, Python {want[0][at - 16:at + 16]!r}")
+    return want[2]
+
+
+def _rank_tracks(path: Path) -> list[tuple[list, list[dict], dict, dict]]:
+    """A trace's tracks as the merge lays them out, its launch flows attached."""
+    trace = load_trace(path)
+    layout = _Layout(trace.events, [(0, len(trace.events), trace.base_ns)])
+    bound, derived, _ = launch_edges(trace.events, layout.items, layout.correlated,
+                                     layout.flows, 1)
+    flows = _flow_fields(bound + derived, trace.rank)
+    return [(items, trace.events, {}, flows) for items in layout.items.values()]
+
+
+needs_native = pytest.mark.skipif(native is None, reason="the C loop is not built here")
+
+
+@needs_native
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_real_traces_give_the_same_bytes(path: Path) -> None:
+    assert _same(_rank_tracks(path)) > 0
+
+
+def _odd_events(n: int) -> tuple[list, list[dict], dict, dict]:
+    """One track of nested slices and instants whose args take every path of the encoder."""
+    rng = random.Random(7)
+    values: list[Any] = [True, False, None, 0, -1, -(1 << 63), (1 << 63) - 1, 1 << 64, 1 << 70,
+                         0.0, -0.0, 1.5, math.inf, -math.inf, math.nan, "", "x", "\ud800 lone",
+                         "é", [1, [2, 3]], [1 << 70], [], {"a": [1]}, {}, [None, True, 1.0]]
+    events, items, extra, flows = [], [], {}, {}
+    t = 1_000
+    for i in range(n):
+        args: dict[str, Any] = {
+            "External id": i,                                   # an int id
+            "correlation": i * 7 if i % 50 else str(i),         # mostly ints, some strings
+            "Ev Idx": f"id-{i}",                                # a string id: written in place
+            "ratio": i / 3,                                     # a float id
+            "dims": [[rng.randrange(4), 1024], [rng.randrange(3)]],
+            "setting": rng.choice(values),                      # a value of every type
+            "bucket": rng.randrange(3000),                      # more than the cache holds
+        }
+        if i % 17 == 0:
+            args = {"odd order": rng.choice(values), **args}    # another key order
+        if i % 29 == 0:
+            args = {}
+        events.append({"name": rng.choice(["aten::mm", "aten::add", "", "ncclDevKernel"]),
+                       "cat": rng.choice(["cpu_op", "kernel", "", None]), "args": args})
+        if i % 11 == 0:
+            extra[i] = {"commviz.seq": i, "commviz.op": "all_reduce", "commviz.ranks": [0, 1]}
+        if i % 13 == 0:
+            flows[i] = flow_field(i) + flow_field(1 << 62 | i)
+        start = t
+        dur = rng.choice([0, 0, 5, 40])
+        items.append((start, -(start + dur), i))
+        t += rng.randrange(0, 30)
+    items.sort()
+    return items, events, extra, flows          # crossing slices: split spreads them
+
+
+@needs_native
+def test_odd_args_give_the_same_bytes() -> None:
+    items, events, extra, flows = _odd_events(6000)
+    assert _same([(items, events, extra, flows)]) == len(items)
+
+
+@needs_native
+def test_a_name_that_cannot_be_a_key_fails_both_alike() -> None:
+    events = [{"name": ["not", "hashable"], "cat": "x", "args": {}}]
+    for emit in (python_emit_slices, native.emit_slices):
+        piece = Piece(io.BytesIO(), 1)
+        seq = piece.sequence(piece.new_uuid())
+        out = bytearray(seq.start(0))
+        with pytest.raises(TypeError):
+            emit(seq, out, [(0, -10, 0)], events)
