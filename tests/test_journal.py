@@ -45,7 +45,9 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert proc.poll() is None and time.monotonic() < deadline, "job ended early"
             time.sleep(0.1)
         time.sleep(1.0)                      # rank 1 is now inside the all_reduce nobody joins
-        for rank in (0, 1):
+        # rank 1 first: killed after rank 0, it could see its peer's connection close and
+        # return from the call with gloo's error before its own kill arrives
+        for rank in (1, 0):
             os.kill(int((run_dir / f"ready_rank{rank}").read_text()), signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
