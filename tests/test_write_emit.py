@@ -6,8 +6,9 @@ same bytes and leave each sequence's clock at the same place: every real profile
 tests/fixtures (NCCL kernels of real GPU runs, graph replays, early Kineto), laid out as the
 merge lays a rank out, and events whose args take every branch of the encoder (ids of every
 type, values past 64 bits, lone surrogates, caches filling up, args added by the matcher).
-What the bytes mean is checked against perfetto's own parser in test_write_pftrace.py, which
-runs whichever loop is built.
+And what the C loop writes, parsed back, must be each profiler event as the trace's JSON has
+it (time, end, name, category, every arg); test_write_pftrace.py checks the encoding against
+perfetto's own parser with whichever loop is built.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ import math
 import random
 import shutil
 import sysconfig
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
 import pytest
 
 from commviz.merge.flows import launch_edges
 from commviz.merge.piece import _flow_fields, _Layout
-from commviz.trace.load import load_trace
+from commviz.trace.load import Trace, load_trace
 from commviz.write import pftrace
-from commviz.write.pftrace import Piece, flow_field, python_emit_slices, split
+from commviz.write.pftrace import (Piece, flow_field, python_emit_slices, split,
+                                   track_descriptor)
+from commviz.write.read import read_pftrace, slices
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
@@ -49,14 +54,16 @@ def test_the_c_loop_is_built_where_a_compiler_is() -> None:
 
 def _write(emit: Callable[..., int], tracks: list[tuple[list, list[dict], dict, dict]]
            ) -> tuple[bytes, list[int], int]:
-    """Every track through ``emit`` on a fresh piece: the bytes, each sequence's clock after,
-    and the slices written."""
+    """Every track through ``emit`` on a fresh piece, each backing track declared: the bytes,
+    each sequence's clock after, and the slices written."""
     piece = Piece(io.BytesIO(), 1)
-    out = bytearray()
+    out = piece.buf
     clocks, count = [], 0
     for items, events, extra, flows in tracks:
         for back in split(items):
-            seq = piece.sequence(piece.new_uuid())
+            uuid = piece.new_uuid()
+            piece.descriptor(track_descriptor(uuid, name=f"track {uuid}"))
+            seq = piece.sequence(uuid)
             out += seq.start(back[0][0])
             count += emit(seq, out, back, events, extra, flows)
             clocks.append(seq.last_ts)
@@ -74,9 +81,8 @@ def _same(tracks: list[tuple[list, list[dict], dict, dict]]) -> int:
     return want[2]
 
 
-def _rank_tracks(path: Path) -> list[tuple[list, list[dict], dict, dict]]:
+def _rank_tracks(trace: Trace) -> list[tuple[list, list[dict], dict, dict]]:
     """A trace's tracks as the merge lays them out, its launch flows attached."""
-    trace = load_trace(path)
     layout = _Layout(trace.events, [(0, len(trace.events), trace.base_ns)])
     bound, derived, _ = launch_edges(trace.events, layout.items, layout.correlated,
                                      layout.flows, 1)
@@ -90,7 +96,37 @@ needs_native = pytest.mark.skipif(native is None, reason="the C loop is not buil
 @needs_native
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_real_traces_give_the_same_bytes(path: Path) -> None:
-    assert _same(_rank_tracks(path)) > 0
+    assert _same(_rank_tracks(load_trace(path))) > 0
+
+
+def _as_written(args: dict) -> dict:
+    """An event's args as a reader of the trace gets them: lists and objects as JSON text."""
+    return {k: orjson.dumps(v).decode() if isinstance(v, (list, dict)) else v
+            for k, v in args.items()}
+
+
+@needs_native
+@pytest.mark.parametrize("path", TRACES[::6], ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_real_traces_read_back_as_the_profiler_wrote_them(path: Path, tmp_path: Path) -> None:
+    """What the C loop writes, parsed back, is each profiler event itself: its time, end, name,
+    category and every arg, as the trace's JSON has them."""
+    trace = load_trace(path)
+    data, _, count = _write(native.emit_slices, _rank_tracks(trace))
+    (tmp_path / "t.pftrace").write_bytes(data)
+    contents = read_pftrace(tmp_path / "t.pftrace")
+    got, problems = slices(contents)
+    assert contents.problems == [] and problems == [] and len(got) == count
+    base = trace.base_ns
+    want = Counter()
+    for e in trace.events:
+        if e.get("ph") == "X" or e.get("ph") in ("i", "I"):
+            start = base + round(e["ts"] * 1000)
+            end = start + round((e.get("dur") or 0) * 1000)
+            want[(start, end, e.get("name", ""), e.get("cat") or None,
+                  orjson.dumps(_as_written(e.get("args") or {}), option=orjson.OPT_SORT_KEYS))] += 1
+    seen = Counter((sl.start, sl.end, sl.name, sl.category,
+                    orjson.dumps(sl.args, option=orjson.OPT_SORT_KEYS)) for sl in got)
+    assert seen == want
 
 
 def _odd_events(n: int) -> tuple[list, list[dict], dict, dict]:

@@ -379,7 +379,7 @@ class Phases:
 
     def done(self, step: str) -> None:
         now = time.perf_counter()
-        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._last, 4)
+        self.seconds[step] = round(now - self._last, 4)
         self._last = now
 
 
