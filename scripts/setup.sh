@@ -15,7 +15,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, xdist, psutil, hta" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.commviz-installed ] \
-   || [ commviz/write/_emit.c -nt .venv/.commviz-installed ]; then
+   || [ -n "$(find commviz -name '*.c' -newer .venv/.commviz-installed 2>/dev/null)" ]; then
   pip install -e ".[test]"
   touch .venv/.commviz-installed
 fi

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -41,6 +41,11 @@ from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
                                    track_descriptor)
+
+try:
+    from commviz.trace import _scan
+except ImportError:                 # built by pip install where a C compiler is
+    _scan = None
 
 PID_BASE = 1_000_000                  # synthetic pid of rank R: PID_BASE + R (OS pids repeat)
 ORDER_LANE, ORDER_STREAM, ORDER_THREAD, ORDER_OTHER = 0, 100_000, 200_000, 300_000
@@ -201,55 +206,68 @@ class _Layout:
         self.skipped: dict[str, int] = defaultdict(int)
         self.negative = 0
         self.out_of_range = 0               # events before 0 or past MAX_NS: left out, counted
-        gpu_cats, gpu, items, correlated = GPU_CATS, self.gpu, self.items, self.correlated
         inside = spans.inside if spans is not None else None
+        scan = _scan if events.__class__ is list else None
         for seg, (lo, hi, base) in enumerate(segments):
-            for i in range(lo, hi):
-                ev = events[i]
-                ph = ev.get("ph")
-                if ph == "X":
-                    key = (ev.get("pid"), ev.get("tid"))
-                    start = base + round(ev["ts"] * 1000)
-                    dur = ev.get("dur")
-                    dur = round(dur * 1000) if dur else 0
-                    if dur < 0:                     # invalid: kept as an instant, and counted
-                        self.negative += 1
-                        dur = 0
-                    if start < 0 or start + dur > MAX_NS:
-                        self.out_of_range += 1
-                        continue
-                    if inside is not None and not inside(start):
-                        continue
-                    items[key].append((start, -(start + dur), i))
-                    if ev.get("cat") in gpu_cats:
-                        gpu.add(key)
-                    args = ev.get("args")
-                    if args:
-                        corr = args.get("correlation")
-                        if corr is not None:
-                            correlated[(seg, corr)].append((i, key))
-                elif ph == "M":
-                    self._meta(ev)
-                elif ph in _TIMED:
-                    ts = base + round(ev["ts"] * 1000)
-                    if not 0 <= ts <= MAX_NS:
-                        self.out_of_range += 1
-                    elif inside is not None and not inside(ts):
-                        continue
-                    elif ph == "C":
-                        for arg, value in (ev.get("args") or {}).items():
-                            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                                self.counters[(ev.get("pid"), ev.get("name"), arg)].append(
-                                    (ts, value))
-                    elif ph in ("i", "I"):
-                        self.items[(ev.get("pid"), ev.get("tid"))].append((ts, -ts, i))
-                    else:
-                        self.flows.append(FlowPoint(seg, ev.get("cat"), ev.get("id"), ph,
-                                                    (ev.get("pid"), ev.get("tid")), ts))
-                else:
-                    self.skipped[str(ph)] += 1
+            i = lo
+            while i < hi:
+                if scan is not None:        # the C pass, up to an event it leaves to Python
+                    i, negative, out_of_range = scan.slices(
+                        events, i, hi, seg, base, inside, GPU_CATS, self.items, self.gpu,
+                        self.correlated, self.flows, FlowPoint, MAX_NS)
+                    self.negative += negative
+                    self.out_of_range += out_of_range
+                    if i >= hi:
+                        break
+                self._event(events[i], i, seg, base, inside)
+                i += 1
         for lst in self.items.values():
             lst.sort()
+
+    def _event(self, ev: dict, i: int, seg: int, base: int,
+               inside: Callable[[int], bool] | None) -> None:
+        """One event of trace ``seg`` (the reference for ``_scan.slices``, and its fallback)."""
+        ph = ev.get("ph")
+        if ph == "X":
+            key = (ev.get("pid"), ev.get("tid"))
+            start = base + round(ev["ts"] * 1000)
+            dur = ev.get("dur")
+            dur = round(dur * 1000) if dur else 0
+            if dur < 0:                     # invalid: kept as an instant, and counted
+                self.negative += 1
+                dur = 0
+            if start < 0 or start + dur > MAX_NS:
+                self.out_of_range += 1
+                return
+            if inside is not None and not inside(start):
+                return
+            self.items[key].append((start, -(start + dur), i))
+            if ev.get("cat") in GPU_CATS:
+                self.gpu.add(key)
+            args = ev.get("args")
+            if args:
+                corr = args.get("correlation")
+                if corr is not None:
+                    self.correlated[(seg, corr)].append((i, key))
+        elif ph == "M":
+            self._meta(ev)
+        elif ph in _TIMED:
+            ts = base + round(ev["ts"] * 1000)
+            if not 0 <= ts <= MAX_NS:
+                self.out_of_range += 1
+            elif inside is not None and not inside(ts):
+                return
+            elif ph == "C":
+                for arg, value in (ev.get("args") or {}).items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        self.counters[(ev.get("pid"), ev.get("name"), arg)].append((ts, value))
+            elif ph in ("i", "I"):
+                self.items[(ev.get("pid"), ev.get("tid"))].append((ts, -ts, i))
+            else:
+                self.flows.append(FlowPoint(seg, ev.get("cat"), ev.get("id"), ph,
+                                            (ev.get("pid"), ev.get("tid")), ts))
+        else:
+            self.skipped[str(ph)] += 1
 
     def _meta(self, ev: dict) -> None:
         args = ev.get("args") or {}

@@ -6,11 +6,17 @@ commviz (``commviz::<op>`` ranges, graph replay tags, ``commviz.mark`` blocks) o
 ProcessGroupNCCL (``c10d::<op>``, ``record_param_comms``, ``nccl:coalesced``). ``load_trace``
 lists their indices in the same pass that reads digit-string ids, so the eager, graph and GPU
 passes each walk that list, not every CPU op of the trace. Each pass still checks what it takes.
+Where commviz's C extension is built, its port of the pass (``_scan.c``) does it.
 """
 
 from __future__ import annotations
 
 from commviz.trace.kernels import GPU_WORK_CATS, LAUNCH_CATS
+
+try:
+    import commviz.trace._scan as _native     # not "from commviz.trace": that is this package
+except ImportError:                 # built by pip install where a C compiler is
+    _native = None
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call (and commviz's other ranges)
 OP_PREFIX = "c10d::"                # c10d::<op>: the profiler's event of a c10d op call
@@ -21,12 +27,20 @@ _NAMED = (RANGE_PREFIX, OP_PREFIX, PARAM_COMMS, COALESCED_RANGE)
 
 
 def index_events(events: list) -> list[int]:
+    """In one pass over a loaded trace: digit-string ids read as numbers, in place, and the
+    indices of the complete events a matcher may join on (``python_index_events``)."""
+    if _native is not None and events.__class__ is list:
+        return _native.index_events(events, JOIN_CATS, _NAMED)
+    return python_index_events(events)
+
+
+def python_index_events(events: list) -> list[int]:
     """In one pass over a loaded trace: read a pid or tid written as a string of digits as its
     number, in place, and return the indices of the complete events a matcher may join on.
 
     The ids: one thread is one track whichever way an event spells it (Perfetto's JSON importer
     parses such strings too), so early Kineto's flows, which wrote the number, land on their
-    slices' thread.
+    slices' thread. The reference for ``_scan.index_events`` and its fallback.
     """
     joinable: list[int] = []
     add = joinable.append

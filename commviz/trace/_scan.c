@@ -1,0 +1,324 @@
+/* commviz.trace._scan: the two passes over every event of a rank's traces, in C.
+ *
+ * ``index_events`` is ``commviz.trace.joinable.python_index_events`` and ``slices`` is the
+ * common part of ``commviz.merge.piece._Layout``'s pass (complete events and flow points),
+ * each step for step on the same dicts: the same keys read, the same objects made, in the same
+ * order, so the Python versions stay the reference and the fallback where nothing was compiled
+ * (tests/test_scan.py compares them on every fixture trace). ``slices`` takes only what it can
+ * do exactly (a time that is a finite float or an int, a duration that is one or absent, args
+ * that are a dict); at anything else it stops and says where, and the Python pass takes that
+ * one event and calls it again. What runs here is the per-event dict reads and arithmetic,
+ * without the interpreter's per-operation overhead. Categories, prefixes and limits come from
+ * Python, so each has one place.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+
+static PyObject *s_pid, *s_tid, *s_ph, *s_cat, *s_name, *s_ts, *s_dur, *s_args, *s_corr,
+    *s_id, *s_X;
+
+/* A dict read as ``d.get(key)``: a borrowed value or Py_None; NULL only on an error. */
+static PyObject *get(PyObject *d, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL && !PyErr_Occurred()) return Py_None;
+    return v;
+}
+
+/* A string of ASCII digits (``s.isascii() and s.isdigit()``). */
+static int digit_string(PyObject *v) {
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    const Py_UCS1 *p = PyUnicode_1BYTE_DATA(v);
+    if (n == 0) return 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (p[k] < '0' || p[k] > '9') return 0;
+    return 1;
+}
+
+/* ``e[key] = int(e[key])`` where the value is a digit string: -1 on an error. */
+static int id_as_number(PyObject *e, PyObject *key, PyObject *value) {
+    if (!digit_string(value)) return 0;
+    PyObject *num = PyLong_FromUnicodeObject(value, 10);
+    if (num == NULL) return -1;
+    int rc = PyDict_SetItem(e, key, num);
+    Py_DECREF(num);
+    return rc;
+}
+
+static PyObject *index_events(PyObject *self, PyObject *args) {
+    PyObject *events, *join_cats, *named;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &events, &PyFrozenSet_Type, &join_cats,
+                          &PyTuple_Type, &named))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    Py_ssize_t n_named = PyTuple_GET_SIZE(named);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *e = PyList_GET_ITEM(events, i);
+        if (!PyDict_CheckExact(e)) continue;
+        Py_INCREF(e);
+        int add = 0;
+        PyObject *pid = get(e, s_pid), *tid;
+        if (pid == NULL) goto fail;
+        Py_INCREF(pid);
+        tid = get(e, s_tid);
+        if (tid == NULL) {
+            Py_DECREF(pid);
+            goto fail;
+        }
+        Py_INCREF(tid);
+        int rc = id_as_number(e, s_pid, pid);
+        if (rc == 0) rc = id_as_number(e, s_tid, tid);
+        Py_DECREF(pid);
+        Py_DECREF(tid);
+        if (rc < 0) goto fail;
+        PyObject *ph = get(e, s_ph);
+        if (ph == NULL) goto fail;
+        int is_x = PyObject_RichCompareBool(ph, s_X, Py_EQ);
+        if (is_x < 0) goto fail;
+        if (is_x) {
+            PyObject *cat = get(e, s_cat);
+            if (cat == NULL) goto fail;
+            int in = PySequence_Contains(join_cats, cat);
+            if (in < 0) goto fail;
+            if (in) {
+                add = 1;
+            } else {
+                PyObject *name = get(e, s_name);
+                if (name == NULL) goto fail;
+                if (PyUnicode_CheckExact(name)) {
+                    for (Py_ssize_t k = 0; k < n_named && !add; k++) {
+                        Py_ssize_t m = PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(named, k), 0,
+                                                           PY_SSIZE_T_MAX, -1);
+                        if (m < 0) goto fail;
+                        add = (int)m;
+                    }
+                }
+            }
+        }
+        Py_DECREF(e);
+        if (add) {
+            PyObject *num = PyLong_FromSsize_t(i);
+            if (num == NULL || PyList_Append(out, num) < 0) {
+                Py_XDECREF(num);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(num);
+        }
+        continue;
+    fail:
+        Py_DECREF(e);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ``round(v * 1000)`` for a float or an int (not a bool): 1 with *ns set; 0 where it is
+ * something else, not finite or past int64, which the Python pass then takes. */
+static int to_ns(PyObject *v, int64_t *ns) {
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v) * 1000.0;
+        if (!isfinite(x)) return 0;
+        double r = nearbyint(x);             /* halves to even, as round() */
+        if (!(r >= -9.2e18 && r <= 9.2e18)) return 0;
+        *ns = (int64_t)r;
+        return 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long u = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (u == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        return !__builtin_mul_overflow((int64_t)u, (int64_t)1000, ns);
+    }
+    return 0;
+}
+
+/* lst = d[key] (a new list there if none), then lst.append(item); steals item. */
+static int append_at(PyObject *d, PyObject *key, PyObject *item) {
+    if (item == NULL) return -1;
+    PyObject *lst = PyDict_GetItemWithError(d, key);
+    if (lst == NULL) {
+        if (PyErr_Occurred()) goto fail;
+        lst = PyList_New(0);
+        if (lst == NULL) goto fail;
+        int rc = PyDict_SetItem(d, key, lst);
+        Py_DECREF(lst);
+        if (rc < 0) goto fail;
+    }
+    int rc = PyList_Append(lst, item);
+    Py_DECREF(item);
+    return rc;
+fail:
+    Py_DECREF(item);
+    return -1;
+}
+
+/* Whether ``inside(ns)`` holds (``inside`` None: always): 1, 0, or -1 on an error. */
+static int is_inside(PyObject *inside, int64_t ns) {
+    if (inside == Py_None) return 1;
+    PyObject *arg = PyLong_FromLongLong(ns);
+    if (arg == NULL) return -1;
+    PyObject *r = PyObject_CallOneArg(inside, arg);
+    Py_DECREF(arg);
+    if (r == NULL) return -1;
+    int truth = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return truth;
+}
+
+static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError,
+                        "slices(events, lo, hi, seg, base, inside, gpu_cats, items, gpu, "
+                        "correlated, flows, flow_point, max_ns)");
+        return NULL;
+    }
+    PyObject *events = a[0], *seg = a[3], *inside = a[5], *gpu_cats = a[6], *items = a[7],
+             *gpu = a[8], *correlated = a[9], *flows = a[10], *flow_point = a[11];
+    if (!PyList_CheckExact(events) || !PyDict_Check(items) || !PyDict_Check(correlated) ||
+        !PySet_Check(gpu) || !PyList_Check(flows)) {
+        PyErr_SetString(PyExc_TypeError, "slices: events list, items dict, gpu set, "
+                                         "correlated dict, flows list");
+        return NULL;
+    }
+    Py_ssize_t lo = PyLong_AsSsize_t(a[1]), hi = PyLong_AsSsize_t(a[2]);
+    int overflow = 0;
+    long long base = PyLong_AsLongLongAndOverflow(a[4], &overflow);
+    long long max_ns = PyLong_AsLongLong(a[12]);
+    if (PyErr_Occurred()) return NULL;
+    if (hi > PyList_GET_SIZE(events)) hi = PyList_GET_SIZE(events);
+    Py_ssize_t negative = 0, out_of_range = 0, i = lo;
+    if (overflow) goto done;                   /* a base past int64: the Python pass's work */
+    for (; i < hi; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyDict_CheckExact(ev)) break;
+        PyObject *ph = PyDict_GetItemWithError(ev, s_ph);
+        if (ph == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            break;
+        }
+        if (!PyUnicode_CheckExact(ph) || PyUnicode_GET_LENGTH(ph) != 1 || !PyUnicode_IS_ASCII(ph))
+            break;
+        char p = (char)PyUnicode_1BYTE_DATA(ph)[0];
+        int64_t t;
+        PyObject *ts = PyDict_GetItemWithError(ev, s_ts);
+        if (ts == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            break;
+        }
+        if (!to_ns(ts, &t)) break;
+        int64_t start;
+        if (__builtin_add_overflow((int64_t)base, t, &start)) break;
+        if (p == 'X') {
+            PyObject *dur = get(ev, s_dur), *args;
+            int64_t d = 0;
+            if (dur == NULL) return NULL;
+            if (dur != Py_None) {
+                if (!to_ns(dur, &d)) break;          /* a zero of either kind gives 0 */
+            }
+            args = get(ev, s_args);
+            if (args == NULL) return NULL;
+            if (args != Py_None && !PyDict_CheckExact(args)) break;
+            if (d < 0) {                             /* kept as an instant, and counted */
+                negative++;
+                d = 0;
+            }
+            int64_t end;
+            if (start < 0 || __builtin_add_overflow(start, d, &end) || end > max_ns) {
+                out_of_range++;
+                continue;
+            }
+            int in = is_inside(inside, start);
+            if (in < 0) return NULL;
+            if (!in) continue;
+            PyObject *pid = get(ev, s_pid), *tid;
+            if (pid == NULL || (tid = get(ev, s_tid)) == NULL) return NULL;
+            PyObject *key = PyTuple_Pack(2, pid, tid);
+            if (key == NULL) return NULL;
+            if (append_at(items, key, Py_BuildValue("(LLn)", (long long)start,
+                                                    (long long)-end, i)) < 0)
+                goto fail_key;
+            PyObject *cat = get(ev, s_cat);
+            if (cat == NULL) goto fail_key;
+            int on_gpu = PySequence_Contains(gpu_cats, cat);
+            if (on_gpu < 0 || (on_gpu && PySet_Add(gpu, key) < 0)) goto fail_key;
+            if (args != Py_None && PyDict_GET_SIZE(args) > 0) {
+                PyObject *corr = get(args, s_corr);
+                if (corr == NULL) goto fail_key;
+                if (corr != Py_None) {
+                    PyObject *ck = PyTuple_Pack(2, seg, corr);
+                    if (ck == NULL) goto fail_key;
+                    int rc = append_at(correlated, ck, Py_BuildValue("(nO)", i, key));
+                    Py_DECREF(ck);
+                    if (rc < 0) goto fail_key;
+                }
+            }
+            Py_DECREF(key);
+            continue;
+        fail_key:
+            Py_DECREF(key);
+            return NULL;
+        } else if (p == 's' || p == 't' || p == 'f') {
+            if (start < 0 || start > max_ns) {
+                out_of_range++;
+                continue;
+            }
+            int in = is_inside(inside, start);
+            if (in < 0) return NULL;
+            if (!in) continue;
+            PyObject *cat = get(ev, s_cat), *fid, *pid, *tid;
+            if (cat == NULL || (fid = get(ev, s_id)) == NULL || (pid = get(ev, s_pid)) == NULL ||
+                (tid = get(ev, s_tid)) == NULL)
+                return NULL;
+            PyObject *key = PyTuple_Pack(2, pid, tid);
+            PyObject *ns = PyLong_FromLongLong(start);
+            PyObject *point = NULL;
+            if (key != NULL && ns != NULL) {
+                PyObject *fields[6] = {seg, cat, fid, ph, key, ns};
+                point = PyObject_Vectorcall(flow_point, fields, 6, NULL);
+            }
+            Py_XDECREF(key);
+            Py_XDECREF(ns);
+            if (point == NULL) return NULL;
+            int rc = PyList_Append(flows, point);
+            Py_DECREF(point);
+            if (rc < 0) return NULL;
+        } else {
+            break;
+        }
+    }
+done:
+    return Py_BuildValue("(nnn)", i, negative, out_of_range);
+}
+
+static PyMethodDef methods[] = {
+    {"index_events", index_events, METH_VARARGS,
+     "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
+    {"slices", (PyCFunction)(void (*)(void))slices, METH_FASTCALL,
+     "slices(...) -> (stop, negative, out_of_range): _Layout's pass up to an event it leaves "
+     "to Python"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {{&s_pid, "pid"}, {&s_tid, "tid"}, {&s_ph, "ph"},     {&s_cat, "cat"},
+                 {&s_name, "name"}, {&s_ts, "ts"}, {&s_dur, "dur"},   {&s_args, "args"},
+                 {&s_corr, "correlation"}, {&s_id, "id"}, {&s_X, "X"}};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        *names[k].slot = PyUnicode_InternFromString(names[k].text);
+        if (*names[k].slot == NULL) return NULL;
+    }
+    return PyModule_Create(&module);
+}
