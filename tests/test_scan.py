@@ -1,7 +1,8 @@
 """The C passes over a rank's events (``commviz/trace/_scan.c``) do what their Python passes do.
 
-``joinable.index_events`` and ``_Layout``'s pass use the C port wherever pip could build it;
-``python_index_events`` and ``_Layout._event`` are the reference and the fallback. Both run here
+``joinable.index_events``, ``load.time_bounds`` and ``_Layout``'s pass use the C port wherever
+pip could build it; ``python_index_events``, ``python_time_bounds`` and ``_Layout._event`` are
+the reference and the fallback. Both run here
 on the same inputs, each on its own fresh decode: every real profiler trace under
 tests/fixtures (NCCL kernels of real GPU runs, graph replays, early Kineto with digit-string
 ids), laid out as two traces of one rank, with and without a ``--steps`` window, and events
@@ -30,6 +31,7 @@ from commviz.merge.keep import Spans
 from commviz.merge.piece import _Layout
 from commviz.trace import joinable
 from commviz.trace.joinable import python_index_events
+from commviz.trace.load import python_time_bounds
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
@@ -111,6 +113,17 @@ def test_index_events_as_python_on_real_traces(path: Path) -> None:
     got = _outcome(joinable.index_events, got_events)
     assert got == want
     assert got_events == want_events          # digit-string ids read as numbers alike
+    _same_bounds(got_events)
+
+
+def _same_bounds(events: list) -> None:
+    """``time_bounds`` as Python's: the same objects, or None where Python says None (where
+    C says None, Python decides)."""
+    got, want = native.time_bounds(events), python_time_bounds(events)
+    if got is None:
+        return
+    assert want is not None and [type(v) for v in got] == [type(v) for v in want]
+    assert all(a is b for a, b in zip(got, want)), (got, want)
 
 
 @needs_native
@@ -126,6 +139,21 @@ def test_layout_as_python_on_real_traces(path: Path, monkeypatch: pytest.MonkeyP
 
 
 MAX_NS = (1 << 63) - 1
+
+
+@needs_native
+def test_time_bounds_takes_the_first_of_equals_and_leaves_inexact_ints_to_python() -> None:
+    """min() and max() give the first of equal values: 1 before 1.0 before another 1.0; an
+    int a double cannot hold (2**62 + 1) is Python's to compare."""
+    one, other_one = float("1"), float("1.0")
+    tied = [{"ts": 1, "dur": one}, {"ts": one, "dur": 1}, {"ts": other_one, "dur": other_one},
+            {"ts": float("3"), "dur": 0.5}, {"ts": float("3.0"), "ph": "X", "dur": float(".5")},
+            {"ts": 7.5, "ph": "M"}]
+    _same_bounds(tied)
+    assert native.time_bounds(tied) is not None
+    big = [{"ts": 2**62}, {"ts": 2**62 + 1}, {"ts": 5}]
+    assert python_time_bounds(big)[1] == 2**62 + 1
+    _same_bounds(big)
 
 
 @needs_native
@@ -202,6 +230,9 @@ def test_both_passes_alike_on_odd_events(seed: int, failing: float,
         assert _outcome(joinable.index_events, got_events) == _outcome(python_index_events,
                                                                         want_events)
         assert got_events == want_events          # NaN: deepcopy keeps the one float object
+        _same_bounds(got_events)
+        _same_bounds([e for e in got_events if isinstance(e, dict)
+                      and type(e.get("ts")) in (int, float) and type(e.get("dur", 0)) in (int, float)])
         segments = [(0, len(part) // 2, 1000), (len(part) // 2, len(part), -(2**40))]
         for spans in (None, Spans([(0, 10**12), (10**15, 10**18)])):
             want = _layout(copy.deepcopy(part), segments, spans, False, monkeypatch)

@@ -29,7 +29,7 @@ from commviz.merge.flows import launch_edges
 from commviz.merge.piece import _flow_fields, _Layout
 from commviz.trace.load import Trace, load_trace
 from commviz.write import pftrace
-from commviz.write.pftrace import (Piece, flow_field, python_emit_slices, split,
+from commviz.write.pftrace import (Piece, flow_field, python_emit_slices, python_split, split,
                                    track_descriptor)
 from commviz.write.read import read_pftrace, slices
 
@@ -180,3 +180,27 @@ def test_a_name_that_cannot_be_a_key_fails_both_alike() -> None:
         out = bytearray(seq.start(0))
         with pytest.raises(TypeError):
             emit(seq, out, [(0, -10, 0)], events)
+
+
+@pytest.mark.skipif(native is None, reason="commviz.write._emit not built")
+@pytest.mark.parametrize("seed", range(30))
+def test_split_as_python(seed: int) -> None:
+    """The C split puts the same item objects on the same backing tracks as ``python_split``:
+    nested, crossing, touching and equal slices, instants, times near int64's ends; and leaves
+    items it cannot read as int64 to Python."""
+    rnd = random.Random(seed)
+    edge = (1 << 63) - 1
+    items = []
+    for i in range(rnd.choice([0, 1, 5, 300, 3000])):
+        start = rnd.choice([rnd.randrange(0, 10_000), rnd.randrange(edge - 10_000, edge),
+                            rnd.randrange(0, 50)])
+        end = min(edge, start + rnd.choice([0, 0, 1, 3, rnd.randrange(0, 2_000)]))
+        items.append((start, -end, i))
+    items.sort()
+    want = python_split(items)
+    got = native.split(items)
+    assert got == want
+    assert all(a is b for g, w in zip(got, want) for a, b in zip(g, w))
+    assert split(items) == want
+    for odd in ([(1.5, -2, 0)], [(0, -(1 << 64), 0)], [(True, -1, 0)], [(0,)], [[0, -1, 0]]):
+        assert native.split(items + odd) is None

@@ -27,8 +27,8 @@ from commviz.match import clock as clk
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import fingerprints
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
-from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank, load_traces,
-                                 no_gc, result_of)
+from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank,
+                                 hold_last_rank, load_traces, no_gc, result_of)
 from commviz.merge.keep import Keep, run_start_ns
 from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
@@ -137,7 +137,8 @@ class _Pool:
                         bar.advance()
                 return out
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(self.workers, mp_context=ctx,
+                                     initializer=hold_last_rank) as pool:
                 futures: list[Future] = [pool.submit(fn, job) for job in jobs]
                 if bar:
                     for fut in futures:

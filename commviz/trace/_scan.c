@@ -1,7 +1,8 @@
-/* commviz.trace._scan: the two passes over every event of a rank's traces, in C.
+/* commviz.trace._scan: the passes over every event of a rank's traces, in C.
  *
- * ``index_events`` is ``commviz.trace.joinable.python_index_events`` and ``slices`` is the
- * common part of ``commviz.merge.piece._Layout``'s pass (complete events and flow points),
+ * ``index_events`` is ``commviz.trace.joinable.python_index_events``, ``time_bounds``
+ * ``commviz.trace.load.python_time_bounds`` and ``slices`` the common part of
+ * ``commviz.merge.piece._Layout``'s pass (complete events and flow points),
  * each step for step on the same dicts: the same keys read, the same objects made, in the same
  * order, so the Python versions stay the reference and the fallback where nothing was compiled
  * (tests/test_scan.py compares them on every fixture trace). ``slices`` takes only what it can
@@ -17,7 +18,7 @@
 #include <stdint.h>
 
 static PyObject *s_pid, *s_tid, *s_ph, *s_cat, *s_name, *s_ts, *s_dur, *s_args, *s_corr,
-    *s_id, *s_X;
+    *s_id, *s_X, *s_M, *k_zero, *k_zero_f;
 
 /* A dict read as ``d.get(key)``: a borrowed value or Py_None; NULL only on an error. */
 static PyObject *get(PyObject *d, PyObject *key) {
@@ -115,6 +116,65 @@ static PyObject *index_events(PyObject *self, PyObject *args) {
         return NULL;
     }
     return out;
+}
+
+/* A number's value where a double holds it exactly (a finite float, an int within 2**53): 1,
+ * else 0 (a bool, a string, NaN, a big int: the Python pass decides about those). */
+static int exact_double(PyObject *v, double *out) {
+    if (PyFloat_CheckExact(v)) {
+        *out = PyFloat_AS_DOUBLE(v);
+        return isfinite(*out);
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long u = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (u == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (u > (1LL << 53) || u < -(1LL << 53)) return 0;
+        *out = (double)u;
+        return 1;
+    }
+    return 0;
+}
+
+/* time_bounds(events) -> (lo, hi, longest, shortest) | None: the least and greatest ``ts``
+ * and ``dur`` (0 where absent) of the timed events (dicts with a ``ts``, phase not M), the
+ * objects themselves, the first of equals as min() and max() give them (0.0 for none); None
+ * where a value is not a number a double holds exactly (load.python_time_bounds then
+ * decides). */
+static PyObject *time_bounds(PyObject *self, PyObject *events) {
+    if (!PyList_CheckExact(events)) Py_RETURN_NONE;
+    PyObject *lo = NULL, *hi = NULL, *longest = NULL, *shortest = NULL;
+    double vlo = 0, vhi = 0, vlong = 0, vshort = 0, v;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *e = PyList_GET_ITEM(events, i);
+        if (!PyDict_CheckExact(e)) continue;
+        PyObject *ts = PyDict_GetItemWithError(e, s_ts);
+        if (ts == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            continue;
+        }
+        PyObject *ph = get(e, s_ph);
+        if (ph == NULL) return NULL;
+        int is_m = PyObject_RichCompareBool(ph, s_M, Py_EQ);
+        if (is_m < 0) return NULL;
+        if (is_m) continue;
+        PyObject *dur = PyDict_GetItemWithError(e, s_dur);
+        if (dur == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            dur = k_zero;
+        }
+        if (!exact_double(ts, &v)) Py_RETURN_NONE;
+        if (lo == NULL || v < vlo) { lo = ts; vlo = v; }
+        if (hi == NULL || v > vhi) { hi = ts; vhi = v; }
+        if (!exact_double(dur, &v)) Py_RETURN_NONE;
+        if (longest == NULL || v > vlong) { longest = dur; vlong = v; }
+        if (shortest == NULL || v < vshort) { shortest = dur; vshort = v; }
+    }
+    if (lo == NULL) lo = hi = longest = shortest = k_zero_f;
+    return PyTuple_Pack(4, lo, hi, longest, shortest);
 }
 
 /* ``round(v * 1000)`` for a float or an int (not a bool): 1 with *ns set; 0 where it is
@@ -301,6 +361,8 @@ done:
 static PyMethodDef methods[] = {
     {"index_events", index_events, METH_VARARGS,
      "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
+    {"time_bounds", time_bounds, METH_O,
+     "time_bounds(events) -> (lo, hi, longest, shortest) of the timed events, or None"},
     {"slices", (PyCFunction)(void (*)(void))slices, METH_FASTCALL,
      "slices(...) -> (stop, negative, out_of_range): _Layout's pass up to an event it leaves "
      "to Python"},
@@ -315,10 +377,13 @@ PyMODINIT_FUNC PyInit__scan(void) {
         const char *text;
     } names[] = {{&s_pid, "pid"}, {&s_tid, "tid"}, {&s_ph, "ph"},     {&s_cat, "cat"},
                  {&s_name, "name"}, {&s_ts, "ts"}, {&s_dur, "dur"},   {&s_args, "args"},
-                 {&s_corr, "correlation"}, {&s_id, "id"}, {&s_X, "X"}};
+                 {&s_corr, "correlation"}, {&s_id, "id"}, {&s_X, "X"}, {&s_M, "M"}};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         *names[k].slot = PyUnicode_InternFromString(names[k].text);
         if (*names[k].slot == NULL) return NULL;
     }
+    k_zero = PyLong_FromLong(0);
+    k_zero_f = PyFloat_FromDouble(0.0);
+    if (k_zero == NULL || k_zero_f == NULL) return NULL;
     return PyModule_Create(&module);
 }

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from commviz.errors import TraceError
-from commviz.trace.joinable import index_events
+from commviz.trace.joinable import _native, index_events
 
 _GZIP_MAGIC = b"\x1f\x8b"
 HEADER_BYTES = 1 << 20          # how much of a trace read_header looks at (decompressed)
@@ -313,21 +313,14 @@ def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tupl
     times the trace's own span (its middle half, at least a second) away from it. A trace with
     no believable event is a ``TraceError``: the rank's trace is left out, its record kept.
     """
-    timed = [e for e in events if e.__class__ is dict and "ts" in e and e.get("ph") != "M"]
-    try:
-        ts = [e["ts"] for e in timed]
-        durs = [e.get("dur", 0) for e in timed]
-        lo, hi = min(ts, default=0.0), max(ts, default=0.0)
-        longest = max(durs, default=0.0)
+    bounds = time_bounds(events)
+    if bounds is not None:
+        lo, hi, longest, shortest = bounds
         usual = SPAN_FACTOR * MIN_SPAN_US
-        # sum: a TypeError for any value that is not a number; isfinite: OverflowError for an
-        # integer no float holds
-        if (math.isfinite(sum(ts, 0.0) + sum(durs, 0.0)) and hi - lo <= usual
-                and longest <= usual and min(durs, default=0.0) >= 0 and _wall_ok(base_ns, lo)
+        if (hi - lo <= usual and longest <= usual and shortest >= 0 and _wall_ok(base_ns, lo)
                 and _wall_ok(base_ns, hi + longest)):
             return events, []                           # the usual trace: nothing to check
-    except (TypeError, OverflowError):
-        pass
+    timed = [e for e in events if e.__class__ is dict and "ts" in e and e.get("ph") != "M"]
     finite = sorted(t for e in timed if (t := _number(e.get("ts"))) is not None
                     and _wall_ok(base_ns, t))
     lo = hi = reach = 0.0
@@ -356,6 +349,33 @@ def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tupl
                                  f"({len(bad)} events, e.g. {shown}); trace left out")
     return kept, [f"{source}: rank {rank}: {len(bad)} events with unbelievable times skipped: "
                   f"{shown}{more}"]
+
+
+def time_bounds(events: list) -> tuple[Any, Any, Any, Any] | None:
+    """The least and greatest ``ts`` and ``dur`` (0 where absent) of the timed events (dicts
+    with a ``ts``, phase not M), or None where some value is not a finite number
+    (``python_time_bounds``)."""
+    if _native is not None:
+        bounds = _native.time_bounds(events)
+        if bounds is not None:
+            return bounds
+    return python_time_bounds(events)
+
+
+def python_time_bounds(events: list) -> tuple[Any, Any, Any, Any] | None:
+    """``time_bounds`` in Python: the reference for ``_scan.time_bounds`` and the fallback
+    (and what decides where the C pass finds a value a double does not hold exactly)."""
+    timed = [e for e in events if e.__class__ is dict and "ts" in e and e.get("ph") != "M"]
+    try:
+        ts = [e["ts"] for e in timed]
+        durs = [e.get("dur", 0) for e in timed]
+        bounds = (min(ts, default=0.0), max(ts, default=0.0), max(durs, default=0.0),
+                  min(durs, default=0.0))
+        # sum: a TypeError for any value that is not a number; isfinite: OverflowError for an
+        # integer no float holds
+        return bounds if math.isfinite(sum(ts, 0.0) + sum(durs, 0.0)) else None
+    except (TypeError, OverflowError):
+        return None
 
 
 def _number(value: Any) -> float | None:

@@ -7,10 +7,12 @@
  * (tests/test_write_emit.py compares them). What runs here is what a hit costs: the dict
  * lookups, the ids between cached runs, the varints and the packet framing, without the
  * interpreter's per-operation overhead. The wire constants come from Python (``setup``), so
- * they have one place.
+ * they have one place. ``split`` is ``pftrace.python_split`` (the same tracks, the same item
+ * objects on them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -734,10 +736,93 @@ static PyObject *setup(PyObject *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+/* ---- split: items over the fewest backing tracks that nest --------------------------------- */
+
+typedef struct {
+    int64_t *ends;
+    Py_ssize_t n, cap;
+} Stack;
+
+/* An item's (start, end) where both are ints of int64: 1, else 0 (Python's split takes it). */
+static int item_span(PyObject *item, int64_t *start, int64_t *end) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 2) return 0;
+    PyObject *a = PyTuple_GET_ITEM(item, 0), *b = PyTuple_GET_ITEM(item, 1);
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b)) return 0;
+    int oa = 0, ob = 0;
+    long long s = PyLong_AsLongLongAndOverflow(a, &oa), e = PyLong_AsLongLongAndOverflow(b, &ob);
+    if (oa || ob || e == LLONG_MIN) return 0;
+    *start = s;
+    *end = -e;
+    return 1;
+}
+
+/* split(items) -> list of lists, or None where an item is not (int, int, ...) of int64 */
+static PyObject *split(PyObject *self, PyObject *items) {
+    if (!PyList_CheckExact(items)) Py_RETURN_NONE;
+    Py_ssize_t n_items = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < n_items; i++) {
+        int64_t s, e;
+        if (!item_span(PyList_GET_ITEM(items, i), &s, &e)) Py_RETURN_NONE;
+    }
+    PyObject *backs = PyList_New(0);
+    Stack *stacks = NULL;
+    Py_ssize_t n_stacks = 0, cap_stacks = 0;
+    if (backs == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n_items; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        int64_t start, end;
+        item_span(item, &start, &end);
+        Py_ssize_t n = 0;
+        for (; n < n_stacks; n++) {
+            Stack *st = &stacks[n];
+            while (st->n && st->ends[st->n - 1] <= start) st->n--;
+            if (!st->n || st->ends[st->n - 1] >= end) break;
+        }
+        if (n == n_stacks) {                      /* crossing every open slice: a new track */
+            if (n_stacks == cap_stacks) {
+                Py_ssize_t cap = cap_stacks ? 2 * cap_stacks : 4;
+                Stack *grown = PyMem_Realloc(stacks, cap * sizeof(Stack));
+                if (grown == NULL) goto nomem;
+                stacks = grown;
+                cap_stacks = cap;
+            }
+            stacks[n_stacks++] = (Stack){NULL, 0, 0};
+            PyObject *back = PyList_New(0);
+            if (back == NULL) goto fail;
+            int rc = PyList_Append(backs, back);
+            Py_DECREF(back);
+            if (rc < 0) goto fail;
+        }
+        Stack *st = &stacks[n];
+        if (st->n == st->cap) {
+            Py_ssize_t cap = st->cap ? 2 * st->cap : 8;
+            int64_t *grown = PyMem_Realloc(st->ends, cap * sizeof(int64_t));
+            if (grown == NULL) goto nomem;
+            st->ends = grown;
+            st->cap = cap;
+        }
+        st->ends[st->n++] = end;
+        if (PyList_Append(PyList_GET_ITEM(backs, n), item) < 0) goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n_stacks; k++) PyMem_Free(stacks[k].ends);
+    PyMem_Free(stacks);
+    return backs;
+nomem:
+    PyErr_NoMemory();
+fail:
+    for (Py_ssize_t k = 0; k < n_stacks; k++) PyMem_Free(stacks[k].ends);
+    PyMem_Free(stacks);
+    Py_DECREF(backs);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"emit_slices", (PyCFunction)(void (*)(void))emit_slices, METH_VARARGS | METH_KEYWORDS,
      "emit_slices(seq, out, items, events, extra=None, flows=None) -> int: as "
      "commviz.write.pftrace.emit_slices"},
+    {"split", split, METH_O,
+     "split(items) -> backing tracks as commviz.write.pftrace.python_split, or None where an "
+     "item is not (int, int, ...) of int64"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "Hand over the wire constants and the Python helpers (pftrace does, once)."},
     {NULL, NULL, 0, NULL}};

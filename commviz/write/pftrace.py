@@ -451,10 +451,21 @@ else:
 
 
 def split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """Spread sorted ``(start, -end, index)`` items over the fewest backing tracks that nest
+    (``python_split``; its C port where built)."""
+    if _native is not None:
+        backs = _native.split(items)
+        if backs is not None:
+            return backs
+    return python_split(items)
+
+
+def python_split(items: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
     """Spread sorted ``(start, -end, index)`` items over the fewest backing tracks that nest.
 
     A slice goes on the first backing track where it fits inside the innermost open slice (or
-    where nothing is open); crossing slices open another. No time is moved.
+    where nothing is open); crossing slices open another. No time is moved. The reference for
+    ``_emit.split`` and its fallback.
     """
     backs: list[list[tuple[int, int, int]]] = []
     stacks: list[list[int]] = []
