@@ -115,7 +115,7 @@ class RankArtifact:
             return replace(self, clock=clock)
         events = [replace(ev, start_ns=ev.start_ns + delta, end_ns=ev.end_ns + delta)
                   for ev in self.events]
-        ops = [replace(op, start_ns=op.start_ns + delta, end_ns=op.end_ns + delta)
+        ops = [op._replace(start_ns=op.start_ns + delta, end_ns=op.end_ns + delta)
                for op in self.gpu_ops]
         return replace(self, clock=clock, events=events, gpu_ops=ops)
 

@@ -8,14 +8,15 @@ id (``trace.kernels.is_graphed``, the matchers' rule too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from commviz.trace.kernels import GPU_WORK_CATS, LAUNCH_CATS, is_graph_launch, is_graphed
 
 
-@dataclass(frozen=True, slots=True)
-class GpuOp:
+class GpuOp(NamedTuple):
+    """One GPU kernel, memcpy or memset (a tuple: a trace holds tens of thousands)."""
+
     rank: int
     stream: int
     name: str
@@ -29,29 +30,28 @@ class GpuOp:
         return self.end_ns - self.start_ns
 
 
-def _graph_launches(events: Iterable[dict]) -> set[Any]:
-    out = set()
-    for ev in events:
+def gpu_ops(trace: Any) -> list[GpuOp]:
+    """Every complete GPU event of ``trace`` (a ``commviz.trace.load.Trace``), by start time,
+    from one pass over its joinable events (the GPU work, and the launches that say which
+    correlations are CUDA graph replays)."""
+    events = trace.events
+    launches: set[Any] = set()
+    work = []
+    for i in trace.joinable:
+        ev = events[i]
         cat = ev.get("cat")
-        if cat.__class__ is str and cat in LAUNCH_CATS and ev.get("ph") == "X":
+        if cat.__class__ is not str or ev.get("ph") != "X":
+            continue
+        if cat in GPU_WORK_CATS:
+            work.append(ev)
+        elif cat in LAUNCH_CATS:
             args = ev.get("args") or {}
             if is_graph_launch(str(ev.get("name", "")), cat, args):
-                out.add(args.get("correlation"))
-    out.discard(None)
-    return out
-
-
-def gpu_ops(trace: Any) -> list[GpuOp]:
-    """Every complete GPU event of ``trace`` (a ``commviz.trace.load.Trace``), by start time."""
-    events = [trace.events[i] for i in trace.joinable]
-    launches = _graph_launches(events)
+                launches.add(args.get("correlation"))
+    launches.discard(None)
     out = []
     rank, ns = trace.rank, trace.ns
-    work_cats = GPU_WORK_CATS
-    for ev in events:
-        cat = ev.get("cat")
-        if cat.__class__ is not str or cat not in work_cats or ev.get("ph") != "X":
-            continue
+    for ev in work:
         args = ev.get("args") or {}
         try:
             stream = int(args.get("stream", -1))
@@ -59,7 +59,7 @@ def gpu_ops(trace: Any) -> list[GpuOp]:
             end = start + round(float(ev.get("dur", 0)) * 1000)
         except (TypeError, ValueError, KeyError):
             continue
-        graphed = is_graphed(args, launches)
-        out.append(GpuOp(rank, stream, str(ev.get("name", "")), cat, start, end, graphed))
-    out.sort(key=lambda o: (o.start_ns, o.end_ns))
+        out.append(GpuOp(rank, stream, str(ev.get("name", "")), ev["cat"], start, end,
+                         is_graphed(args, launches)))
+    out.sort(key=attrgetter("start_ns", "end_ns"))
     return out
