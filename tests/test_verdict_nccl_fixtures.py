@@ -21,15 +21,19 @@ from nccl_verdict import (BAD, CASES, JOB_NAME, KIND, check_agrees_with_flight_r
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "tests" / "fixtures" / "gpu" / "verdict-2xh100"
+RACES = REPO / "tests" / "fixtures" / "gpu" / "verdict-4xh200"
 JOB = KEPT / JOB_NAME
-# run dir -> scenario: the second GPU run's, and the first run's size mismatch, in which the
-# 16-element rank's watchdog acted first (the second run's: the other's)
-RUNS = {**{case: case for case in CASES}, "size-run1": "size"}
+# run dir -> scenario: the second GPU run's, the first run's size mismatch, in which the
+# 16-element rank's watchdog acted first (the second run's: the other's), and a kill on
+# 4 x H200 in which the killed rank died before its GPU finished the subgroup's #5 it had
+# queued (its own folder: that machine's checkout was elsewhere)
+RUNS = {**{case: case for case in CASES}, "size-run1": "size", "kill-race": "kill"}
+WHERE = {"kill-race": RACES}
 
 
 @pytest.fixture
 def run_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    return relocated_copy(KEPT, request.param, tmp_path, REPO)
+    return relocated_copy(WHERE.get(request.param, KEPT), request.param, tmp_path, REPO)
 
 
 @pytest.mark.parametrize("run_dir", RUNS, indirect=True)
