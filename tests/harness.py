@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +15,12 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def c_compiler() -> str | None:
+    """The C compiler pip builds commviz's extensions with, where there is one."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc)
 
 
 def free_port() -> int:

@@ -18,13 +18,12 @@ import gzip
 import json
 import math
 import random
-import shutil
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from harness import c_compiler
 
 from commviz.merge import piece
 from commviz.merge.keep import Spans
@@ -38,15 +37,10 @@ TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
 native = joinable._native
 
 
-def _compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc)
-
-
 def test_the_c_passes_are_built_where_a_compiler_is() -> None:
     """``pip install`` builds them (pyproject's ext-modules): a machine with a compiler must
     not fall back to the Python passes without anyone noticing."""
-    if _compiler() is None:
+    if c_compiler() is None:
         pytest.skip("no C compiler here: the Python passes serve")
     assert native is not None, "commviz.trace._scan was not built: pip install -e . again"
     assert piece._scan is native

@@ -16,14 +16,13 @@ from __future__ import annotations
 import io
 import math
 import random
-import shutil
-import sysconfig
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 import pytest
+from harness import c_compiler
 
 from commviz.merge.flows import launch_edges
 from commviz.merge.piece import _flow_fields, _Layout
@@ -38,15 +37,10 @@ TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
 native = pftrace._native
 
 
-def _compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc)
-
-
 def test_the_c_loop_is_built_where_a_compiler_is() -> None:
     """``pip install`` builds it (pyproject's ext-modules): a machine with a compiler must not
     fall back to the Python loop without anyone noticing."""
-    if _compiler() is None:
+    if c_compiler() is None:
         pytest.skip("no C compiler here: the Python loop serves")
     assert native is not None, "commviz.write._emit was not built: pip install -e . again"
     assert pftrace.emit_slices is native.emit_slices

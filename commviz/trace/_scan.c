@@ -118,6 +118,18 @@ static PyObject *index_events(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* An int (not a bool) that fits int64: 1 with *out set, else 0. */
+static int int64_of(PyObject *v, long long *out) {
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
 /* A number's value where a double holds it exactly (a finite float, an int within 2**53): 1,
  * else 0 (a bool, a string, NaN, a big int: the Python pass decides about those). */
 static int exact_double(PyObject *v, double *out) {
@@ -125,14 +137,8 @@ static int exact_double(PyObject *v, double *out) {
         *out = PyFloat_AS_DOUBLE(v);
         return isfinite(*out);
     }
-    if (PyLong_CheckExact(v)) {
-        int overflow = 0;
-        long long u = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow || (u == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (u > (1LL << 53) || u < -(1LL << 53)) return 0;
+    long long u;
+    if (int64_of(v, &u) && u <= (1LL << 53) && u >= -(1LL << 53)) {
         *out = (double)u;
         return 1;
     }
@@ -188,16 +194,8 @@ static int to_ns(PyObject *v, int64_t *ns) {
         *ns = (int64_t)r;
         return 1;
     }
-    if (PyLong_CheckExact(v)) {
-        int overflow = 0;
-        long long u = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow || (u == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return 0;
-        }
-        return !__builtin_mul_overflow((int64_t)u, (int64_t)1000, ns);
-    }
-    return 0;
+    long long u;
+    return int64_of(v, &u) && !__builtin_mul_overflow((int64_t)u, (int64_t)1000, ns);
 }
 
 /* lst = d[key] (a new list there if none), then lst.append(item); steals item. */
