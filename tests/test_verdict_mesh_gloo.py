@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import subprocess
 import sys
 from math import prod
@@ -36,6 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 GLOO = ("--set", "job.backend=gloo", "--set", "job.timeout_s=30",
         "--set", "workload.args.sleep_s=60", "--hang-after", "6")
 A2A_SEQ = 2 * mv.AT_STEP                 # each step: the counts exchange, then the dispatch
+KEPT = Path(__file__).parent / "fixtures" / "gloo-mesh"
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +105,25 @@ def test_nothing_recorded_is_lost(runs: Path, flights: dict[str, Flight], case: 
 
 def test_uneven_splits_told_and_in_the_desync_table(runs: Path, flights: dict[str, Flight],
                                                     tmp_path: Path) -> None:
+    check_uneven_splits(runs / "a2a_splits", flights["a2a_splits"], tmp_path)
+
+
+def test_uneven_splits_where_ranks_were_torn_down_inside_the_all_to_all(tmp_path: Path) -> None:
+    """A run of the same scenario (``fixtures/gloo-mesh/a2a_splits-held``, kept from a loaded
+    2-core machine) in which ranks 2 and 3 were torn down inside the dispatch before gloo's
+    error reached them: their records have it begun, never returned. They made the call, so
+    the desync is still the sizes, rank 1 on its own side, not ranks 2 and 3 "missing"."""
+    run = shutil.copytree(KEPT / "a2a_splits-held", tmp_path / "run")   # nothing written there
+    check_uneven_splits(run, gloo_flight(run, tmp_path / "fr"), tmp_path)
+
+
+def check_uneven_splits(run: Path, fl: Flight, tmp_path: Path) -> None:
     """The dispatch of step 5: gloo's enforce on rank 1 (its failure file), torch's analyzer
     finds the totals of that all_to_all disagree; the verdict shows each rank's totals (its
     Flight Recorder entry's sizes) and the report's desync table the same collective, rank 1
     on a side of its own."""
-    run = runs / "a2a_splits"
     failed = json.loads((run / "logs" / "failed_rank1.json").read_text())
     assert "inLengthPerRank[myRank] == outLengthPerRank[myRank]" in failed["error"], failed
-    fl = flights["a2a_splits"]
     assert fl.findings is not None and ("default_pg", A2A_SEQ) in fl.findings, fl.findings
     v = launch_verdict(run)
     assert v is not None and v.root is not None

@@ -149,15 +149,19 @@ class CommEvent:
 def events_from_record(record: dict[str, Any]) -> list[CommEvent]:
     """Records alone (no trace): each call's CPU span, on the rank's own clock.
 
-    For gloo the call is synchronous (unless async_op), so its CPU span is the collective.
+    For gloo the call is synchronous (unless async_op), so its CPU span is the collective. A
+    call that began and never returned (its rank was inside it when its record was written:
+    torn down in a collective its peers broke) is an instant at its start, which
+    ``merge.instances.held`` tells from a call that completed: the rank made it, so it lines
+    up with its peers' (a desync of sizes stays one, not a "missing" rank).
     """
     out = []
     for args in record["collectives"]:
         t0, t1 = args.get(md.T_BEGIN), args.get(md.T_END)
-        if t0 is None or t1 is None:
+        if t0 is None:
             continue
         out.append(CommEvent(rank=int(record["rank"]), pg=str(args.get(md.PG_NAME)),
                              op=str(args.get(md.OP)), start_ns=int(t0),
-                             end_ns=int(t1), args=args, key=instance_key(args),
+                             end_ns=int(t0 if t1 is None else t1), args=args, key=instance_key(args),
                              source=Source.RECORD, graphed=bool(args.get(md.CAPTURED))))
     return out
