@@ -34,7 +34,7 @@ from commviz.trace.load import python_time_bounds
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
-native = joinable._native
+native = joinable.native
 
 
 def test_the_c_passes_are_built_where_a_compiler_is() -> None:
@@ -43,7 +43,7 @@ def test_the_c_passes_are_built_where_a_compiler_is() -> None:
     if c_compiler() is None:
         pytest.skip("no C compiler here: the Python passes serve")
     assert native is not None, "commviz.trace._scan was not built: pip install -e . again"
-    assert piece._scan is native
+    assert piece.native is native
 
 
 needs_native = pytest.mark.skipif(native is None, reason="commviz.trace._scan not built")
@@ -69,7 +69,7 @@ def _layout(events: list, segments: list, spans: Spans | None, use_c: bool,
             monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as m:
         if not use_c:
-            m.setattr(piece, "_scan", None)
+            m.setattr(piece, "native", None)
         try:
             lay = _Layout(events, segments, spans)
         except Exception as exc:
@@ -178,7 +178,8 @@ def _odd_events(seed: int, n: int, failing: float) -> list:
     times = [0, 1, 1.5, 2.5, -0.0005, 0.0005, 0.0015, 1e3, 1.7e9, 123456789.123, 9.3e15, 9.3e18,
              2**62, 2**70, -5, True, False, 0.0, -0.0]
     durs = times + [None, "", -1.0, -3, -0.0005]
-    ids = [1, 7, "7", "0012", "x7", "", "\u0663", "\u3031", "12a", None, 3.0, -1, True, 2**70, "9" * 30]
+    ids = [1, 7, "7", "0012", "x7", "", "\u0663", "\u3031", "12a", None, 3.0, -1, True, 2**70,
+           "9" * 30]
     cats = ["kernel", "cpu_op", "cuda_runtime", "cuda_driver", "ac2g", "gpu_memcpy", "Kernel",
             "Runtime", "gpu_user_annotation", None, 3]
     names = ["aten::mm", "commviz::all_reduce", "c10d::broadcast_", "record_param_comms",
@@ -225,8 +226,8 @@ def test_both_passes_alike_on_odd_events(seed: int, failing: float,
                                                                         want_events)
         assert got_events == want_events          # NaN: deepcopy keeps the one float object
         _same_bounds(got_events)
-        _same_bounds([e for e in got_events if isinstance(e, dict)
-                      and type(e.get("ts")) in (int, float) and type(e.get("dur", 0)) in (int, float)])
+        _same_bounds([e for e in got_events if isinstance(e, dict) and type(e.get("ts")) in
+                      (int, float) and type(e.get("dur", 0)) in (int, float)])
         segments = [(0, len(part) // 2, 1000), (len(part) // 2, len(part), -(2**40))]
         for spans in (None, Spans([(0, 10**12), (10**15, 10**18)])):
             want = _layout(copy.deepcopy(part), segments, spans, False, monkeypatch)

@@ -162,6 +162,7 @@ def events_from_record(record: dict[str, Any]) -> list[CommEvent]:
             continue
         out.append(CommEvent(rank=int(record["rank"]), pg=str(args.get(md.PG_NAME)),
                              op=str(args.get(md.OP)), start_ns=int(t0),
-                             end_ns=int(t0 if t1 is None else t1), args=args, key=instance_key(args),
-                             source=Source.RECORD, graphed=bool(args.get(md.CAPTURED))))
+                             end_ns=int(t0 if t1 is None else t1), args=args,
+                             key=instance_key(args), source=Source.RECORD,
+                             graphed=bool(args.get(md.CAPTURED))))
     return out

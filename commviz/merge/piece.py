@@ -36,16 +36,12 @@ from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
 from commviz.match.model import CommEvent, InstanceKey
 from commviz.merge.flows import Correlated, Edge, FlowPoint, launch_edges
 from commviz.merge.keep import Keep, Spans, events_inside
+from commviz.trace.joinable import native
 from commviz.trace.kernels import GPU_CATS
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
                                    track_descriptor)
-
-try:
-    from commviz.trace import _scan
-except ImportError:                 # built by pip install where a C compiler is
-    _scan = None
 
 PID_BASE = 1_000_000                  # synthetic pid of rank R: PID_BASE + R (OS pids repeat)
 ORDER_LANE, ORDER_STREAM, ORDER_THREAD, ORDER_OTHER = 0, 100_000, 200_000, 300_000
@@ -207,7 +203,7 @@ class _Layout:
         self.negative = 0
         self.out_of_range = 0               # events before 0 or past MAX_NS: left out, counted
         inside = spans.inside if spans is not None else None
-        scan = _scan if events.__class__ is list else None
+        scan = native if events.__class__ is list else None
         for seg, (lo, hi, base) in enumerate(segments):
             i = lo
             while i < hi:

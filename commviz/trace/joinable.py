@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from commviz.trace.kernels import GPU_WORK_CATS, LAUNCH_CATS
 
-try:
-    import commviz.trace._scan as _native     # not "from commviz.trace": that is this package
+try:    # the C passes over every event (_scan.c); one import, for load, joinable and the merge
+    import commviz.trace._scan as native     # not "from commviz.trace": that is this package
 except ImportError:                 # built by pip install where a C compiler is
-    _native = None
+    native = None
 
 RANGE_PREFIX = "commviz::"          # commviz::<op>: one annotated call (and commviz's other ranges)
 OP_PREFIX = "c10d::"                # c10d::<op>: the profiler's event of a c10d op call
@@ -29,8 +29,8 @@ _NAMED = (RANGE_PREFIX, OP_PREFIX, PARAM_COMMS, COALESCED_RANGE)
 def index_events(events: list) -> list[int]:
     """In one pass over a loaded trace: digit-string ids read as numbers, in place, and the
     indices of the complete events a matcher may join on (``python_index_events``)."""
-    if _native is not None and events.__class__ is list:
-        return _native.index_events(events, JOIN_CATS, _NAMED)
+    if native is not None and events.__class__ is list:
+        return native.index_events(events, JOIN_CATS, _NAMED)
     return python_index_events(events)
 
 

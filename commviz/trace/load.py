@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from commviz.errors import TraceError
-from commviz.trace.joinable import _native, index_events
+from commviz.trace.joinable import index_events, native
 
 _GZIP_MAGIC = b"\x1f\x8b"
 HEADER_BYTES = 1 << 20          # how much of a trace read_header looks at (decompressed)
@@ -355,8 +355,8 @@ def time_bounds(events: list) -> tuple[Any, Any, Any, Any] | None:
     """The least and greatest ``ts`` and ``dur`` (0 where absent) of the timed events (dicts
     with a ``ts``, phase not M), or None where some value is not a finite number
     (``python_time_bounds``)."""
-    if _native is not None:
-        bounds = _native.time_bounds(events)
+    if native is not None:
+        bounds = native.time_bounds(events)
         if bounds is not None:
             return bounds
     return python_time_bounds(events)
