@@ -164,6 +164,7 @@ def test_verify_catches_flows_bound_by_time_alone(tmp_path: Path, monkeypatch,
     run = tmp_path / "run"
     links = _with_peeks(run, source, keep_flows=True)
     monkeypatch.setattr(flows_mod.Binder, "by_correlation", lambda self, p: None)
+    monkeypatch.setattr(flows_mod, "native", None)      # the C loop binds without it
     result = merge_run(run, tmp_path / "m.pftrace", workers=1, progress=False)
     reached = _reached(result.out, links)
     wrong = [c for c, link in links.items()

@@ -1,7 +1,8 @@
 """The C passes over a rank's events (``commviz/trace/_scan.c``) do what their Python passes do.
 
-``joinable.index_events``, ``load.time_bounds`` and ``_Layout``'s pass use the C port wherever
-pip could build it; ``python_index_events``, ``python_time_bounds`` and ``_Layout._event`` are
+``joinable.index_events``, ``load.time_bounds``, ``gpu.gpu_index``, ``_Layout``'s pass and the
+flow binder's loop use the C port wherever pip could build it; ``python_index_events``,
+``python_time_bounds``, ``python_gpu_index``, ``_Layout._event`` and ``Binder.python_bind`` are
 the reference and the fallback. Both run here
 on the same inputs, each on its own fresh decode: every real profiler trace under
 tests/fixtures (NCCL kernels of real GPU runs, graph replays, early Kineto with digit-string
@@ -25,10 +26,12 @@ import orjson
 import pytest
 from harness import c_compiler
 
-from commviz.merge import piece
+from commviz.merge import flows, piece
+from commviz.merge.flows import Binder
 from commviz.merge.keep import Spans
 from commviz.merge.piece import _Layout
 from commviz.trace import joinable
+from commviz.trace.gpu import gpu_index, python_gpu_index
 from commviz.trace.joinable import python_index_events
 from commviz.trace.load import python_time_bounds
 
@@ -81,6 +84,26 @@ def _layout(events: list, segments: list, spans: Spans | None, use_c: bool,
             "out_of_range": lay.out_of_range}
 
 
+def _bind(events: list, segments: list, use_c: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The flow binder's edges, unbound points and launch-bound traces, by the C loop or the
+    Python one, on one layout of the events."""
+    lay = _Layout(events, segments, None)
+    binder = Binder(events, lay.items, lay.correlated)
+    with monkeypatch.context() as m:
+        if not use_c:
+            m.setattr(flows, "native", None)
+        edges = _outcome(binder.bind, lay.flows)
+    return edges, binder.unbound, binder.launch_segments
+
+
+def _same_binding(events: list, segments: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        want = _bind(events, segments, False, monkeypatch)
+    except Exception:                    # no layout of these events: nothing to bind
+        return
+    assert _bind(events, segments, True, monkeypatch) == want
+
+
 def _segments(events: list) -> list[tuple[int, int, int]]:
     """The events as two traces of one rank, the second shifted as a clock offset would."""
     half = len(events) // 2
@@ -130,6 +153,24 @@ def test_layout_as_python_on_real_traces(path: Path, monkeypatch: pytest.MonkeyP
         want = _layout(events, segments, spans, False, monkeypatch)
         got = _layout(events, segments, spans, True, monkeypatch)
         assert got == want
+    _same_binding(events, segments, monkeypatch)
+
+
+@needs_native
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_gpu_index_as_python_on_real_traces(path: Path) -> None:
+    events = _events(path)
+    joinable = python_index_events(events)
+    for base in (1_700_000_000_000_000_000, -5_000_123, MAX_NS):
+        _same_gpu_index(events, joinable, base)
+
+
+def _same_gpu_index(events: list, joinable: list[int], base: int) -> None:
+    """``gpu_index`` as ``python_gpu_index``: the same launches, work, graphed and ops (or the
+    same error), each on its own copy of the events."""
+    want = _outcome(python_gpu_index, copy.deepcopy(events), joinable, 3, base)
+    got = _outcome(gpu_index, copy.deepcopy(events), joinable, 3, base)
+    assert got == want
 
 
 MAX_NS = (1 << 63) - 1
@@ -183,13 +224,20 @@ def _odd_events(seed: int, n: int, failing: float) -> list:
     cats = ["kernel", "cpu_op", "cuda_runtime", "cuda_driver", "ac2g", "gpu_memcpy", "Kernel",
             "Runtime", "gpu_user_annotation", None, 3]
     names = ["aten::mm", "commviz::all_reduce", "c10d::broadcast_", "record_param_comms",
-             "nccl:coalesced", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, 5, "c10d"]
+             "nccl:coalesced", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, 5, "c10d",
+             "cudaGraphLaunch", "cuGraphLaunch_ptsz", "cudaLaunchKernel"]
     phases = ["X"] * 10 + ["s", "f", "t", "i", "I", "C", "M", "B", "E", None, 1, "XX", ""]
     argses = [None, {}, {"correlation": 5}, {"correlation": None}, {"correlation": "5"},
               {"External id": 3, "correlation": 9}, {"correlation": 9}, [], "", 0,
-              {"name": "thread 1"}, {"labels": "GPU 0"}, {"v": 1.5, "w": True, "x": "s"}]
+              {"name": "thread 1"}, {"labels": "GPU 0"}, {"v": 1.5, "w": True, "x": "s"},
+              {"correlation": 5, "cbid": 311}, {"correlation": 9, "cbid": 312.0},
+              {"correlation": 9, "graph node id": 3, "stream": 7}, {"graph node id": "4"},
+              {"correlation": 5, "graph node id": 0, "stream": 2**70}, {"stream": "7"},
+              {"stream": True, "graph node id": True}, {"graph node id": 1.5, "stream": None},
+              {"graph node id": "x", "correlation": 5}, {"graph node id": None, "stream": -1}]
     raising = {"ts": [None, "12", [1], math.nan, math.inf], "dur": ["12", [1], math.nan],
-               "args": [[1], "a", {"correlation": [5]}], "cat": [["kernel"]]}
+               "args": [[1], "a", {"correlation": [5]}, {"correlation": 5, "cbid": [311]}],
+               "cat": [["kernel"]]}
     out: list = []
     for _ in range(n):
         if rnd.random() < failing:
@@ -228,7 +276,11 @@ def test_both_passes_alike_on_odd_events(seed: int, failing: float,
         _same_bounds(got_events)
         _same_bounds([e for e in got_events if isinstance(e, dict) and type(e.get("ts")) in
                       (int, float) and type(e.get("dur", 0)) in (int, float)])
+        joined = _outcome(python_index_events, copy.deepcopy(part))
+        for base in (1000, MAX_NS - 10**9, 2**70) if isinstance(joined, list) else ():
+            _same_gpu_index(part, joined, base)
         segments = [(0, len(part) // 2, 1000), (len(part) // 2, len(part), -(2**40))]
+        _same_binding(copy.deepcopy(part), segments, monkeypatch)
         for spans in (None, Spans([(0, 10**12), (10**15, 10**18)])):
             want = _layout(copy.deepcopy(part), segments, spans, False, monkeypatch)
             got = _layout(copy.deepcopy(part), segments, spans, True, monkeypatch)

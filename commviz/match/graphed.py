@@ -47,13 +47,11 @@ from commviz.match.coalesced import batch_args, with_ops
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
-from commviz.trace.kernels import (LAUNCH_CATS, graph_node_id, incompatibility, is_graph_launch,
-                                   is_graphed, is_sendrecv, parse_nccl)
+from commviz.trace.kernels import graph_node_id, incompatibility, is_sendrecv, parse_nccl
 
 REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
 NODE = md.GRAPH_NODE
-_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _DROP = frozenset({md.T_BEGIN, md.T_END, md.GRAPH_NODES})
 # recorded reduction -> reductions an NCCL kernel may run it with (avg: PreMulSum for floats,
 # SumPostDiv for integers)
@@ -199,67 +197,50 @@ def check_kernel(name: str, meta: dict[str, Any]) -> str | None:
 
 
 class _Index:
-    """The parts of a trace the graph matcher needs, in one pass over its joinable events."""
+    """The parts of a trace the graph matcher needs: graph launches and their kernels from the
+    trace's ``GpuIndex`` (``Trace.gpu``), replay tags and marks from its other joinable events."""
 
-    def __init__(self, events: list[dict], joinable: list[int]) -> None:
+    def __init__(self, trace: Any) -> None:
+        events, gpu = trace.events, trace.gpu
+        self.events, self.gpu = events, gpu
         self.replays: dict[Any, _Replay] = {}
         self.tags: dict[tuple, list[tuple[float, float, dict]]] = defaultdict(list)
         self.mark_ranges: dict[tuple, list[tuple[float, float, str, Any]]] = defaultdict(list)
-        self.launches: dict[Any, tuple[tuple, float]] = {}   # eager launch: corr -> (thread, ts)
         self.node_kernels: list[_Kernel] = []                      # kernels with graph node ids
-        work: list[tuple[int, dict]] = []
-        for i in joinable:
+        for corr, i in gpu.launches.items():
+            if corr in gpu.graph:
+                at = _at(events[i])
+                if at is not None:
+                    self.replays[corr] = _Replay(at[0], at[1])
+        for i in gpu.other:
             ev = events[i]
-            if not isinstance(ev, dict) or ev.get("ph") != "X":
-                continue
-            cat = ev.get("cat")
-            if cat in _WORK_CATS:
-                work.append((i, ev))
-                continue
             name = str(ev.get("name", ""))
-            args = ev.get("args") or {}
-            if cat not in LAUNCH_CATS and name != md.REPLAY_RANGE and not name.startswith(
-                    md.MARK_RANGE_PREFIX):
+            if name != md.REPLAY_RANGE and not name.startswith(md.MARK_RANGE_PREFIX):
                 continue                    # most CPU ops: nothing here joins on them
-            thread = (ev.get("pid"), ev.get("tid"))
-            try:
-                ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
-            except (KeyError, TypeError, ValueError):
+            at = _at(ev)
+            if at is None:
                 continue
-            if cat in LAUNCH_CATS:
-                corr = args.get("correlation")
-                if corr is None:
-                    continue
-                if is_graph_launch(name, cat, args):
-                    self.replays[corr] = _Replay(thread, ts)
-                else:
-                    self.launches[corr] = (thread, ts)
-            elif name == md.REPLAY_RANGE:
+            (thread, ts), dur = at, float(ev.get("dur") or 0)
+            args = ev.get("args")
+            args = args if args.__class__ is dict else {}
+            if name == md.REPLAY_RANGE:
                 self.tags[thread].append((ts, ts + dur, args))
-            elif name.startswith(md.MARK_RANGE_PREFIX):
+            else:
                 self.mark_ranges[thread].append((ts, ts + dur, name[len(md.MARK_RANGE_PREFIX):],
                                                  args.get(md.MARK_LANE)))
-        self.work_by_corr: dict[Any, list[int]] = defaultdict(list)
-        self.graphed: set[int] = set()
-        for i, ev in work:
-            args = ev.get("args") or {}
-            corr = args.get("correlation")
-            node_id = graph_node_id(args)
-            graphed = is_graphed(args, self.replays)
-            if not graphed:
-                if corr is not None:
-                    self.work_by_corr[corr].append(i)
-                continue
-            self.graphed.add(i)
+        for i in sorted(gpu.graphed):
+            ev = events[i]
             if ev.get("cat") != "kernel":
                 continue
             try:
                 ts, dur = float(ev["ts"]), float(ev.get("dur") or 0)
             except (KeyError, TypeError, ValueError):
                 continue
+            args = ev["args"]                       # graphed: a dict (GpuIndex)
             name = str(ev.get("name", ""))
             k = _Kernel(i, ts, dur, name, kernel_key(name), _dims(args),
-                        args.get("stream", ev.get("tid")), node_id or None)
+                        args.get("stream", ev.get("tid")), graph_node_id(args) or None)
+            corr = args.get("correlation")
             if corr in self.replays:
                 self.replays[corr].kernels.append(k)
             elif k.node_id:
@@ -268,6 +249,36 @@ class _Index:
             rep.kernels.sort(key=lambda k: (k.ts, k.index))
         self.tag_spans = _by_thread(self.tags)
         self.mark_spans = _by_thread(self.mark_ranges)
+
+    def eager_launches(self) -> dict[Any, tuple[tuple, float]]:
+        """Launches that are not graph launches: correlation -> (thread, ts)."""
+        out = {}
+        for corr, i in self.gpu.launches.items():
+            at = _at(self.events[i]) if corr not in self.gpu.graph else None
+            if at is not None:
+                out[corr] = at
+        return out
+
+    def eager_work(self) -> dict[Any, list[int]]:
+        """GPU work outside graph replays, by correlation."""
+        out: dict[Any, list[int]] = defaultdict(list)
+        for i in self.gpu.work:
+            if i not in self.gpu.graphed:
+                args = self.events[i].get("args")
+                corr = args.get("correlation") if args.__class__ is dict else None
+                if corr is not None:
+                    out[corr].append(i)
+        return out
+
+
+def _at(ev: dict) -> tuple[tuple, float] | None:
+    """(thread, ts) of an event; None where its time or duration is not a number."""
+    try:
+        ts = float(ev["ts"])
+        float(ev.get("dur") or 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (ev.get("pid"), ev.get("tid")), ts
 
 
 def _by_thread(spans: dict[tuple, list[tuple]]) -> dict[tuple, Intervals]:
@@ -581,7 +592,8 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
     """Kernels launched inside ``commviz::mark::<name>`` ranges (eager marks)."""
     if not idx.mark_spans:
         return
-    for corr, (thread, ts) in idx.launches.items():
+    work = idx.eager_work()
+    for corr, (thread, ts) in idx.eager_launches().items():
         spans = idx.mark_spans.get(thread)
         held = sorted(spans.holding(ts), key=lambda s: (s[0], -s[1])) if spans else None
         if not held:
@@ -590,7 +602,7 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
         lane = next((s[3] for s in reversed(held) if s[3] is not None), None)
         if lane is not None:
             label[md.MARK_LANE] = lane
-        for k in idx.work_by_corr.get(corr, ()):
+        for k in work.get(corr, ()):
             out.marks[k] = dict(label)
             out.bump("eager_marked_kernels")
 
@@ -598,8 +610,8 @@ def _eager_marks(idx: _Index, out: GraphMatch) -> None:
 def match_graphed(trace: Any, record: dict[str, Any] | None) -> GraphMatch:
     """Label one rank's graphed kernels (and marked kernels) from its commviz record."""
     out = GraphMatch()
-    idx = _Index(trace.events, trace.joinable)
-    out.graphed = set(idx.graphed)
+    idx = _Index(trace)
+    out.graphed = set(trace.gpu.graphed)
     _eager_marks(idx, out)
     if record is None:
         for rep in idx.replays.values():

@@ -1,9 +1,10 @@
-"""One pass over a trace: the events the matchers join on, with their times in wall ns.
+"""The events the eager matchers join on, with their times in wall ns, indexed once a trace.
 
 A recorded call is in the trace as the profiler's own event of its c10d op (``c10d::allreduce_``
 ..., on the calling thread, around the whole call) or, for an annotation (and in traces of
-commviz before 2026-11-26, for every call), as commviz's ``commviz::<op>`` range. Kineto links the two sides of a GPU launch by ``args.correlation`` (the CPU runtime/driver call
-and the kernel it launched) and an eager NCCL kernel to its ``record_param_comms`` CPU op by
+commviz before 2026-11-26, for every call), as commviz's ``commviz::<op>`` range. Kineto links
+the two sides of a GPU launch by ``args.correlation`` (the CPU runtime/driver call and the
+kernel it launched) and an eager NCCL kernel to its ``record_param_comms`` CPU op by
 ``External id``. A kernel whose correlation is that of a ``cudaGraphLaunch`` (runtime cbid 311)
 or that carries a non-zero ``"graph node id"`` (torch >= 2.12) ran inside a CUDA graph replay.
 """
@@ -19,8 +20,7 @@ from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
 from commviz.record.ops import OPS
 from commviz.trace.joinable import COALESCED_RANGE, OP_PREFIX, PARAM_COMMS, RANGE_PREFIX
-from commviz.trace.kernels import (GPU_CATS, LAUNCH_CATS, NcclKernel, is_graph_launch, is_graphed,
-                                   parse_nccl)
+from commviz.trace.kernels import GPU_CATS, NcclKernel, parse_nccl
 
 OP_NAMES = {OP_PREFIX + name: spec.op for name, spec in OPS.items()}   # -> commviz.op
 
@@ -101,8 +101,9 @@ class Intervals:
 
 
 class TraceIndex:
-    """The joinable parts of one trace, built in one pass over its joinable events
-    (``Trace.joinable``)."""
+    """The joinable parts of one trace: its named CPU ops, from one pass over the joinable
+    events that are neither launches nor GPU work, and its NCCL kernels and launches, from the
+    trace's ``GpuIndex`` (``Trace.gpu``)."""
 
     def __init__(self, trace: Any) -> None:
         self.trace = trace
@@ -110,59 +111,47 @@ class TraceIndex:
         self.ranges: list[Span] = []                  # commviz::<op> CPU ranges
         self.op_events: list[tuple[Span, str]] = []   # c10d::<op> CPU ops, with commviz.op
         self.param_comms: dict[Any, Span] = {}        # External id -> record_param_comms op
-        self.launches: dict[Any, Span] = {}           # correlation -> CPU launch call
-        self.graph_launches: set[Any] = set()         # correlations of cudaGraphLaunch calls
         self.group_ends: dict[tuple[Any, Any], list[int]] = {}   # thread -> nccl:coalesced ends
         self.nccl: list[NcclSpan] = []
-        self.kernels = 0
+        gpu = trace.gpu
+        self._launches = gpu.launches                 # correlation -> launch call's index
         ns = trace.ns
-        kernels: list[tuple[Span, dict, NcclKernel]] = []
         events = self.events
-        for i in trace.joinable:
+        for i in gpu.other:
             ev = events[i]
-            if not isinstance(ev, dict) or ev.get("ph") != "X":
-                continue
             cat, name = ev.get("cat"), ev.get("name", "")
-            args = ev.get("args") or {}
-            if cat in LAUNCH_CATS:
-                corr = args.get("correlation")
-                if corr is None:
-                    continue
-            elif cat != "kernel" and not (
-                    (name.startswith(RANGE_PREFIX) and not is_other_range(name))
+            if name.__class__ is not str:
+                continue
+            args = ev.get("args")
+            if args.__class__ is not dict:
+                args = {}
+            if not ((name.startswith(RANGE_PREFIX) and not is_other_range(name))
                     or (name in OP_NAMES and cat not in GPU_CATS)
                     or (name == PARAM_COMMS and args.get("External id") is not None)
                     or (name == COALESCED_RANGE and cat not in GPU_CATS)):
                 continue                    # most events: nothing here joins on them
-            try:
-                t0 = ns(float(ev["ts"]))
-                t1 = t0 + round(float(ev.get("dur") or 0) * 1000)
-            except (KeyError, TypeError, ValueError):
+            span = _span(ev, i, ns)
+            if span is None:
                 continue
-            if cat == "kernel":
-                self.kernels += 1
-                nccl = parse_nccl(name)
-                if nccl is not None:
-                    kernels.append((Span(i, t0, t1, (ev.get("pid"), ev.get("tid"))), ev, nccl))
-                continue
-            span = Span(i, t0, t1, (ev.get("pid"), ev.get("tid")))
-            if cat in LAUNCH_CATS:
-                self.launches[corr] = span
-                if is_graph_launch(name, cat, args):
-                    self.graph_launches.add(corr)
-            elif name.startswith(RANGE_PREFIX) and not is_other_range(name):
+            if name.startswith(RANGE_PREFIX) and not is_other_range(name):
                 self.ranges.append(span)
             elif name in OP_NAMES and cat not in GPU_CATS:
                 self.op_events.append((span, OP_NAMES[name]))
-            elif name == PARAM_COMMS and args.get("External id") is not None:
+            elif name == PARAM_COMMS:
                 self.param_comms[args["External id"]] = span
-            elif name == COALESCED_RANGE and cat not in GPU_CATS:
-                self.group_ends.setdefault(span.thread, []).append(t1)
+            else:
+                self.group_ends.setdefault(span.thread, []).append(span.end)
         for ends in self.group_ends.values():
             ends.sort()
-        for span, ev, nccl in kernels:
-            args = ev.get("args") or {}
-            self.nccl.append(NcclSpan(span, nccl, is_graphed(args, self.graph_launches)))
+        kernels = [(i, op) for i, op in zip(gpu.work, gpu.ops)
+                   if op is not None and op.cat == "kernel"]
+        self.kernels = len(kernels)
+        for i, op in kernels:
+            nccl = parse_nccl(op.name)
+            if nccl is not None:
+                ev = events[i]
+                span = Span(i, op.start_ns, op.end_ns, (ev.get("pid"), ev.get("tid")))
+                self.nccl.append(NcclSpan(span, nccl, op.graphed))
         by_thread: dict[tuple[Any, Any], list[tuple[int, int, Span]]] = {}
         for span in self.ranges + [span for span, _ in self.op_events]:
             by_thread.setdefault(span.thread, []).append((span.start, span.end, span))
@@ -183,4 +172,15 @@ class TraceIndex:
     def launch_of(self, kernel_index: int) -> Span | None:
         """The CPU runtime/driver call that launched a kernel (same ``correlation``)."""
         corr = self.args(kernel_index).get("correlation")
-        return self.launches.get(corr) if corr is not None else None
+        i = self._launches.get(corr) if corr is not None else None
+        return _span(self.events[i], i, self.trace.ns) if i is not None else None
+
+
+def _span(ev: dict, i: int, ns: Any) -> Span | None:
+    """A complete event's Span; None where its time or duration is not a number."""
+    try:
+        t0 = ns(float(ev["ts"]))
+        t1 = t0 + round(float(ev.get("dur") or 0) * 1000)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return Span(i, t0, t1, (ev.get("pid"), ev.get("tid")))

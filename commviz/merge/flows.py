@@ -22,6 +22,7 @@ from array import array
 from collections import defaultdict
 from typing import Any, NamedTuple
 
+from commviz.trace.joinable import native
 from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 
 MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
@@ -157,27 +158,43 @@ class Binder:
         """The profiler's own flows. One edge per (source, target), so a launch with many
         kernels (a graph replay) fans out instead of chaining the kernels."""
         sources: dict[tuple, int] = {}
-        targets: dict[tuple, list[int]] = defaultdict(list)
+        targets: dict[tuple, list[int]] = {}
+        if native is not None and points.__class__ is list:
+            native.bind_flows(points, self.correlated, LAUNCH_CAT, self.bind_flow,
+                              self.launch_segments, sources, targets)
+        else:
+            self.python_bind(points, sources, targets)
+        return [Edge(sources[ident], t) for ident, ends in targets.items() if ident in sources
+                for t in ends if t != sources[ident]]
+
+    def python_bind(self, points: list[FlowPoint], sources: dict[tuple, int],
+                    targets: dict[tuple, list[int]]) -> None:
+        """The points as flows, by (trace, category, id) in order, each bound by
+        ``bind_flow``: the reference for ``_scan.bind_flows`` (which binds the usual launch
+        flow itself: one slice with its id on each point's track) and its fallback."""
         flows: dict[tuple, list[FlowPoint]] = defaultdict(list)
         for p in points:
             flows[(p.seg, p.cat, p.fid)].append(p)
         for ident, pts in flows.items():
-            found = [self.by_correlation(p) for p in pts]
-            if self.is_launch(pts, found):
-                self.launch_segments.add(ident[0])
+            self.bind_flow(ident, pts, sources, targets)
+
+    def bind_flow(self, ident: tuple, pts: list[FlowPoint], sources: dict[tuple, int],
+                  targets: dict[tuple, list[int]]) -> None:
+        """One flow's source and targets."""
+        found = [self.by_correlation(p) for p in pts]
+        if self.is_launch(pts, found):
+            self.launch_segments.add(ident[0])
+        else:
+            found = [None] * len(pts)
+        for p, index in zip(pts, found):
+            if index is None:
+                index = self.by_time(p)
+            if index is None:
+                self.unbound += 1
+            elif p.ph == "s":
+                sources.setdefault(ident, index)
             else:
-                found = [None] * len(pts)
-            for p, index in zip(pts, found):
-                if index is None:
-                    index = self.by_time(p)
-                if index is None:
-                    self.unbound += 1
-                elif p.ph == "s":
-                    sources.setdefault(ident, index)
-                else:
-                    targets[ident].append(index)
-        return [Edge(sources[ident], t) for ident, ends in targets.items() if ident in sources
-                for t in ends if t != sources[ident]]
+                targets.setdefault(ident, []).append(index)
 
     def from_correlation(self, segments: set[int]) -> list[Edge]:
         """Launch -> GPU work edges of the given traces, from correlation ids alone: the one

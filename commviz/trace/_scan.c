@@ -1,16 +1,18 @@
 /* commviz.trace._scan: the passes over every event of a rank's traces, in C.
  *
  * ``index_events`` is ``commviz.trace.joinable.python_index_events``, ``time_bounds``
- * ``commviz.trace.load.python_time_bounds`` and ``slices`` the common part of
- * ``commviz.merge.piece._Layout``'s pass (complete events and flow points),
- * each step for step on the same dicts: the same keys read, the same objects made, in the same
- * order, so the Python versions stay the reference and the fallback where nothing was compiled
- * (tests/test_scan.py compares them on every fixture trace). ``slices`` takes only what it can
- * do exactly (a time that is a finite float or an int, a duration that is one or absent, args
- * that are a dict); at anything else it stops and says where, and the Python pass takes that
- * one event and calls it again. What runs here is the per-event dict reads and arithmetic,
- * without the interpreter's per-operation overhead. Categories, prefixes and limits come from
- * Python, so each has one place.
+ * ``commviz.trace.load.python_time_bounds``, ``gpu_index`` ``commviz.trace.gpu.
+ * python_gpu_index``, ``slices`` the common part of ``commviz.merge.piece._Layout``'s pass
+ * (complete events and flow points) and ``bind_flows`` ``commviz.merge.flows.Binder.
+ * python_bind``, each step for step on the same dicts: the same keys read, the same objects
+ * made, in the same order, so the Python versions stay the reference and the fallback where
+ * nothing was compiled (tests/test_scan.py compares them on every fixture trace). ``slices``
+ * and ``gpu_index`` take only what they can do exactly (a time that is a finite float or an
+ * int, a duration that is one or absent, args that are a dict); at anything else they hand
+ * that one event to Python, and ``bind_flows`` binds only the usual launch flow (one slice with
+ * its id on each point's track), every other flow by the Python binder. What runs here is the
+ * per-event dict reads and arithmetic, without the interpreter's per-operation overhead.
+ * Categories, prefixes and limits come from Python, so each has one place.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,7 +20,8 @@
 #include <stdint.h>
 
 static PyObject *s_pid, *s_tid, *s_ph, *s_cat, *s_name, *s_ts, *s_dur, *s_args, *s_corr,
-    *s_id, *s_X, *s_M, *k_zero, *k_zero_f;
+    *s_id, *s_X, *s_M, *s_node, *s_stream, *s_cbid, *s_runtime, *s_empty, *s_s, *k_zero,
+    *k_zero_f;
 
 /* A dict read as ``d.get(key)``: a borrowed value or Py_None; NULL only on an error. */
 static PyObject *get(PyObject *d, PyObject *key) {
@@ -198,6 +201,23 @@ static int to_ns(PyObject *v, int64_t *ns) {
     return int64_of(v, &u) && !__builtin_mul_overflow((int64_t)u, (int64_t)1000, ns);
 }
 
+/* A NamedTuple ``type`` made from its fields as tuple's own constructor makes a subtype's
+ * (``tuple.__new__(type, fields)``): without running the class's Python ``__new__``. */
+static PyObject *named_tuple(PyObject *type, PyObject *const *fields, Py_ssize_t n) {
+    PyTypeObject *t = (PyTypeObject *)type;
+    if (!PyType_Check(type) || !PyType_IsSubtype(t, &PyTuple_Type) || t->tp_itemsize == 0) {
+        PyErr_SetString(PyExc_TypeError, "commviz: a NamedTuple type was expected");
+        return NULL;
+    }
+    PyObject *out = t->tp_alloc(t, n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_INCREF(fields[k]);
+        PyTuple_SET_ITEM(out, k, fields[k]);
+    }
+    return out;
+}
+
 /* lst = d[key] (a new list there if none), then lst.append(item); steals item. */
 static int append_at(PyObject *d, PyObject *key, PyObject *item) {
     if (item == NULL) return -1;
@@ -340,7 +360,7 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
             PyObject *point = NULL;
             if (key != NULL && ns != NULL) {
                 PyObject *fields[6] = {seg, cat, fid, ph, key, ns};
-                point = PyObject_Vectorcall(flow_point, fields, 6, NULL);
+                point = named_tuple(flow_point, fields, 6);
             }
             Py_XDECREF(key);
             Py_XDECREF(ns);
@@ -356,6 +376,305 @@ done:
     return Py_BuildValue("(nnn)", i, negative, out_of_range);
 }
 
+/* ``round(v * 1000)`` of ``float(v)`` where v is a finite float or an int a double holds
+ * exactly (``exact_double``): 1 with *ns set, else 0 (the Python pass decides). */
+static int float_ns(PyObject *v, int64_t *ns) {
+    double x;
+    if (!exact_double(v, &x)) return 0;
+    double r = nearbyint(x * 1000.0);        /* halves to even, as round() */
+    if (!(r >= -9.2e18 && r <= 9.2e18)) return 0;
+    *ns = (int64_t)r;
+    return 1;
+}
+
+/* ``is_graph_launch(str(ev.get("name", "")), cat, args)`` for a launch event: 1, 0, -1. */
+static int graph_launch(PyObject *ev, PyObject *cat, PyObject *args, PyObject *names,
+                        PyObject *cbids) {
+    PyObject *name = PyDict_GetItemWithError(ev, s_name), *text;
+    if (name == NULL && PyErr_Occurred()) return -1;
+    text = name == NULL ? Py_NewRef(s_empty) : PyObject_Str(name);
+    if (text == NULL) return -1;
+    int hit = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names) && !hit; k++) {
+        Py_ssize_t m = PyUnicode_Tailmatch(text, PyTuple_GET_ITEM(names, k), 0, PY_SSIZE_T_MAX,
+                                           -1);
+        if (m < 0) {
+            Py_DECREF(text);
+            return -1;
+        }
+        hit = (int)m;
+    }
+    Py_DECREF(text);
+    if (hit) return 1;
+    int runtime = PyObject_RichCompareBool(cat, s_runtime, Py_EQ);
+    if (runtime <= 0) return runtime;
+    PyObject *cbid = args == NULL ? Py_None : get(args, s_cbid);
+    return cbid == NULL ? -1 : PySequence_Contains(cbids, cbid);
+}
+
+/* ``is_graphed(args, graph)`` (args NULL: none): 1, 0, -1. */
+static int graphed_work(PyObject *args, PyObject *graph, PyObject *node_id) {
+    if (args == NULL) return 0;
+    PyObject *node = get(args, s_node);
+    if (node == NULL) return -1;
+    if (node != Py_None) {
+        int nonzero;
+        if (PyLong_CheckExact(node)) {
+            nonzero = PyObject_IsTrue(node);
+        } else {                              /* a string, a float, a bool: graph_node_id */
+            PyObject *r = PyObject_CallOneArg(node_id, args);
+            if (r == NULL) return -1;
+            nonzero = PyObject_RichCompareBool(r, k_zero, Py_NE);
+            Py_DECREF(r);
+        }
+        if (nonzero != 0) return nonzero;
+    }
+    PyObject *corr = get(args, s_corr);
+    if (corr == NULL) return -1;
+    return PySequence_Contains(graph, corr);
+}
+
+/* The GpuOp of a GPU event whose fields are all plain (``python_op``): a new reference, or
+ * Py_None borrowed where the Python pass must decide, NULL on an error. */
+static PyObject *plain_op(PyObject *ev, PyObject *args, PyObject *cat, PyObject *rank,
+                          long long base, int graphed, PyObject *op_type) {
+    PyObject *ts = PyDict_GetItemWithError(ev, s_ts), *dur, *name, *stream;
+    int64_t t, d = 0, start, end;
+    long long st = -1;
+    if (ts == NULL) return PyErr_Occurred() ? NULL : Py_None;
+    if (!float_ns(ts, &t) || __builtin_add_overflow((int64_t)base, t, &start)) return Py_None;
+    if ((dur = get(ev, s_dur)) == NULL) return NULL;
+    if (dur != Py_None && !float_ns(dur, &d)) return Py_None;
+    if (__builtin_add_overflow(start, d, &end)) return Py_None;
+    if (args != NULL) {
+        stream = PyDict_GetItemWithError(args, s_stream);
+        if (stream == NULL && PyErr_Occurred()) return NULL;
+        if (stream != NULL && !int64_of(stream, &st)) return Py_None;
+    }
+    name = PyDict_GetItemWithError(ev, s_name);
+    if (name == NULL && PyErr_Occurred()) return NULL;
+    if (name == NULL) name = s_empty;
+    if (!PyUnicode_CheckExact(name)) return Py_None;
+    PyObject *fields[7] = {rank, PyLong_FromLongLong(st), name, cat, PyLong_FromLongLong(start),
+                           PyLong_FromLongLong(end), graphed ? Py_True : Py_False};
+    PyObject *op = NULL;
+    if (fields[1] != NULL && fields[4] != NULL && fields[5] != NULL)
+        op = named_tuple(op_type, fields, 7);
+    Py_XDECREF(fields[1]);
+    Py_XDECREF(fields[4]);
+    Py_XDECREF(fields[5]);
+    return op;
+}
+
+/* gpu_index(events, joinable, consts, rank, base_ns, op_type, op_of, outs): fills outs =
+ * (launches, graph, work, ops, graphed, other) as ``gpu.python_gpu_index`` builds them;
+ * consts = (launch_cats, work_cats, graph_names, graph_cbids, graph_node_id). An event whose
+ * GpuOp it cannot make exactly is ``op_of(index)``'s. */
+static PyObject *gpu_index(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyList_CheckExact(a[1]) || !PyTuple_CheckExact(a[2]) ||
+        PyTuple_GET_SIZE(a[2]) != 5 || !PyTuple_CheckExact(a[7]) || PyTuple_GET_SIZE(a[7]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "gpu_index(events, joinable list, consts (5), rank, "
+                                         "base_ns, op_type, op_of, outs (6))");
+        return NULL;
+    }
+    PyObject *events = a[0], *joinable = a[1], *rank = a[3], *op_type = a[5], *op_of = a[6];
+    PyObject *launch_cats = PyTuple_GET_ITEM(a[2], 0), *work_cats = PyTuple_GET_ITEM(a[2], 1),
+             *names = PyTuple_GET_ITEM(a[2], 2), *cbids = PyTuple_GET_ITEM(a[2], 3),
+             *node_id = PyTuple_GET_ITEM(a[2], 4);
+    PyObject *launches = PyTuple_GET_ITEM(a[7], 0), *graph = PyTuple_GET_ITEM(a[7], 1),
+             *work = PyTuple_GET_ITEM(a[7], 2), *ops = PyTuple_GET_ITEM(a[7], 3),
+             *graphed = PyTuple_GET_ITEM(a[7], 4), *other = PyTuple_GET_ITEM(a[7], 5);
+    if (!PyDict_Check(launches) || !PySet_Check(graph) || !PyList_Check(work) ||
+        !PyList_Check(ops) || !PySet_Check(graphed) || !PyList_Check(other) ||
+        !PyTuple_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "gpu_index: outs (dict, set, list, list, set, list)");
+        return NULL;
+    }
+    int overflow = 0;
+    long long base = PyLong_AsLongLongAndOverflow(a[4], &overflow);
+    if (base == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(joinable); j++) {
+        PyObject *idx = PyList_GET_ITEM(joinable, j);
+        PyObject *ev = PyObject_GetItem(events, idx);
+        if (ev == NULL) return NULL;
+        int rc = 0;
+        if (PyDict_CheckExact(ev)) {
+            PyObject *ph = get(ev, s_ph), *cat;
+            int is_x = ph == NULL ? -1 : PyObject_RichCompareBool(ph, s_X, Py_EQ);
+            if (is_x <= 0) {
+                rc = is_x;
+            } else if ((cat = get(ev, s_cat)) == NULL) {
+                rc = -1;
+            } else {
+                int in_launch = 0, in_work = 0;
+                if (PyUnicode_CheckExact(cat)) {
+                    in_launch = PySequence_Contains(launch_cats, cat);
+                    if (in_launch == 0) in_work = PySequence_Contains(work_cats, cat);
+                }
+                if (in_launch < 0 || in_work < 0) {
+                    rc = -1;
+                } else if (in_launch) {
+                    PyObject *args = get(ev, s_args), *corr = Py_None;
+                    if (args == NULL) {
+                        rc = -1;
+                    } else if (PyDict_CheckExact(args)) {
+                        corr = get(args, s_corr);
+                    } else {
+                        args = NULL;
+                    }
+                    if (corr == NULL) {
+                        rc = -1;
+                    } else if (rc == 0 && corr != Py_None) {
+                        rc = PyDict_SetItem(launches, corr, idx);
+                        int g = rc < 0 ? 0 : graph_launch(ev, cat, args, names, cbids);
+                        if (g < 0 || (g > 0 && PySet_Add(graph, corr) < 0)) rc = -1;
+                    }
+                } else {
+                    rc = PyList_Append(in_work ? work : other, idx);
+                }
+            }
+        }
+        Py_DECREF(ev);
+        if (rc < 0) return NULL;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(work); j++) {
+        PyObject *idx = PyList_GET_ITEM(work, j);
+        PyObject *ev = PyObject_GetItem(events, idx), *args, *op = NULL;
+        if (ev == NULL) return NULL;
+        if ((args = get(ev, s_args)) == NULL) goto fail;
+        if (!PyDict_CheckExact(args)) args = NULL;
+        int g = graphed_work(args, graph, node_id);
+        if (g < 0 || (g > 0 && PySet_Add(graphed, idx) < 0)) goto fail;
+        op = overflow ? Py_None : plain_op(ev, args, get(ev, s_cat), rank, base, g, op_type);
+        if (op == Py_None) op = PyObject_CallOneArg(op_of, idx);     /* Python decides */
+        if (op == NULL || PyList_Append(ops, op) < 0) goto fail;
+        Py_DECREF(op);
+        Py_DECREF(ev);
+        continue;
+    fail:
+        Py_XDECREF(op);
+        Py_DECREF(ev);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The slice of the (index, track) ``pairs`` of a correlation id on ``key``'s track, where the
+ * pairs put at most one slice on each track (``flows.Binder.by_correlation`` then needs no
+ * choosing): a borrowed index, Py_None where the pass must leave the flow to Python, NULL on
+ * an error. */
+static PyObject *only_carrier(PyObject *pairs, PyObject *key) {
+    Py_ssize_t n = PyList_GET_SIZE(pairs);
+    PyObject *hit = Py_None;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, k);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) return Py_None;
+        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(pair, 1), key, Py_EQ);
+        if (eq < 0) return NULL;
+        if (eq) {
+            if (hit != Py_None) return Py_None;      /* two on the track: Python chooses */
+            hit = PyTuple_GET_ITEM(pair, 0);
+        }
+    }
+    return hit;
+}
+
+/* bind_flows(points, correlated, launch_cat, bind_flow, launch_segments, sources, targets):
+ * ``flows.Binder.bind``'s loop. The points grouped into flows by (seg, cat, id), in order; a
+ * launch flow (``launch_cat``) whose every point has exactly one slice with its id on its
+ * track is bound here, every other flow by ``bind_flow(ident, points, sources, targets)``. */
+static PyObject *bind_flows(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_CheckExact(a[0]) || !PyDict_Check(a[1]) || !PySet_Check(a[4]) ||
+        !PyDict_Check(a[5]) || !PyDict_Check(a[6])) {
+        PyErr_SetString(PyExc_TypeError, "bind_flows(points list, correlated dict, launch_cat, "
+                                         "bind_flow, launch_segments set, sources dict, "
+                                         "targets dict)");
+        return NULL;
+    }
+    PyObject *points = a[0], *correlated = a[1], *launch_cat = a[2], *bind_flow = a[3],
+             *segments = a[4], *sources = a[5], *targets = a[6];
+    PyObject *flows = PyDict_New(), *ident = NULL, *pts, *found = NULL;
+    if (flows == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(points); k++) {
+        PyObject *p = PyList_GET_ITEM(points, k);
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 6) {
+            PyErr_SetString(PyExc_TypeError, "bind_flows: a point is a FlowPoint");
+            goto fail;
+        }
+        ident = PyTuple_Pack(3, PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1),
+                             PyTuple_GET_ITEM(p, 2));
+        if (ident == NULL) goto fail;
+        Py_INCREF(p);
+        if (append_at(flows, ident, p) < 0) goto fail;
+        Py_CLEAR(ident);
+    }
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(flows, &pos, &ident, &pts)) {
+        Py_INCREF(ident);
+        Py_INCREF(pts);
+        Py_ssize_t n = PyList_GET_SIZE(pts);
+        int fast = PyObject_RichCompareBool(PyTuple_GET_ITEM(ident, 1), launch_cat, Py_EQ);
+        if (fast < 0) goto fail_flow;
+        PyObject *pairs = NULL;
+        if (fast) {
+            PyObject *ck = PyTuple_Pack(2, PyTuple_GET_ITEM(ident, 0), PyTuple_GET_ITEM(ident, 2));
+            if (ck == NULL) goto fail_flow;
+            pairs = PyDict_GetItemWithError(correlated, ck);
+            Py_DECREF(ck);
+            if (pairs == NULL && PyErr_Occurred()) goto fail_flow;
+            fast = pairs != NULL && PyList_CheckExact(pairs) && PyList_GET_SIZE(pairs) <= 4;
+        }
+        if (fast) {
+            found = PyList_New(n);
+            if (found == NULL) goto fail_flow;
+            for (Py_ssize_t k = 0; k < n && fast; k++) {
+                PyObject *hit = only_carrier(pairs, PyTuple_GET_ITEM(PyList_GET_ITEM(pts, k), 4));
+                if (hit == NULL) goto fail_flow;
+                Py_INCREF(hit);
+                PyList_SET_ITEM(found, k, hit);
+                fast = hit != Py_None;
+            }
+        }
+        if (fast) {
+            if (PySet_Add(segments, PyTuple_GET_ITEM(ident, 0)) < 0) goto fail_flow;
+            for (Py_ssize_t k = 0; k < n; k++) {
+                PyObject *ph = PyTuple_GET_ITEM(PyList_GET_ITEM(pts, k), 3);
+                PyObject *index = PyList_GET_ITEM(found, k);
+                int is_s = PyObject_RichCompareBool(ph, s_s, Py_EQ);
+                if (is_s < 0) goto fail_flow;
+                if (is_s) {
+                    PyObject *had = PyDict_SetDefault(sources, ident, index);
+                    if (had == NULL) goto fail_flow;
+                } else {
+                    Py_INCREF(index);
+                    if (append_at(targets, ident, index) < 0) goto fail_flow;
+                }
+            }
+        } else {
+            PyObject *args[4] = {ident, pts, sources, targets};
+            PyObject *r = PyObject_Vectorcall(bind_flow, args, 4, NULL);
+            if (r == NULL) goto fail_flow;
+            Py_DECREF(r);
+        }
+        Py_CLEAR(found);
+        Py_DECREF(ident);
+        Py_DECREF(pts);
+        continue;
+    fail_flow:
+        Py_XDECREF(found);
+        Py_DECREF(ident);
+        Py_DECREF(pts);
+        Py_DECREF(flows);
+        return NULL;
+    }
+    Py_DECREF(flows);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(ident);
+    Py_DECREF(flows);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"index_events", index_events, METH_VARARGS,
      "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
@@ -364,6 +683,12 @@ static PyMethodDef methods[] = {
     {"slices", (PyCFunction)(void (*)(void))slices, METH_FASTCALL,
      "slices(...) -> (stop, negative, out_of_range): _Layout's pass up to an event it leaves "
      "to Python"},
+    {"bind_flows", (PyCFunction)(void (*)(void))bind_flows, METH_FASTCALL,
+     "bind_flows(points, correlated, launch_cat, bind_flow, launch_segments, sources, "
+     "targets): flows.Binder.bind's loop"},
+    {"gpu_index", (PyCFunction)(void (*)(void))gpu_index, METH_FASTCALL,
+     "gpu_index(events, joinable, consts, rank, base_ns, op_type, op_of, outs): "
+     "gpu.python_gpu_index's pass, into outs"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -375,7 +700,9 @@ PyMODINIT_FUNC PyInit__scan(void) {
         const char *text;
     } names[] = {{&s_pid, "pid"}, {&s_tid, "tid"}, {&s_ph, "ph"},     {&s_cat, "cat"},
                  {&s_name, "name"}, {&s_ts, "ts"}, {&s_dur, "dur"},   {&s_args, "args"},
-                 {&s_corr, "correlation"}, {&s_id, "id"}, {&s_X, "X"}, {&s_M, "M"}};
+                 {&s_corr, "correlation"}, {&s_id, "id"}, {&s_X, "X"}, {&s_M, "M"},
+                 {&s_node, "graph node id"}, {&s_stream, "stream"}, {&s_cbid, "cbid"},
+                 {&s_runtime, "cuda_runtime"}, {&s_empty, ""}, {&s_s, "s"}};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         *names[k].slot = PyUnicode_InternFromString(names[k].text);
         if (*names[k].slot == NULL) return NULL;

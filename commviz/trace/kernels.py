@@ -145,16 +145,16 @@ GPU_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset",       # work a 
 GPU_CATS = GPU_WORK_CATS | {"gpu_user_annotation"}                    # on the GPU's timeline
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})   # calls that launch GPU work
 LAUNCH_CAT = "ac2g"                   # Kineto's launch flows (id: the launch's correlation)
-_GRAPH_LAUNCH_CBIDS = frozenset({311, 312})   # runtime API: cudaGraphLaunch(_ptsz)_v10000
-_GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+GRAPH_LAUNCH_CBIDS = frozenset({311, 312})    # runtime API: cudaGraphLaunch(_ptsz)_v10000
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
 
 
 def is_graph_launch(name: str, category: str, args: dict[str, Any]) -> bool:
     """Whether a CPU-side launch event (``cuda_runtime``/``cuda_driver``) launched a CUDA graph:
     every kernel of that replay then shares its ``correlation``. The callback ids are runtime
     API numbers, so they count only on runtime events."""
-    return category in LAUNCH_CATS and (name.startswith(_GRAPH_LAUNCH_NAMES) or (
-        category == "cuda_runtime" and args.get("cbid") in _GRAPH_LAUNCH_CBIDS))
+    return category in LAUNCH_CATS and (name.startswith(GRAPH_LAUNCH_NAMES) or (
+        category == "cuda_runtime" and args.get("cbid") in GRAPH_LAUNCH_CBIDS))
 
 
 GRAPH_NODE_ID = "graph node id"   # torch >= 2.12: CUPTI's node id of a graphed kernel, 0 if eager

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from commviz.errors import TraceError
+from commviz.trace.gpu import GpuIndex, gpu_index
 from commviz.trace.joinable import index_events, native
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -68,6 +69,7 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)   # other top-level keys (host_name, ...)
     problems: list[str] = field(default_factory=list)    # events left out: times not believed
     _joinable: tuple[list, list[int]] = field(default=((), []), repr=False, compare=False)
+    _gpu: tuple[list, GpuIndex | None] = field(default=((), None), repr=False, compare=False)
 
     @property
     def joinable(self) -> list[int]:
@@ -77,6 +79,16 @@ class Trace:
         if events is not self.events:
             found = index_events(self.events)
             self._joinable = (self.events, found)
+        return found
+
+    @property
+    def gpu(self) -> GpuIndex:
+        """Its launches and GPU work (``commviz.trace.gpu.GpuIndex``): found once, when first
+        asked for, and again for an events list put in its place."""
+        events, found = self._gpu
+        if events is not self.events or found is None:
+            found = gpu_index(self.events, self.joinable, self.rank, self.base_ns)
+            self._gpu = (self.events, found)
         return found
 
     def ns(self, ts_us: float) -> int:
@@ -112,8 +124,10 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
             magic = f.read(2)
             f.seek(0)
             if magic == _GZIP_MAGIC:
+                if limit is None:                   # in one call: no chunks to join
+                    return gzip.decompress(f.read())
                 with gzip.GzipFile(fileobj=f) as g:
-                    return g.read(limit) if limit is not None else g.read()
+                    return g.read(limit)
             return f.read(limit) if limit is not None else f.read()
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise TraceError(str(path), f"truncated or corrupt gzip ({exc})") from None
@@ -264,7 +278,7 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None) -> Trac
     path = Path(path)
     source = str(path)
     data = read_bytes(path)
-    if not data.strip():
+    if not data or data.isspace():             # (no stripped copy of a big file)
         raise TraceError(source, "empty file")
     doc = parse_json(data, source)
     del data
