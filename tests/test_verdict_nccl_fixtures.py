@@ -19,6 +19,8 @@ import pytest
 from nccl_verdict import (BAD, CASES, JOB_NAME, KIND, check_agrees_with_flight_recorder,
                           check_verdict, flight, launch_verdict, relocated_copy, unrecorded)
 
+from commviz.review.verdict import CallState, build_verdict
+
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "tests" / "fixtures" / "gpu" / "verdict-2xh100"
 RACES = REPO / "tests" / "fixtures" / "gpu" / "verdict-4xh200"
@@ -66,3 +68,25 @@ def test_report_opens_with_the_verdict(run_dir: Path) -> None:
     culprits = f"0-{BAD}" if case in ("type", "size") else f"{BAD}"
     assert got.stdout.splitlines()[0] == f"VERDICT: {KIND[case]} - culprit rank(s) {culprits}", \
         got.stdout[:3000]
+
+
+@pytest.mark.parametrize("run_dir", RUNS, indirect=True)
+def test_no_collective_of_a_rank_without_a_dump_reads_completed(run_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """NCCL returns once a collective is queued. Where torch's Flight Recorder left no dump of
+    a rank (it was killed, or died first), nothing says its queued collectives ran: none of them
+    reads "completed" (in kill-race rank 0's dump has the subgroup's #5 never started, so rank
+    1's #5, which its record has returned, cannot have completed). A rank with a dump reads
+    what the dump says."""
+    dumps = flight(run_dir, tmp_path / "fr").dumps          # torch's own dumps, as written
+    verdict = build_verdict(run_dir)
+    assert verdict is not None
+    dumpless = [r for r in verdict.ranks if r not in dumps]
+    assert bool(dumpless) == (RUNS[run_dir.name] in ("kill", "graph")), (dumpless, sorted(dumps))
+    for r, s in verdict.ranks.items():
+        if s.last is None or s.last.channel is not None:
+            continue
+        if r in dumps:
+            assert s.last.state is not CallState.QUEUED
+        else:
+            assert s.last.state not in (CallState.COMPLETED, CallState.ENQUEUED), (r, s.last)

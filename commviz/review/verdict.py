@@ -33,6 +33,9 @@ sender, receiver): rank a's send #n to b meets b's receive #n from a. Unlike the
 On NCCL a collective returns once it is queued. Where a rank's Flight Recorder dump has one
 unfinished, its call is ``enqueued, never completed on the GPU`` (``CallState.ENQUEUED``), not
 completed, and the rank waits in the first such one: its later GPU work is queued behind it.
+Where a rank left no dump (killed before it could write one, or the recorder off), its NCCL
+collectives that returned are ``returned once queued`` (``CallState.QUEUED``): nothing says
+they ran.
 A collective every member made alike, whose part on some is queued behind their earlier
 unfinished one, waits on those members (``Incident.behind``).
 
@@ -108,6 +111,9 @@ class CallState(StrEnum):
     # an NCCL collective that returned once queued, whose GPU work never completed (Flight
     # Recorder's entry: scheduled or started)
     ENQUEUED = "enqueued, never completed on the GPU per Flight Recorder"
+    # an NCCL collective that returned once queued, on a rank that left no Flight Recorder dump
+    # (killed, or the recorder was off): whether its GPU work completed, nothing says
+    QUEUED = "returned once queued; no Flight Recorder dump of this rank says whether it ran"
 
 
 class Channel(NamedTuple):
@@ -139,6 +145,7 @@ class Call:
     went_on: bool = False                # no end recorded, but its rank made later calls
     graph: int | None = None             # the CUDA graph it was captured into
     enqueued: bool = False               # returned, its GPU work never completed (``ENQUEUED``)
+    unconfirmed: bool = False            # returned, its GPU work's end unknown (``QUEUED``)
 
     @property
     def state(self) -> CallState:
@@ -147,14 +154,15 @@ class Call:
         if (self.end_ns is None and not self.went_on) or self.error:
             return CallState.WAITING
         if self.channel is None:
-            return CallState.ENQUEUED if self.enqueued else CallState.COMPLETED
+            return (CallState.ENQUEUED if self.enqueued else CallState.QUEUED if self.unconfirmed
+                    else CallState.COMPLETED)
         return CallState.UNMATCHED if self.unmatched else CallState.POSTED
 
     @property
     def returned(self) -> bool:
         """It returned without an error (a transfer: was posted, and its peer posted the other
         side; an NCCL collective: its GPU work completed, where Flight Recorder says)."""
-        return self.state in (CallState.COMPLETED, CallState.POSTED)
+        return self.state in (CallState.COMPLETED, CallState.QUEUED, CallState.POSTED)
 
     @property
     def left(self) -> bool:
@@ -425,11 +433,26 @@ def _calls(rank: int, record: Mapping[str, Any]) -> list[Call]:
     return out
 
 
-def _mark_enqueued(cs: list[Call], unfinished: frozenset[tuple[str, int]]) -> list[Call]:
-    """A rank's calls, each NCCL collective that returned (queued) but whose GPU work its
-    Flight Recorder dump has unfinished marked so (``CallState.ENQUEUED``)."""
-    return [replace(c, enqueued=True) if c.channel is None and (c.pg, c.seq) in unfinished
+def _mark_gpu_state(cs: list[Call], dump: flightrec.Dump | None,
+                    record: Mapping[str, Any]) -> list[Call]:
+    """A rank's calls, each NCCL collective that returned (queued) marked with what is known of
+    its GPU work: with the rank's Flight Recorder dump, those it has unfinished
+    (``CallState.ENQUEUED``); without one, all of them (``CallState.QUEUED``): NCCL returns
+    once a collective is queued, so its record alone cannot say it completed."""
+    if dump is not None:
+        return [replace(c, enqueued=True) if c.channel is None and (c.pg, c.seq) in dump.unfinished
+                and c.state is CallState.COMPLETED else c for c in cs]
+    nccl = _nccl_groups(record)
+    return [replace(c, unconfirmed=True) if c.channel is None and c.pg in nccl
             and c.state is CallState.COMPLETED else c for c in cs]
+
+
+def _nccl_groups(record: Mapping[str, Any]) -> frozenset[str]:
+    """The process groups of a rank's record that run on NCCL (a group without its own
+    backend: the record's)."""
+    default = record.get("backend")
+    return frozenset(str(g.get("name")) for g in record.get("process_groups") or []
+                     if "nccl" in str(g.get("backend") or default or "").lower())
 
 
 def _queued_behind(inc: Incident, state: dict[int, RankState]) -> None:
@@ -828,7 +851,7 @@ def _settle_journal_lag(calls: dict[int, list[Call]], state: dict[int, RankState
         peers = [c for q, cs in calls.items() if q != r for c in cs
                  if c.channel is None and (c.pg, c.seq) == (last.pg, last.seq)]
         if last.channel is None and not last.returned and peers \
-                and all(c.state is CallState.COMPLETED for c in peers):
+                and all(c.returned for c in peers):
             last = replace(last, end_ns=max(c.end_ns or 0 for c in peers), error=None)
         calls[r].append(last)
         s.last = last
@@ -852,9 +875,8 @@ def build_verdict(run_dir: str | Path, launch_exits: Mapping[int, Exit] | None =
         timed_out = dumps[rank].timed_out_ns if rank in dumps else None
         if timed_out is not None:
             timed_out += _offset_ns(ri.record)
-        unfinished = dumps[rank].unfinished if rank in dumps else frozenset()
-        calls[rank], after = _split_at_timeout(_mark_enqueued(_calls(rank, ri.record), unfinished),
-                                               timed_out)
+        calls[rank], after = _split_at_timeout(
+            _mark_gpu_state(_calls(rank, ri.record), dumps.get(rank), ri.record), timed_out)
         for g in ri.record.get("process_groups") or []:
             if g.get("desc") != md.SIDE_GROUP_DESC:
                 members.setdefault(str(g["name"]), tuple(int(x) for x in g.get("ranks") or []))
