@@ -12,7 +12,10 @@ every folded lane must hold, read back with perfetto's protos."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import random
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from statistics import median_low
@@ -468,3 +471,27 @@ def test_bytes_grow_with_ranks_not_with_their_square(tmp_path: Path) -> None:
         sizes[world] = write_overview(tmp_path / f"run{world}", tmp_path / f"o{world}.pftrace",
                                       progress=False).bytes
     assert sizes[1024] <= 4.3 * sizes[256]
+
+
+PIPELINES = Path(__file__).parent / "fixtures" / "gpu" / "proof-4x"
+
+
+@pytest.mark.parametrize("name", ["pp-1f1b", "pp-interleaved"])
+def test_a_pipelines_transfers_wait_in_its_bubbles_not_for_a_straggler(name: str,
+                                                                        tmp_path: Path) -> None:
+    """Real 4-stage NCCL pipelines (4 x H200, torch.distributed.pipelining): every NCCL kernel
+    the profiler saw is a SendRecv, so every instance is one of the schedule's transfers, whose
+    waits are its bubbles. The overview reads the comm tables with the review's rule, and
+    names no straggler, folded or not (before, it named ranks 1 and 2 in 1F1B's)."""
+    run = tmp_path / name
+    shutil.copytree(PIPELINES / name, run)
+    kernels = {e["name"] for path in run.glob("trace_rank*.json.gz")
+               for e in json.loads(gzip.open(path).read())["traceEvents"]
+               if e.get("cat") == "kernel" and "nccl" in e.get("name", "")}
+    assert kernels and all("SendRecv" in k for k in kernels), kernels
+    merge_run(run, progress=False)
+    for fold in (False, True):
+        result = write_overview(run, tmp_path / f"overview{fold}.pftrace", progress=False,
+                                fold=fold)
+        assert result.problems == [] and result.instances > 0
+        assert result.stragglers == {}, (fold, result.stragglers)

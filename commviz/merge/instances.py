@@ -181,7 +181,7 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
         eargs = e.args
         launch_only = launch_only or is_launch_only(e, gpu)
         failed = failed or md.ERROR in eargs
-        pipeline = pipeline or p2p and eargs.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
+        pipeline = pipeline or p2p and is_pipeline_transfer(eargs)
         s = bw.size_bytes(eargs)
         if s is not None and (size is None or s > size):
             size = s
@@ -198,6 +198,12 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
         failed=failed, size_bytes=size, bandwidth=None, pipeline=pipeline)
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
+
+
+def is_pipeline_transfer(args: dict) -> bool:
+    """Whether a transfer's call (its args) was a pipeline schedule's: its waits are the
+    schedule's bubbles, never a straggler's."""
+    return args.get(md.ORIGIN_KIND) == md.OriginKind.PIPELINE
 
 
 def held(ev: CommEvent) -> bool:

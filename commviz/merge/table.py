@@ -10,22 +10,23 @@ trace. It is derived data: the matched run stays the source, and a table whose `
 clock no longer match the matched run beside it is rebuilt from it. Declared once
 (``TableFile``, a ``commviz.filetype.FileType``); schema, version ``VERSION``::
 
-    {"schema": "commviz.comm", "version": 2, "rank": int, "host": str | null,
+    {"schema": "commviz.comm", "version": 3, "rank": int, "host": str | null,
      "inputs": str, "clock": {"offset_ns": int, "source": str},
      "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
      "problems": [str],
      "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags, origin]]}  # by start
 
-``origin``: the call's ``commviz.origin`` (null: none recorded). Version 1 had no origin: such
-a table is rebuilt from the matched run beside it, like any stale one.
+``origin``: the call's ``commviz.origin`` (null: none recorded). Version 1 had no origin and
+version 2 no ``PIPELINE`` flag: such a table is rebuilt from the matched run beside it, like any
+stale one.
 
 ``ranks``: a group of more than ``LIST_RANKS_MAX`` ranks is written as runs
 (``metadata.ranks_text``: ``"0-16383"``, ``"5-16381 step 8"``), which ``metadata.group_ranks``
 reads back: every rank's table names its groups, and a 16,384-rank world listed in full made
 each table 113 kB (6x its rows) and the overview's read 3x slower.
 
-``flags``: ``LAUNCH_ONLY`` | ``FAILED``. Rows without an instance key are left out (nothing
-across ranks can be said about them).
+``flags``: ``LAUNCH_ONLY`` | ``FAILED`` | ``PIPELINE``. Rows without an instance key are left
+out (nothing across ranks can be said about them).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from commviz.match import artifact
 from commviz.match.artifact import Clock, ClockFile, PgFile, PgInfo, RankArtifact, WireKey
 from commviz.match.model import InstanceKey
 from commviz.merge import bandwidth as bw
-from commviz.merge.instances import is_launch_only, kernel_groups
+from commviz.merge.instances import is_launch_only, is_pipeline_transfer, kernel_groups
 from commviz.record.store import write_atomic
 
 TABLE_GLOB = "comm_rank*.json"
@@ -55,10 +56,10 @@ LIST_RANKS_MAX = 16             # a larger group's ranks are written as runs
 class Flag(IntFlag):
     LAUNCH_ONLY = 1      # the span covers the launch only: no comm time, wait or straggler
     FAILED = 2           # the call raised on this rank (md.ERROR): it moved no data
+    PIPELINE = 4         # a pipeline schedule's transfer: its waits are bubbles, no straggler
 
 
-_FLAGS = {int(f): f for f in (Flag(0), Flag.LAUNCH_ONLY, Flag.FAILED,
-                                Flag.LAUNCH_ONLY | Flag.FAILED)}   # Flag(n) is slow per row
+_FLAGS = {n: Flag(n) for n in range(8)}      # Flag(n) is slow per row
 
 
 class Row(NamedTuple):
@@ -106,6 +107,8 @@ def from_artifact(art: RankArtifact) -> CommTable:
             flags |= Flag.LAUNCH_ONLY
         if md.ERROR in ev.args:
             flags |= Flag.FAILED
+        if ev.key.kind.p2p and is_pipeline_transfer(ev.args):
+            flags |= Flag.PIPELINE
         rows.append(Row(ev.pg, ev.op, ev.key, ev.start_ns, max(ev.end_ns, ev.start_ns),
                         bw.size_bytes(ev.args), bw.collective_type(ev.args), flags,
                         ev.args.get(md.ORIGIN)))
@@ -114,7 +117,7 @@ def from_artifact(art: RankArtifact) -> CommTable:
                      pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
 
 
-Flags = Literal[0, 1, 2, 3]
+Flags = Literal[0, 1, 2, 3, 4, 5, 6, 7]
 # pg, op, key, start, end, size, collective type, flags, origin
 RowFile = tuple[str, str, WireKey, int, int, int | None, str, Flags, str | None]
 
@@ -124,7 +127,7 @@ class TableFile(TypedDict):
 
     __pydantic_config__ = STRICT  # type: ignore[misc]
     schema: Literal["commviz.comm"]
-    version: Literal[2]                                   # 2: rows gained the origin
+    version: Literal[3]               # 2: rows gained the origin; 3: the pipeline flag
     rank: int
     host: str | None
     inputs: str

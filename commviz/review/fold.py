@@ -37,7 +37,7 @@ import numpy as np
 from commviz import metadata as md
 from commviz.match.artifact import PgInfo
 from commviz.match.model import InstanceKey, KeyKind
-from commviz.merge.instances import straggler_thresholds
+from commviz.merge.instances import WARMUP, straggler_thresholds
 from commviz.merge.table import CommTable, Flag
 from commviz.review.desync import DesyncKind
 
@@ -350,15 +350,18 @@ class Fold:
                 self.kept[int(r)].counts[reason] += int(c)
 
     def _stragglers(self) -> None:
-        """The review's rule per group (``merge.instances``): a late rank whose skew stands
-        out; ``threshold`` keeps each timed instance's bar (NaN: not timed). ``by_pg``: each
-        group's instances by first start (ties in fold order)."""
+        """The review's rule per group (``merge.instances.mark_stragglers``): a late rank whose
+        skew stands out, among the instances of more than one rank that are neither launches
+        only, a pipeline's transfers (bubbles) nor the group's first ``WARMUP`` numbered
+        collectives (start-up); ``threshold`` keeps each timed instance's bar (NaN: not
+        timed). ``by_pg``: each group's instances by first start (ties in fold order)."""
         n = len(self)
         self.straggler = np.full(n, -1, dtype=np.int32)
         self.threshold = np.full(n, np.nan)
         pg = _column(self.pg, np.int32)
         order = _sort(np.arange(n), self.first_start, pg)
-        timed_all = (self.count > 1) & ((self.flags & int(Flag.LAUNCH_ONLY)) == 0)
+        untimed = int(Flag.LAUNCH_ONLY | Flag.PIPELINE)
+        timed_all = (self.count > 1) & ((self.flags & untimed) == 0) & ~self._warmup()
         skew_all = self.last_start - self.first_start
         self.by_pg: dict[str, np.ndarray] = {}
         for idx in _runs(order, pg[order]):
@@ -370,6 +373,18 @@ class Fold:
                 self.threshold[timed] = bars
                 out = timed[skews >= bars]
                 self.straggler[out] = self.late_rank[out]
+
+    def _warmup(self) -> np.ndarray:
+        """Per instance: among its group's first ``WARMUP`` numbered collectives (by number)."""
+        key_pg, key_seq = self.keys.numbered()
+        warm = np.zeros(len(self), dtype=bool)
+        idx = np.flatnonzero(key_pg >= 0)
+        if len(idx):
+            idx = idx[np.lexsort((key_seq[idx], key_pg[idx]))]
+            starts = np.flatnonzero(np.r_[True, key_pg[idx][1:] != key_pg[idx][:-1]])
+            place = np.arange(len(idx)) - np.repeat(starts, np.diff(np.r_[starts, len(idx)]))
+            warm[idx[place < WARMUP]] = True
+        return warm
 
     def _group_ranks(self, rows: _Rows) -> dict[str, np.ndarray]:
         """Per group, the ranks holding any of its rows (sorted)."""
