@@ -271,8 +271,23 @@ def group_label(desc: object, ranks: object) -> str:
 
 
 def group_title(pg: object, desc: object, ranks: object) -> str:
-    """A process group as tables and the verdict name it: "3 (ranks [0, 2])", "0 (default_pg)"."""
-    return f"{pg} ({group_label(desc, ranks)})"
+    """A process group as tables and the verdict name it: "3 (ranks [0, 2])", "0 (default_pg)",
+    "d876ba23… (mesh_dp)"."""
+    return f"{pg_shown(pg)} ({group_label(desc, ranks)})"
+
+
+def pg_shown(pg: object) -> str:
+    """A process group's name as people read it: torch's own, but a DeviceMesh group's, a
+    40-digit hash of its ranks, cut to its first 8 digits (enough to tell a mesh's groups
+    apart, and to find the whole name in a log)."""
+    name = str(pg)
+    if len(name) >= HASHED_PG_DIGITS and all(c in _HEX for c in name):
+        return name[:8] + "…"
+    return name
+
+
+HASHED_PG_DIGITS = 32           # a group name this long, all hex digits: a hash, not a number
+_HEX = frozenset("0123456789abcdef")
 
 
 def fmt_bytes(n: int | None) -> str:

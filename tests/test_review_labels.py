@@ -5,6 +5,9 @@ from the rendered report."""
 
 from __future__ import annotations
 
+import json
+import pickle
+import shutil
 import time
 from pathlib import Path
 
@@ -87,3 +90,26 @@ def test_skew_plot_breaks_at_the_pause(tmp_path: Path) -> None:
     before, after = gx[breaks[0] - 1], gx[breaks[0] + 1]
     assert after - before >= GAP_S
     assert plots.plot_skew(review.instances, tmp_path / "skew.png").stat().st_size > 0
+
+
+MESH = Path(__file__).parent / "fixtures" / "gpu" / "proof-4x" / "fsdp-tp"
+
+
+def test_a_device_meshs_hashed_groups_are_told_apart_in_a_few_digits(tmp_path: Path) -> None:
+    """DeviceMesh names each of its groups by a 40-digit hash (torch's Flight Recorder dumps
+    of the real 4 x H200 FSDP x TP run, ``pg_config``): the report's group column shows the
+    hash's first 8 digits and the mesh dimension, each group still apart, with torch's ranks."""
+    run = tmp_path / "run"
+    shutil.copytree(MESH, run)
+    config: dict[str, dict] = {}
+    for path in (run / "flight_recorder").glob("rank_*"):        # torch's own dump (trusted)
+        config.update(pickle.loads(path.read_bytes())["pg_config"])
+    hashed = {name: c for name, c in config.items()
+              if len(name) == 40 and all(ch in "0123456789abcdef" for ch in name)}
+    assert len(hashed) == 4
+    text = render_markdown(review_run(run))
+    rows = {r["group"]: r for r in _rows(text, "Process groups")}
+    for name, c in hashed.items():
+        assert name not in text
+        (title,) = [t for t in rows if t.startswith(f"{name[:8]}… (mesh_")]
+        assert rows[title]["ranks"] == ",".join(map(str, json.loads(c["ranks"])))

@@ -248,7 +248,7 @@ class Desync:
     @property
     def message(self) -> str:
         sides = "; ".join(f"ranks {list(s.ranks)}: {s.signature or 'nothing'}" for s in self.sides)
-        return (f"process group {self.pg} ({self.group}) first differs at seq {self.seq} "
+        return (f"process group {md.pg_shown(self.pg)} ({self.group}) first differs at seq {self.seq} "
                 f"[{self.kind}]: {sides}. {self.detail}")
 
 

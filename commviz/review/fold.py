@@ -168,7 +168,7 @@ class TableDesync:
     def message(self) -> str:
         sides = "; ".join(f"ranks {md.ranks_text(s.ranks)}: {s.call or 'nothing'}"
                           for s in self.sides)
-        return f"process group {self.pg} first differs at seq {self.seq} [{self.kind}]: {sides}"
+        return f"process group {md.pg_shown(self.pg)} first differs at seq {self.seq} [{self.kind}]: {sides}"
 
 
 REASONS = ("straggler", "late", "early", "end", "failed")

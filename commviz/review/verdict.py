@@ -330,7 +330,7 @@ class Incident:
         return min(times) if times else None
 
     def title(self) -> str:
-        group = f"group {self.pg} ({self.group})"
+        group = f"group {md.pg_shown(self.pg)} ({self.group})"
         if self.channel is not None:     # each side that posted: "rank 0 send→1 #5 64 B Float"
             return f"{group} " + ", ".join(f"rank {r} {c.transfer()}"
                                            for r, c in sorted(self.calls.items()))
