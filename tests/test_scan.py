@@ -159,10 +159,15 @@ def test_layout_as_python_on_real_traces(path: Path, monkeypatch: pytest.MonkeyP
 @needs_native
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_gpu_index_as_python_on_real_traces(path: Path) -> None:
-    events = _events(path)
-    joinable = python_index_events(events)
+    """Each pass on its own decode of the trace (neither may change it: the events compared
+    after)."""
+    want_events, got_events = _events(path), _events(path)
+    joinable = python_index_events(want_events)
+    assert python_index_events(got_events) == joinable
     for base in (1_700_000_000_000_000_000, -5_000_123, MAX_NS):
-        _same_gpu_index(events, joinable, base)
+        assert (_outcome(gpu_index, got_events, joinable, 3, base)
+                == _outcome(python_gpu_index, want_events, joinable, 3, base))
+    assert got_events == want_events
 
 
 def _same_gpu_index(events: list, joinable: list[int], base: int) -> None:
