@@ -267,6 +267,21 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _physical_cores() -> str:
+    """Which of the CPUs this process may run on share a physical core: two SMT siblings give
+    two workers about one core's throughput, while the serial baseline runs at full speed."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        sib = {c: Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
+               .read_text().strip() for c in cpus}
+    except (AttributeError, OSError):
+        return "physical cores unknown"
+    shared = sorted({s for s in sib.values() if sum(v == s for v in sib.values()) > 1})
+    cores = len(set(sib.values()))
+    return (f"CPUs {','.join(map(str, cpus))} on {cores} physical core(s)"
+            + (f"; SMT siblings: {' '.join(shared)}" if shared else ""))
+
+
 def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     """Run one measured program; print its figures as JSON (the parent reads the last line)."""
     run = Path(run_dir)
@@ -376,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
               f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
               f"generated in {time.perf_counter() - t:.1f}s")
-        print(f"machine: {_cores()} cores, merge workers {a.workers}, load average "
+        print(f"machine: {_cores()} cores ({_physical_cores()}), merge workers {a.workers}, "
+              f"load average "
               f"{os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
         res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)

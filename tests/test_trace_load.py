@@ -190,6 +190,17 @@ def test_bad_traces_raise_naming_the_file(recorded: Path, tmp_path: Path, name: 
     assert str(path) in str(err.value) and says in str(err.value)
 
 
+def test_corrupt_gzip_raises_naming_the_file(recorded: Path, tmp_path: Path) -> None:
+    """Damage inside the deflate stream (not a cut): the inflater's own error, named."""
+    whole = bytearray((recorded / "trace_rank0.json.gz").read_bytes())
+    whole[40:80] = b"\xff" * 40
+    path = tmp_path / "corrupt_rank0.json.gz"
+    path.write_bytes(bytes(whole))
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(path) in str(err.value) and "truncated or corrupt gzip" in str(err.value)
+
+
 def test_trace_filed_under_another_rank_is_refused(recorded: Path) -> None:
     with pytest.raises(TraceError, match="distributedInfo says rank 0"):
         load_trace(recorded / "trace_rank0.json.gz", rank=1)
