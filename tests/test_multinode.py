@@ -187,7 +187,7 @@ def test_slurm_step_with_one_shared_dir(tmp_path):
     assert runs == [f"two-{job_id}"]
     run_dir = tmp_path / "runs" / runs[0]
     check_merged(run_dir, nodes["n0"].out, 2)
-    assert "merged:" not in nodes["n1"].out and f"rank 0 ran on " in nodes["n1"].out
+    assert "merged:" not in nodes["n1"].out and "rank 0 ran on " in nodes["n1"].out
     assert (run_dir / "launch_node0.log").exists() and (run_dir / "launch_node1.log").exists()
     resolved = C.load(run_dir / "config.yaml").config
     assert resolved.job.nnodes == 2 and resolved.job.rdzv_id == str(job_id)

@@ -39,7 +39,6 @@ def _since(mark: int) -> list[dict[str, Any]]:
 # -- the programs, one after another in one job ------------------------------------------------
 
 def _ddp(rank: int, world: int) -> dict[str, Any]:
-    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -14,7 +14,6 @@ import torch
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import commviz
-from commviz import verify
 from commviz.write import read
 from commviz.cli import main as cli_main
 from commviz.errors import SourceError

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import inspect
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +231,6 @@ def _job_torch_unchanged(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     import warnings
 
     import torch.distributed as td
-
-    import commviz.distributed as cvd
 
     commviz.RECORDER.clear()
     before = {n: getattr(td, n) for n in ("all_reduce", "isend", "irecv", "P2POp",
