@@ -138,7 +138,8 @@ def test_key_index_gives_each_key_its_own_index() -> None:
             InstanceKey(KeyKind.P2P, "0", 3, 0, 1), InstanceKey(KeyKind.P2P, "0", 3, 1, 0),
             InstanceKey(KeyKind.BATCH, "0", pairs=(Pair(0, 1, "3"), Pair(1, 0, "3"))),
             InstanceKey(c, "0", 2)]
-    index = KeyIndex(Names())
+    names = Names()
+    index = KeyIndex(names)
     for n, key in enumerate(keys):
         assert index.find(key) is None
         assert index.add(key) == n
@@ -147,6 +148,14 @@ def test_key_index_gives_each_key_its_own_index() -> None:
         assert index.find(key) == n and index.key(n) == key
     assert index.find(InstanceKey(c, "0", 4)) is None          # a hole between known ones
     assert index.find(InstanceKey(c, "2", 5)) is None          # an unknown group
+    # every group's numbered collective, the far one kept in the dict too, is numbered (the
+    # warm-up and desync rules go by these numbers, as the report's do)
+    pg, seq = index.numbered()
+    for n, key in enumerate(keys):
+        if key.kind is c and key.replay is None:
+            assert (names.names[pg[n]], seq[n]) == (key.pg, key.seq), key
+        else:
+            assert pg[n] == -1, key
 
 
 def test_only_the_small_tables_are_read(run, tmp_path: Path) -> None:

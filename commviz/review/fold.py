@@ -83,6 +83,7 @@ class KeyIndex:
         self._seq = array("q")          # per index: the key's sequence number (dense keys)
         self._other: dict[InstanceKey, int] = {}
         self._other_keys: dict[int, InstanceKey] = {}
+        self._far: list[int] = []       # dense keys in the dict: far from their group's others
 
     def __len__(self) -> int:
         return len(self._seq)
@@ -106,10 +107,13 @@ class KeyIndex:
     def add(self, key: InstanceKey) -> int:
         """The index of a key ``find`` does not know."""
         i = len(self)
-        if self._dense(key) and self._place(key.pg, key.seq, i):
+        dense = self._dense(key)
+        if dense and self._place(key.pg, key.seq, i):
             self._pg.append(self._names.id(key.pg))
             self._seq.append(key.seq)
         else:
+            if dense:
+                self._far.append(i)
             self._other[key] = i
             self._other_keys[i] = key
             self._pg.append(-1)
@@ -142,9 +146,13 @@ class KeyIndex:
 
     def numbered(self) -> tuple[np.ndarray, np.ndarray]:
         """Per index: the group (a ``Names`` id; -1: not a group's numbered collective) and
-        the sequence number."""
-        return (np.frombuffer(self._pg, dtype=np.int32) if self._pg else np.zeros(0, np.int32),
-                np.frombuffer(self._seq, dtype=np.int64) if self._seq else np.zeros(0, np.int64))
+        the sequence number; a number kept in the dict, far from its group's others, too."""
+        pg = np.array(self._pg, dtype=np.int32)
+        seq = np.array(self._seq, dtype=np.int64)
+        for i in self._far:
+            key = self._other_keys[i]
+            pg[i], seq[i] = self._names.id(key.pg), key.seq
+        return pg, seq
 
 
 @dataclass(frozen=True, slots=True)
