@@ -26,7 +26,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from commviz.launch import placement
 from commviz.review.exits import FAILED, FailedFile, log_dir
@@ -39,8 +39,38 @@ class Stopped(Exception):
     """This rank was told to stop (SIGTERM/SIGINT from torchrun)."""
 
 
+class _Export:
+    """Whether a trace export is under way, and the stop signal that came during it.
+
+    torchrun stops the other ranks (SIGTERM) a moment after one fails, just as a survivor,
+    whose collective broke, unwinds through its profiler and exports what it traced. A
+    ``Stopped`` raised inside that export would lose the survivor's trace; it is raised once
+    the trace is written instead."""
+
+    running = False
+    pending: int | None = None
+
+
 def _stop(signum: int, frame: Any) -> None:
+    if _Export.running:
+        _Export.pending = signum
+        return
     raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+def _whole(handler: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``handler`` (an ``on_trace_ready``) run to its end whatever stop signal comes (``_Export``)."""
+
+    def export(prof: Any) -> None:
+        _Export.running, _Export.pending = True, None
+        try:
+            handler(prof)
+        finally:
+            _Export.running = False
+        if _Export.pending is not None:
+            _stop(_Export.pending, None)
+
+    return export
 
 
 class _NoProfiler:
@@ -67,7 +97,8 @@ def _profiler(cfg: Any, run_dir: Path) -> Any:
     schedule = torch.profiler.schedule(wait=p.wait, warmup=p.warmup, active=p.active,
                                        repeat=p.repeat)
     return commviz.profile(run_dir, schedule=schedule, record_shapes=p.record_shapes,
-                           with_stack=p.with_stack)
+                           with_stack=p.with_stack,
+                           on_trace_ready=_whole(commviz.trace_handler(run_dir)))
 
 
 def _finish(run_dir: Path, here: placement.Placement, mode: Any, gather_traces: bool = True

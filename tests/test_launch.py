@@ -145,6 +145,41 @@ def failing_job(tmp_path: Path, how: str) -> Path:
     return tmp_path / "out" / "run"
 
 
+def test_a_stop_during_the_trace_export_keeps_the_trace(tmp_path):
+    """torchrun's SIGTERM arriving while a rank exports its trace (a survivor unwinding from a
+    collective its failed peer broke; seen once in the suite on a loaded machine): the trace is
+    written whole, then the rank stops as told. A real profiler and a real signal, through the
+    worker's own handlers."""
+    import gzip
+    import json
+    import os
+    import signal
+
+    import pytest
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from commviz.launch import worker
+    from commviz.record.profiler import trace_handler
+
+    def stop_as_it_exports(prof) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        trace_handler(tmp_path)(prof)
+
+    before = signal.signal(signal.SIGTERM, worker._stop)
+    try:
+        with pytest.raises(worker.Stopped, match="SIGTERM"):
+            with profile(activities=[ProfilerActivity.CPU],
+                         on_trace_ready=worker._whole(stop_as_it_exports)):
+                torch.ones(8).sum()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    traces = list(tmp_path.glob("trace_rank*.json.gz"))
+    assert len(traces) == 1
+    names = {e.get("name") for e in json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]}
+    assert "aten::sum" in names
+
+
 def test_rank_failing_mid_run(tmp_path):
     run_dir = failing_job(tmp_path, "raise")
     result = launch("fail.yaml", cwd=tmp_path)
