@@ -392,8 +392,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
               f"generated in {time.perf_counter() - t:.1f}s")
         print(f"machine: {_cores()} cores ({_physical_cores()}), merge workers {a.workers}, "
-              f"load average "
-              f"{os.getloadavg()[0]:.1f} (other work slows every row alike)")
+              f"load average {os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
         res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
         res_b = measure("merge", run, work / "merged.pftrace", ranks=a.ranks, workers=a.workers)
