@@ -398,3 +398,42 @@ def test_recorded_gpu_fixtures(name: str, tmp_path: Path) -> None:
         if name == "graphed":
             assert any(s.args.get("commviz.graphed") for s in lanes)
     assert labelled > 0
+
+
+def test_two_workers_write_what_one_writes(run4: Path, tmp_path: Path) -> None:
+    """With worker processes the cross-rank piece is written while the ranks' pieces are (from
+    the collectives each rank sends ahead); the merged file is the one a single process
+    writes, byte for byte."""
+    one = merge_run(run4, tmp_path / "one.pftrace", workers=1, progress=False)
+    two = merge_run(run4, tmp_path / "two.pftrace", workers=2, progress=False)
+    assert (one.stats["cross_piece_early"], two.stats["cross_piece_early"]) == (0, 1)
+    assert one.out.read_bytes() == two.out.read_bytes()
+    assert Merged(two.out).problems == []
+
+
+def test_a_rank_that_fails_after_sending_leaves_the_cross_piece_as_without_it(
+        copy4: Path, tmp_path: Path) -> None:
+    """The piece written early is thrown away when a rank gives back no events after sending
+    them: the cross-rank piece is then the one written from what the ranks gave back."""
+    from commviz.match import artifact
+    from commviz.merge.core import _CrossPiece
+    from commviz.merge.cross import write_cross
+    from commviz.merge.piece import Matched, RankResult
+    from commviz.merge.stops import stops
+
+    merge_run(copy4, workers=1, progress=False)         # the matched runs, beside the records
+    arts = {r: artifact.load(artifact.matched_path(copy4, r)) for r in range(4)}
+    assert all(a.events for a in arts.values())
+    cross = _CrossPiece(tmp_path / "cross.pftrace", copy4)
+    cross.write([Matched(r, a.events, a.pgs) for r, a in arts.items()])
+    early = cross.path.read_bytes()
+    results = [RankResult(rank=r, out=None, pgs=a.pgs, sent_early=r != 1) for r, a in arts.items()]
+    events = cross.events_of(results)
+    assert [ev.rank for ev in events] == [ev.rank for r in (0, 2, 3) for ev in arts[r].events]
+    assert cross.written(results)["cross_piece_early"] == 0
+    pgs = {}
+    for a in arts.values():
+        for pg, info in a.pgs.items():
+            pgs.setdefault(pg, info)
+    write_cross(tmp_path / "without1.pftrace", events, pgs, stops(events, copy4))
+    assert cross.path.read_bytes() == (tmp_path / "without1.pftrace").read_bytes() != early

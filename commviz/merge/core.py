@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -27,8 +27,9 @@ from commviz.match import clock as clk
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import fingerprints
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
-from commviz.merge.piece import (RankJob, RankResult, build_artifact, convert_rank,
-                                 hold_last_rank, load_traces, no_gc, result_of)
+from commviz.match.model import CommEvent
+from commviz.merge.piece import (Matched, RankJob, RankResult, build_artifact, convert_rank,
+                                 load_traces, no_gc, pool_worker, result_of)
 from commviz.merge.keep import Keep, run_start_ns
 from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
@@ -126,7 +127,10 @@ class _Pool:
         self.workers = max(1, min(workers or os.cpu_count() or 1, tasks))
         self.progress = progress
 
-    def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str) -> list[Any]:
+    def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str,
+            early: Callable[[list[Matched]], None] | None = None) -> list[Any]:
+        """``fn`` over ``jobs``; ``early`` gets every job's ``Matched``, in job order, as soon
+        as the workers sent them all, while they go on (never when some job sent none)."""
         bar = progress_bar(label, len(jobs)) if self.progress else None
         try:
             if self.workers == 1:
@@ -137,16 +141,41 @@ class _Pool:
                         bar.advance()
                 return out
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ProcessPoolExecutor(self.workers, mp_context=ctx,
-                                     initializer=hold_last_rank) as pool:
+            queue = ctx.SimpleQueue() if early is not None else None
+            pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=pool_worker,
+                                       initargs=(queue,))
+            try:
                 futures: list[Future] = [pool.submit(fn, job) for job in jobs]
                 if bar:
                     for fut in futures:
                         fut.add_done_callback(lambda _: bar.advance())
+                if queue is not None and early is not None:
+                    sent = _sent_early(queue, futures, len(jobs))
+                    if sent is not None:
+                        order = {job.rank: i for i, job in enumerate(jobs)}
+                        early(sorted(sent, key=lambda m: order[m.rank]))
                 return [fut.result() for fut in futures]
+            finally:        # the workers end on their own: their results are all in
+                pool.shutdown(wait=False, cancel_futures=True)
         finally:
             if bar:
                 bar.close()
+
+
+def _sent_early(queue: Any, futures: list[Future], n: int) -> list[Matched] | None:
+    """The ``Matched`` of all ``n`` jobs, read as they come; None once every job is done
+    without all of them (a rank that failed first, or whose shard was reused). A job's message
+    is in the queue's pipe before its future completes, so none is missed."""
+    sent: list[Matched] = []
+    pending = set(futures)
+    while True:
+        while len(sent) < n and not queue.empty():
+            sent.append(queue.get())
+        if len(sent) == n:
+            return sent
+        if not pending:
+            return None
+        _, pending = wait(pending, timeout=0.01, return_when=FIRST_COMPLETED)
 
 
 class _Bar:
@@ -250,7 +279,10 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         base = _json_base(run, plan) if fmt == "json" else 0
         jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep)
                 for r in sorted(run.ranks)]
-        results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks")
+        cross = _CrossPiece(tmp / "cross.pftrace", run.run_dir)
+        results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks",
+                           early=cross.write if fmt == "pftrace" and not per_rank else None)
+        events = cross.events_of(results)
         converted = time.perf_counter()
         for res in results:
             problems.extend(p for p in res.problems if p not in problems)
@@ -266,12 +298,9 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         try:
             with open(partial, "wb") as f:
                 if fmt == "pftrace":
-                    events = [ev for res in results for ev in res.events]
-                    cross = tmp / "cross.pftrace"
-                    stats.update(write_cross(cross, events, _pg_table(results),
-                                             stops(events, run.run_dir)))
+                    stats.update(cross.written(results))
                     lone = lone_flows(events)   # instances on one rank: no cross-rank flow
-                    copy_piece(cross, f, set())
+                    copy_piece(cross.path, f, set())
                     stats["lone_flow_ends_dropped"] = sum(
                         copy_piece(res.out, f, lone.get(res.rank, set()))
                         for res in results if res.out is not None)
@@ -309,11 +338,46 @@ def _write_ranks(out_dir: Path, run: Run, results: list[RankResult], base_ns: in
             partial.unlink(missing_ok=True)
 
 
-def _pg_table(results: list[RankResult]) -> dict[str, PgInfo]:
+class _CrossPiece:
+    """The cross-rank piece, written from the ranks' matched collectives: while the ranks'
+    pieces are still being written when every rank sent its ``Matched`` early (``write``, in
+    the pool's wait), else once they are all back (``written``)."""
+
+    def __init__(self, path: Path, run_dir: Path) -> None:
+        self.path, self.run_dir = path, run_dir
+        self.sent: dict[int, Matched] = {}
+        self.stats: dict[str, int] | None = None
+
+    def write(self, sent: list[Matched]) -> None:
+        self.sent = {m.rank: m for m in sent}
+        self.stats = self._write([ev for m in sent for ev in m.events], [m.pgs for m in sent])
+
+    def events_of(self, results: list[RankResult]) -> list[CommEvent]:
+        """Every rank's events, in rank order, each result given back the ones it sent."""
+        for res in results:
+            if res.sent_early:
+                res.events = self.sent[res.rank].events
+        return [ev for res in results for ev in res.events]
+
+    def written(self, results: list[RankResult]) -> dict[str, int]:
+        """The piece's counts (``cross_piece_early``: 1 when it was written early). Written
+        again now unless every rank gave back what it sent (one that failed after sending
+        gives back no events)."""
+        early = self.stats is not None and all(res.sent_early for res in results)
+        if not early:
+            self.stats = self._write([ev for res in results for ev in res.events],
+                                     [res.pgs for res in results])
+        return {**self.stats, "cross_piece_early": int(early)}
+
+    def _write(self, events: list[CommEvent], pgs: list[dict[str, PgInfo]]) -> dict[str, int]:
+        return write_cross(self.path, events, _pg_table(pgs), stops(events, self.run_dir))
+
+
+def _pg_table(ranks_pgs: list[dict[str, PgInfo]]) -> dict[str, PgInfo]:
     """pg name -> desc and ranks, from the ranks' matched runs (the first rank that knows)."""
     pgs: dict[str, PgInfo] = {}
-    for res in results:
-        for pg, info in res.pgs.items():
+    for rank_pgs in ranks_pgs:
+        for pg, info in rank_pgs.items():
             pgs.setdefault(pg, info)
     return pgs
 

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import orjson
 
@@ -112,6 +112,15 @@ class RankResult:
     problems: list[str] = field(default_factory=list)
     events: list[CommEvent] = field(default_factory=list)   # for the cross-rank summary
     pgs: dict[str, PgInfo] = field(default_factory=dict)
+    sent_early: bool = False            # events went ahead as a ``Matched`` (``_Early``)
+
+
+class Matched(NamedTuple):
+    """A rank's matched collectives and groups, sent ahead of its result (``_Early``)."""
+
+    rank: int
+    events: list[CommEvent]
+    pgs: dict[str, PgInfo]
 
 
 def result_of(job: RankJob, art: RankArtifact, out: Path | None) -> RankResult:
@@ -388,9 +397,19 @@ class _Held:
     objects: tuple = ()
 
 
-def hold_last_rank() -> None:
-    """The merge pool's worker initializer (``_Held``)."""
+class _Early:
+    """In a merge pool's worker, where a rank's ``Matched`` goes the moment it is known, before
+    its piece is written, so the main process writes the cross-rank piece while the ranks are
+    still being written (``core._Pool.map``). A ``SimpleQueue``: a put is in its pipe before the
+    rank's result goes back. None outside such a pool, and for JSON output."""
+
+    queue: Any = None
+
+
+def pool_worker(early: Any = None) -> None:
+    """The merge pool's worker initializer (``_Held``, ``_Early``)."""
     _Held.on = True
+    _Early.queue = early
 
 
 def convert_rank(job: RankJob, art: RankArtifact | None = None) -> RankResult:
@@ -432,6 +451,9 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
                             "of it kept")
         art = replace(art, events=events_inside(art.events, spans))
     events = art.events
+    early = _Early.queue if job.fmt == "pftrace" else None
+    if early is not None:
+        early.put(Matched(job.rank, events, art.pgs))
     layout = _Layout(combined, segments, spans)
     if layout.negative:
         problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
@@ -459,6 +481,8 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
         _write_pftrace(rank, result, phases)
     phases.done("write")
     result.stats["phases"] = phases.seconds
+    if early is not None:               # the main process has them already
+        result.events, result.sent_early = [], True
     if _Held.on:
         _Held.objects = (traces, combined, layout, rank, art)
     return result
