@@ -131,6 +131,16 @@ def test_index_events_as_python_on_real_traces(path: Path) -> None:
     assert got == want
     assert got_events == want_events          # digit-string ids read as numbers alike
     _same_bounds(got_events)
+    fused_events = _events(path)              # both in one pass, on a fresh decode
+    fused = _outcome(native.scan_loaded, fused_events, joinable.JOIN_CATS, joinable.NAMED)
+    bounds = python_time_bounds(_events(path))
+    if isinstance(got, tuple):                # raised: alike
+        assert fused == got
+    else:
+        assert fused[0] == got and fused_events == want_events
+        if fused[1] is not None:              # else Python decides, as time_bounds' None
+            assert bounds is not None and [(type(v), v) for v in fused[1]] == [
+                (type(v), v) for v in bounds]
 
 
 def _same_bounds(events: list) -> None:

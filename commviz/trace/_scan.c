@@ -51,58 +51,68 @@ static int id_as_number(PyObject *e, PyObject *key, PyObject *value) {
     return rc;
 }
 
-static PyObject *index_events(PyObject *self, PyObject *args) {
-    PyObject *events, *join_cats, *named;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &events, &PyFrozenSet_Type, &join_cats,
-                          &PyTuple_Type, &named))
-        return NULL;
+/* One event of ``index_events``: its ids read as numbers, then whether it is joinable (1, 0;
+ * -1 on an error). */
+static int index_one(PyObject *e, PyObject *join_cats, PyObject *named) {
+    int add = 0;
+    PyObject *pid = get(e, s_pid), *tid;
+    if (pid == NULL) return -1;
+    Py_INCREF(pid);
+    tid = get(e, s_tid);
+    if (tid == NULL) {
+        Py_DECREF(pid);
+        return -1;
+    }
+    Py_INCREF(tid);
+    int rc = id_as_number(e, s_pid, pid);
+    if (rc == 0) rc = id_as_number(e, s_tid, tid);
+    Py_DECREF(pid);
+    Py_DECREF(tid);
+    if (rc < 0) return -1;
+    PyObject *ph = get(e, s_ph);
+    if (ph == NULL) return -1;
+    int is_x = PyObject_RichCompareBool(ph, s_X, Py_EQ);
+    if (is_x <= 0) return is_x;
+    PyObject *cat = get(e, s_cat);
+    if (cat == NULL) return -1;
+    int in = PySequence_Contains(join_cats, cat);
+    if (in != 0) return in;
+    PyObject *name = get(e, s_name);
+    if (name == NULL) return -1;
+    if (PyUnicode_CheckExact(name)) {
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(named) && !add; k++) {
+            Py_ssize_t m = PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(named, k), 0,
+                                               PY_SSIZE_T_MAX, -1);
+            if (m < 0) return -1;
+            add = (int)m;
+        }
+    }
+    return add;
+}
+
+/* ``index_events``' loop, and where ``bounds`` is given ``time_bounds``' in the same pass
+ * (``bounds_one``): the joinable indices, or NULL on an error. */
+static int bounds_one(PyObject *e, PyObject **b, double *v);
+
+static PyObject *index_loop(PyObject *events, PyObject *join_cats, PyObject *named,
+                            PyObject **bounds, double *values, int *exact) {
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
-    Py_ssize_t n_named = PyTuple_GET_SIZE(named);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *e = PyList_GET_ITEM(events, i);
         if (!PyDict_CheckExact(e)) continue;
         Py_INCREF(e);
-        int add = 0;
-        PyObject *pid = get(e, s_pid), *tid;
-        if (pid == NULL) goto fail;
-        Py_INCREF(pid);
-        tid = get(e, s_tid);
-        if (tid == NULL) {
-            Py_DECREF(pid);
-            goto fail;
-        }
-        Py_INCREF(tid);
-        int rc = id_as_number(e, s_pid, pid);
-        if (rc == 0) rc = id_as_number(e, s_tid, tid);
-        Py_DECREF(pid);
-        Py_DECREF(tid);
-        if (rc < 0) goto fail;
-        PyObject *ph = get(e, s_ph);
-        if (ph == NULL) goto fail;
-        int is_x = PyObject_RichCompareBool(ph, s_X, Py_EQ);
-        if (is_x < 0) goto fail;
-        if (is_x) {
-            PyObject *cat = get(e, s_cat);
-            if (cat == NULL) goto fail;
-            int in = PySequence_Contains(join_cats, cat);
-            if (in < 0) goto fail;
-            if (in) {
-                add = 1;
-            } else {
-                PyObject *name = get(e, s_name);
-                if (name == NULL) goto fail;
-                if (PyUnicode_CheckExact(name)) {
-                    for (Py_ssize_t k = 0; k < n_named && !add; k++) {
-                        Py_ssize_t m = PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(named, k), 0,
-                                                           PY_SSIZE_T_MAX, -1);
-                        if (m < 0) goto fail;
-                        add = (int)m;
-                    }
-                }
-            }
+        int add = index_one(e, join_cats, named);
+        if (add >= 0 && bounds != NULL && *exact) {
+            int rc = bounds_one(e, bounds, values);
+            if (rc < 0) add = -1;
+            else if (rc == 0) *exact = 0;
         }
         Py_DECREF(e);
+        if (add < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
         if (add) {
             PyObject *num = PyLong_FromSsize_t(i);
             if (num == NULL || PyList_Append(out, num) < 0) {
@@ -112,13 +122,16 @@ static PyObject *index_events(PyObject *self, PyObject *args) {
             }
             Py_DECREF(num);
         }
-        continue;
-    fail:
-        Py_DECREF(e);
-        Py_DECREF(out);
-        return NULL;
     }
     return out;
+}
+
+static PyObject *index_events(PyObject *self, PyObject *args) {
+    PyObject *events, *join_cats, *named;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &events, &PyFrozenSet_Type, &join_cats,
+                          &PyTuple_Type, &named))
+        return NULL;
+    return index_loop(events, join_cats, named, NULL, NULL, NULL);
 }
 
 /* An int (not a bool) that fits int64: 1 with *out set, else 0. */
@@ -148,6 +161,38 @@ static int exact_double(PyObject *v, double *out) {
     return 0;
 }
 
+/* One event of ``time_bounds`` into ``b`` (lo, hi, longest, shortest: borrowed, NULL for
+ * none yet) and their values ``v``: 1, or 0 where a value is not a number a double holds
+ * exactly, -1 on an error. */
+static int bounds_one(PyObject *e, PyObject **b, double *v) {
+    PyObject *ts = PyDict_GetItemWithError(e, s_ts);
+    if (ts == NULL) return PyErr_Occurred() ? -1 : 1;
+    PyObject *ph = get(e, s_ph);
+    if (ph == NULL) return -1;
+    int is_m = PyObject_RichCompareBool(ph, s_M, Py_EQ);
+    if (is_m != 0) return is_m < 0 ? -1 : 1;
+    PyObject *dur = PyDict_GetItemWithError(e, s_dur);
+    if (dur == NULL) {
+        if (PyErr_Occurred()) return -1;
+        dur = k_zero;
+    }
+    double x;
+    if (!exact_double(ts, &x)) return 0;
+    if (b[0] == NULL || x < v[0]) { b[0] = ts; v[0] = x; }
+    if (b[1] == NULL || x > v[1]) { b[1] = ts; v[1] = x; }
+    if (!exact_double(dur, &x)) return 0;
+    if (b[2] == NULL || x > v[2]) { b[2] = dur; v[2] = x; }
+    if (b[3] == NULL || x < v[3]) { b[3] = dur; v[3] = x; }
+    return 1;
+}
+
+/* (lo, hi, longest, shortest) as a tuple (0.0 for none), or None where not ``exact`` */
+static PyObject *bounds_tuple(PyObject **b, int exact) {
+    if (!exact) Py_RETURN_NONE;
+    if (b[0] == NULL) b[0] = b[1] = b[2] = b[3] = k_zero_f;
+    return PyTuple_Pack(4, b[0], b[1], b[2], b[3]);
+}
+
 /* time_bounds(events) -> (lo, hi, longest, shortest) | None: the least and greatest ``ts``
  * and ``dur`` (0 where absent) of the timed events (dicts with a ``ts``, phase not M), the
  * objects themselves, the first of equals as min() and max() give them (0.0 for none); None
@@ -155,35 +200,40 @@ static int exact_double(PyObject *v, double *out) {
  * decides). */
 static PyObject *time_bounds(PyObject *self, PyObject *events) {
     if (!PyList_CheckExact(events)) Py_RETURN_NONE;
-    PyObject *lo = NULL, *hi = NULL, *longest = NULL, *shortest = NULL;
-    double vlo = 0, vhi = 0, vlong = 0, vshort = 0, v;
+    PyObject *b[4] = {NULL, NULL, NULL, NULL};
+    double v[4] = {0, 0, 0, 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
         PyObject *e = PyList_GET_ITEM(events, i);
         if (!PyDict_CheckExact(e)) continue;
-        PyObject *ts = PyDict_GetItemWithError(e, s_ts);
-        if (ts == NULL) {
-            if (PyErr_Occurred()) return NULL;
-            continue;
-        }
-        PyObject *ph = get(e, s_ph);
-        if (ph == NULL) return NULL;
-        int is_m = PyObject_RichCompareBool(ph, s_M, Py_EQ);
-        if (is_m < 0) return NULL;
-        if (is_m) continue;
-        PyObject *dur = PyDict_GetItemWithError(e, s_dur);
-        if (dur == NULL) {
-            if (PyErr_Occurred()) return NULL;
-            dur = k_zero;
-        }
-        if (!exact_double(ts, &v)) Py_RETURN_NONE;
-        if (lo == NULL || v < vlo) { lo = ts; vlo = v; }
-        if (hi == NULL || v > vhi) { hi = ts; vhi = v; }
-        if (!exact_double(dur, &v)) Py_RETURN_NONE;
-        if (longest == NULL || v > vlong) { longest = dur; vlong = v; }
-        if (shortest == NULL || v < vshort) { shortest = dur; vshort = v; }
+        int rc = bounds_one(e, b, v);
+        if (rc < 0) return NULL;
+        if (rc == 0) Py_RETURN_NONE;
     }
-    if (lo == NULL) lo = hi = longest = shortest = k_zero_f;
-    return PyTuple_Pack(4, lo, hi, longest, shortest);
+    return bounds_tuple(b, 1);
+}
+
+/* scan_loaded(events, join_cats, named_prefixes) -> (joinable, bounds): ``index_events`` and
+ * ``time_bounds`` in one pass, for a trace just decoded (each event read once while it is
+ * still in the cache). The bounds are read before ``index_events`` changes any id. */
+static PyObject *scan_loaded(PyObject *self, PyObject *args) {
+    PyObject *events, *join_cats, *named;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &events, &PyFrozenSet_Type, &join_cats,
+                          &PyTuple_Type, &named))
+        return NULL;
+    PyObject *b[4] = {NULL, NULL, NULL, NULL};
+    double v[4] = {0, 0, 0, 0};
+    int exact = 1;
+    PyObject *joinable = index_loop(events, join_cats, named, b, v, &exact);
+    if (joinable == NULL) return NULL;
+    PyObject *bounds = bounds_tuple(b, exact);
+    if (bounds == NULL) {
+        Py_DECREF(joinable);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, joinable, bounds);
+    Py_DECREF(joinable);
+    Py_DECREF(bounds);
+    return out;
 }
 
 /* ``round(v * 1000)`` for a float or an int (not a bool): 1 with *ns set; 0 where it is
@@ -680,6 +730,8 @@ static PyMethodDef methods[] = {
      "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
     {"time_bounds", time_bounds, METH_O,
      "time_bounds(events) -> (lo, hi, longest, shortest) of the timed events, or None"},
+    {"scan_loaded", scan_loaded, METH_VARARGS,
+     "scan_loaded(events, join_cats, named_prefixes) -> (index_events(...), time_bounds(...))"},
     {"slices", (PyCFunction)(void (*)(void))slices, METH_FASTCALL,
      "slices(...) -> (stop, negative, out_of_range): _Layout's pass up to an event it leaves "
      "to Python"},

@@ -23,14 +23,14 @@ OP_PREFIX = "c10d::"                # c10d::<op>: the profiler's event of a c10d
 PARAM_COMMS = "record_param_comms"
 COALESCED_RANGE = "nccl:coalesced"  # ProcessGroupNCCL's endCoalescing: a coalesced group's launch
 JOIN_CATS = LAUNCH_CATS | GPU_WORK_CATS
-_NAMED = (RANGE_PREFIX, OP_PREFIX, PARAM_COMMS, COALESCED_RANGE)
+NAMED = (RANGE_PREFIX, OP_PREFIX, PARAM_COMMS, COALESCED_RANGE)
 
 
 def index_events(events: list) -> list[int]:
     """In one pass over a loaded trace: digit-string ids read as numbers, in place, and the
     indices of the complete events a matcher may join on (``python_index_events``)."""
     if native is not None and events.__class__ is list:
-        return native.index_events(events, JOIN_CATS, _NAMED)
+        return native.index_events(events, JOIN_CATS, NAMED)
     return python_index_events(events)
 
 
@@ -57,6 +57,6 @@ def python_index_events(events: list) -> list[int]:
                 add(i)
             else:
                 name = e.get("name")
-                if name.__class__ is str and name.startswith(_NAMED):
+                if name.__class__ is str and name.startswith(NAMED):
                     add(i)
     return joinable

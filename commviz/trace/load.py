@@ -30,7 +30,7 @@ import msgspec
 
 from commviz.errors import TraceError
 from commviz.trace.gpu import GpuIndex, gpu_index
-from commviz.trace.joinable import index_events, native
+from commviz.trace.joinable import JOIN_CATS, NAMED, index_events, native
 
 _GZIP_MAGIC = b"\x1f\x8b"
 HEADER_BYTES = 1 << 20          # how much of a trace read_header looks at (decompressed)
@@ -313,21 +313,34 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None) -> Trac
     except (TypeError, ValueError):
         raise TraceError(source, f"baseTimeNanoseconds is not an integer: {base!r}") from None
     props = doc.pop("deviceProperties", None)
-    events, problems = plausible_events(events, base_ns, source, found)
-    return Trace(path=path, rank=found, events=events, base_ns=base_ns, distributed_info=info,
+    joinable, bounds = scan_loaded(events)
+    kept, problems = plausible_events(events, base_ns, source, found, bounds)
+    if kept is not events:
+        joinable = index_events(kept)
+    return Trace(path=path, rank=found, events=kept, base_ns=base_ns, distributed_info=info,
                  device_properties=props if isinstance(props, list) else [], meta=doc,
-                 problems=problems, _joinable=(events, index_events(events)))
+                 problems=problems, _joinable=(kept, joinable))
 
 
-def plausible_events(events: list, base_ns: int, source: str, rank: int) -> tuple[list, list[str]]:
+def scan_loaded(events: list) -> tuple[list[int], tuple[Any, Any, Any, Any] | None]:
+    """``index_events`` and ``time_bounds`` of a trace just decoded, in one pass where the C
+    extension is built (each event read once, while it is still in the cache)."""
+    if native is not None and events.__class__ is list:
+        joinable, bounds = native.scan_loaded(events, JOIN_CATS, NAMED)
+        return joinable, bounds if bounds is not None else python_time_bounds(events)
+    return index_events(events), time_bounds(events)
+
+
+def plausible_events(events: list, base_ns: int, source: str, rank: int,
+                     bounds: tuple[Any, Any, Any, Any] | None) -> tuple[list, list[str]]:
     """The events whose times can be believed, and one problem naming those that cannot.
 
     A time is not believed when it is not a finite number, a duration is negative, the wall
     time overflows int64 nanoseconds, or an event lies (or lasts) more than ``SPAN_FACTOR``
     times the trace's own span (its middle half, at least a second) away from it. A trace with
     no believable event is a ``TraceError``: the rank's trace is left out, its record kept.
+    ``bounds``: ``time_bounds(events)`` (``scan_loaded`` finds it).
     """
-    bounds = time_bounds(events)
     if bounds is not None:
         lo, hi, longest, shortest = bounds
         usual = SPAN_FACTOR * MIN_SPAN_US
