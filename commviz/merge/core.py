@@ -121,11 +121,21 @@ def _match_only(job: RankJob) -> RankResult:
 
 
 class _Pool:
-    """Runs per-rank tasks in worker processes (inline for one worker), with a progress bar."""
+    """Runs per-rank tasks in worker processes (inline for one worker), with a progress bar.
+    A map returns once its results are in, while its workers end; leaving the pool's ``with`` waits for them
+    (their CPU time is then the merge's own, as a parent's rusage counts it)."""
 
     def __init__(self, workers: int | None, tasks: int, progress: bool) -> None:
         self.workers = max(1, min(workers or os.cpu_count() or 1, tasks))
         self.progress = progress
+        self._ending: set[Any] = set()      # workers of maps that returned: still ending
+
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self._ending:
+            worker.join()
 
     def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str,
             early: Callable[[list[Matched]], None] | None = None) -> list[Any]:
@@ -142,6 +152,7 @@ class _Pool:
                 return out
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             queue = ctx.SimpleQueue() if early is not None else None
+            others = set(mp.active_children())
             pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=pool_worker,
                                        initargs=(queue,))
             try:
@@ -156,6 +167,7 @@ class _Pool:
                         early(sorted(sent, key=lambda m: order[m.rank]))
                 return [fut.result() for fut in futures]
             finally:        # the workers end on their own: their results are all in
+                self._ending |= set(mp.active_children()) - others
                 pool.shutdown(wait=False, cancel_futures=True)
         finally:
             if bar:
@@ -262,9 +274,9 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
     problems = list(run.problems)
     show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS
                          or _input_bytes(run) >= PROGRESS_MIN_BYTES)
-    pool = _Pool(workers, len(run.ranks), show)
     plan = clk.plan_clock(run)
-    with tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name:
+    with (_Pool(workers, len(run.ranks), show) as pool,
+          tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name):
         tmp = Path(tmp_name)
         # matched runs go beside the records when the merge writes into the run dir; a merge
         # written elsewhere (a read-only or shared input dir) keeps them in its scratch dir
