@@ -122,8 +122,8 @@ def _match_only(job: RankJob) -> RankResult:
 
 class _Pool:
     """Runs per-rank tasks in worker processes (inline for one worker), with a progress bar.
-    A map returns once its results are in, while its workers end; leaving the pool's ``with`` waits for them
-    (their CPU time is then the merge's own, as a parent's rusage counts it)."""
+    A map returns once its results are in, while its workers end; leaving the pool's ``with``
+    waits for them (their CPU time is then the merge's own, as a parent's rusage counts it)."""
 
     def __init__(self, workers: int | None, tasks: int, progress: bool) -> None:
         self.workers = max(1, min(workers or os.cpu_count() or 1, tasks))
@@ -275,8 +275,8 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
     show = progress and (len(run.ranks) >= PROGRESS_MIN_RANKS
                          or _input_bytes(run) >= PROGRESS_MIN_BYTES)
     plan = clk.plan_clock(run)
-    with (_Pool(workers, len(run.ranks), show) as pool,
-          tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name):
+    with (tempfile.TemporaryDirectory(prefix=".commviz-merge-", dir=target.parent) as tmp_name,
+          _Pool(workers, len(run.ranks), show) as pool):    # workers gone before their dir
         tmp = Path(tmp_name)
         # matched runs go beside the records when the merge writes into the run dir; a merge
         # written elsewhere (a read-only or shared input dir) keeps them in its scratch dir
