@@ -29,7 +29,7 @@ from commviz.match.matched import fingerprints
 from commviz.merge.cross import copy_piece, lone_flows, write_cross
 from commviz.match.model import CommEvent
 from commviz.merge.piece import (Matched, RankJob, RankResult, build_artifact, convert_rank,
-                                 load_traces, no_gc, pool_worker, result_of)
+                                 hold_last_rank, load_traces, no_gc, read_early, result_of)
 from commviz.merge.keep import Keep, run_start_ns
 from commviz.merge.select import detail_name, load_selected
 from commviz.merge.shard import fingerprint, shard_path
@@ -59,8 +59,8 @@ def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
 
 
 def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,
-         json_base_ns: int = 0, matched_dir: Path | None = None, keep: Keep | None = None
-         ) -> RankJob:
+         json_base_ns: int = 0, matched_dir: Path | None = None, keep: Keep | None = None,
+         early: bool = False) -> RankJob:
     clock = plan.clock(rank)
     shard = shard_path(run.run_dir, rank)
     inputs, record_inputs = fingerprints(inp)
@@ -71,7 +71,7 @@ def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fm
                    fmt=fmt, fingerprint=fingerprint(inputs, clock.offset_ns)
                    if fmt == "pftrace" else None, json_base_ns=json_base_ns,
                    shard=shard if fmt == "pftrace" and shard.exists() and keep is None else None,
-                   keep=keep)
+                   keep=keep, early=tmp / f"matched{rank}.early" if early else None)
 
 
 def _fresh(job: RankJob, problems: list[str]) -> artifact.RankArtifact | None:
@@ -139,8 +139,9 @@ class _Pool:
 
     def map(self, fn: Callable[[RankJob], Any], jobs: list[RankJob], label: str,
             early: Callable[[list[Matched]], None] | None = None) -> list[Any]:
-        """``fn`` over ``jobs``; ``early`` gets every job's ``Matched``, in job order, as soon
-        as the workers sent them all, while they go on (never when some job sent none)."""
+        """``fn`` over ``jobs``; ``early`` gets every job's ``Matched`` (``RankJob.early``), in
+        job order, as soon as the workers sent them all, while they go on (never when some job
+        sent none)."""
         bar = progress_bar(label, len(jobs)) if self.progress else None
         try:
             if self.workers == 1:
@@ -151,20 +152,17 @@ class _Pool:
                         bar.advance()
                 return out
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            queue = ctx.SimpleQueue() if early is not None else None
             others = set(mp.active_children())
-            pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=pool_worker,
-                                       initargs=(queue,))
+            pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=hold_last_rank)
             try:
                 futures: list[Future] = [pool.submit(fn, job) for job in jobs]
                 if bar:
                     for fut in futures:
                         fut.add_done_callback(lambda _: bar.advance())
-                if queue is not None and early is not None:
-                    sent = _sent_early(queue, futures, len(jobs))
+                if early is not None:
+                    sent = _sent_early(jobs, futures)
                     if sent is not None:
-                        order = {job.rank: i for i, job in enumerate(jobs)}
-                        early(sorted(sent, key=lambda m: order[m.rank]))
+                        early(sent)
                 return [fut.result() for fut in futures]
             finally:        # the workers end on their own: their results are all in
                 self._ending |= set(mp.active_children()) - others
@@ -174,17 +172,19 @@ class _Pool:
                 bar.close()
 
 
-def _sent_early(queue: Any, futures: list[Future], n: int) -> list[Matched] | None:
-    """The ``Matched`` of all ``n`` jobs, read as they come; None once every job is done
-    without all of them (a rank that failed first, or whose shard was reused). A job's message
-    is in the queue's pipe before its future completes, so none is missed."""
-    sent: list[Matched] = []
+def _sent_early(jobs: list[RankJob], futures: list[Future]) -> list[Matched] | None:
+    """Every job's ``Matched``, in job order, read as each appears; None once every job is done
+    without all of them (no ``early`` path, a rank that failed first, a shard reused). A job
+    leaves its file before its future completes, so none is missed; a worker that dies leaves
+    none, and nothing waits on it."""
+    sent: list[Matched | None] = [None] * len(jobs)
     pending = set(futures)
     while True:
-        while len(sent) < n and not queue.empty():
-            sent.append(queue.get())
-        if len(sent) == n:
-            return sent
+        for i, job in enumerate(jobs):
+            if sent[i] is None and job.early is not None:
+                sent[i] = read_early(job.early)
+        if all(m is not None for m in sent):
+            return [m for m in sent if m is not None]
         if not pending:
             return None
         _, pending = wait(pending, timeout=0.01, return_when=FIRST_COMPLETED)
@@ -289,11 +289,12 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                     for res in pool.map(_match_only, jobs, "matching")}
             problems.extend(clk.derive(plan, ends))
         base = _json_base(run, plan) if fmt == "json" else 0
-        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep)
+        early = fmt == "pftrace" and not per_rank and pool.workers > 1
+        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep, early)
                 for r in sorted(run.ranks)]
         cross = _CrossPiece(tmp / "cross.pftrace", run.run_dir)
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks",
-                           early=cross.write if fmt == "pftrace" and not per_rank else None)
+                           early=cross.write if early else None)
         events = cross.events_of(results)
         converted = time.perf_counter()
         for res in results:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import pickle
 import time
 import zlib
 from collections import Counter, defaultdict
@@ -98,6 +99,7 @@ class RankJob:
     shard: Path | None = None           # the rank's own shard, reused if its fingerprint matches
     json_base_ns: int = 0               # --format json: ts are µs after this wall time
     keep: Keep | None = None            # --steps / --window: only events starting inside
+    early: Path | None = None           # where its ``Matched`` goes once matched (``send_early``)
 
     @property
     def offset_ns(self) -> int:
@@ -112,11 +114,12 @@ class RankResult:
     problems: list[str] = field(default_factory=list)
     events: list[CommEvent] = field(default_factory=list)   # for the cross-rank summary
     pgs: dict[str, PgInfo] = field(default_factory=dict)
-    sent_early: bool = False            # events went ahead as a ``Matched`` (``_Early``)
+    sent_early: bool = False            # events went ahead as a ``Matched`` (``send_early``)
 
 
 class Matched(NamedTuple):
-    """A rank's matched collectives and groups, sent ahead of its result (``_Early``)."""
+    """A rank's matched collectives and groups, sent ahead of its result (``send_early``), so
+    the main process writes the cross-rank piece while the ranks' pieces are still written."""
 
     rank: int
     events: list[CommEvent]
@@ -397,19 +400,26 @@ class _Held:
     objects: tuple = ()
 
 
-class _Early:
-    """In a merge pool's worker, where a rank's ``Matched`` goes the moment it is known, before
-    its piece is written, so the main process writes the cross-rank piece while the ranks are
-    still being written (``core._Pool.map``). A ``SimpleQueue``: a put is in its pipe before the
-    rank's result goes back. None outside such a pool, and for JSON output."""
-
-    queue: Any = None
-
-
-def pool_worker(early: Any = None) -> None:
-    """The merge pool's worker initializer (``_Held``, ``_Early``)."""
+def hold_last_rank() -> None:
+    """The merge pool's worker initializer (``_Held``)."""
     _Held.on = True
-    _Early.queue = early
+
+
+def send_early(path: Path, matched: Matched) -> None:
+    """Leave a rank's ``Matched`` at ``path`` (``RankJob.early``) whole or not at all: the main
+    process reads it the moment it is there."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_bytes(pickle.dumps(matched, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(part, path)
+
+
+def read_early(path: Path) -> Matched | None:
+    """What ``send_early`` left at ``path`` (a file of the merge's own scratch dir), or None."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return pickle.loads(data)
 
 
 def convert_rank(job: RankJob, art: RankArtifact | None = None) -> RankResult:
@@ -451,9 +461,8 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
                             "of it kept")
         art = replace(art, events=events_inside(art.events, spans))
     events = art.events
-    early = _Early.queue if job.fmt == "pftrace" else None
-    if early is not None:
-        early.put(Matched(job.rank, events, art.pgs))
+    if job.early is not None:
+        send_early(job.early, Matched(job.rank, events, art.pgs))
     layout = _Layout(combined, segments, spans)
     if layout.negative:
         problems.append(f"rank {job.rank}: {layout.negative} profiler events have a negative "
@@ -481,7 +490,7 @@ def _convert(job: RankJob, art: RankArtifact | None) -> RankResult:
         _write_pftrace(rank, result, phases)
     phases.done("write")
     result.stats["phases"] = phases.seconds
-    if early is not None:               # the main process has them already
+    if job.early is not None:           # the main process has them already
         result.events, result.sent_early = [], True
     if _Held.on:
         _Held.objects = (traces, combined, layout, rank, art)
