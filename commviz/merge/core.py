@@ -174,17 +174,21 @@ class _Pool:
 
 def _sent_early(jobs: list[RankJob], futures: list[Future]) -> list[Matched] | None:
     """Every job's ``Matched``, in job order, read as each appears; None once every job is done
-    without all of them (no ``early`` path, a rank that failed first, a shard reused). A job
-    leaves its file before its future completes, so none is missed; a worker that dies leaves
-    none, and nothing waits on it."""
+    without all of them (a rank that failed first, a shard reused) or when a job has no
+    ``early`` path. A job leaves its file before its future completes, so none is missed; a
+    worker that dies leaves none, and nothing waits on it. One listing of the scratch dir a
+    poll, however many ranks."""
+    if any(job.early is None for job in jobs):
+        return None
     sent: list[Matched | None] = [None] * len(jobs)
+    waiting = {job.early: i for i, job in enumerate(jobs) if job.early is not None}
     pending = set(futures)
     while True:
-        for i, job in enumerate(jobs):
-            if sent[i] is None and job.early is not None:
-                sent[i] = read_early(job.early)
-        if all(m is not None for m in sent):
-            return [m for m in sent if m is not None]
+        there = {name for folder in {p.parent for p in waiting} for name in os.listdir(folder)}
+        for path in [p for p in waiting if p.name in there]:
+            sent[waiting.pop(path)] = read_early(path)
+        if not waiting:
+            return [m for m in sent if m is not None] if all(sent) else None
         if not pending:
             return None
         _, pending = wait(pending, timeout=0.01, return_when=FIRST_COMPLETED)
