@@ -408,7 +408,17 @@ def test_two_workers_write_what_one_writes(run4: Path, tmp_path: Path) -> None:
     two = merge_run(run4, tmp_path / "two.pftrace", workers=2, progress=False)
     assert (one.stats["cross_piece_early"], two.stats["cross_piece_early"]) == (0, 1)
     assert one.out.read_bytes() == two.out.read_bytes()
-    assert Merged(two.out).problems == []
+    m = Merged(two.out)
+    assert m.problems == []
+    # the cross-rank piece, read back: one instance slice per collective of ``_job``, over its
+    # group's ranks (counted by hand from the job: 4 ranks, tp {0,1} {2,3}, dp {0,2} {1,3})
+    tracks = m.contents.tracks
+    instances = sorted(s.args["commviz.ranks"] for s in m.slices
+                       if (tracks[s.track].name or "").endswith("· instances"))
+    assert instances == sorted(["0,1,2,3"] * 2                       # all_reduce, barrier
+                               + ["0,1", "2,3"] * 2                  # tp all_reduce, all_gather
+                               + ["0,2", "1,3"]                      # dp broadcast
+                               + ["0,1", "2,3"])                     # send/recv pairs
 
 
 def test_a_rank_that_fails_after_sending_leaves_the_cross_piece_as_without_it(
@@ -437,3 +447,8 @@ def test_a_rank_that_fails_after_sending_leaves_the_cross_piece_as_without_it(
             pgs.setdefault(pg, info)
     write_cross(tmp_path / "without1.pftrace", events, pgs, stops(events, copy4))
     assert cross.path.read_bytes() == (tmp_path / "without1.pftrace").read_bytes() != early
+    # read back: the job's 10 collectives (by hand, as in the test above) without rank 1
+    piece = Merged(cross.path)
+    ranks = sorted(s.args["commviz.ranks"] for s in piece.slices
+                   if (piece.contents.tracks[s.track].name or "").endswith("· instances"))
+    assert ranks == sorted(["0,2,3"] * 2 + ["0", "2,3"] * 2 + ["0,2", "3"] + ["0", "2,3"])
