@@ -178,17 +178,18 @@ def _sent_early(jobs: list[RankJob], futures: list[Future]) -> list[Matched] | N
     ``early`` path. A job leaves its file before its future completes, so none is missed; a
     worker that dies leaves none, and nothing waits on it. One listing of the scratch dir a
     poll, however many ranks."""
-    if any(job.early is None for job in jobs):
-        return None
-    sent: list[Matched | None] = [None] * len(jobs)
     waiting = {job.early: i for i, job in enumerate(jobs) if job.early is not None}
+    if len(waiting) < len(jobs):
+        return None
+    folders = {path.parent for path in waiting}
+    sent: dict[int, Matched] = {}
     pending = set(futures)
     while True:
-        there = {name for folder in {p.parent for p in waiting} for name in os.listdir(folder)}
+        there = {name for folder in folders for name in os.listdir(folder)}
         for path in [p for p in waiting if p.name in there]:
             sent[waiting.pop(path)] = read_early(path)
         if not waiting:
-            return [m for m in sent if m is not None] if all(sent) else None
+            return [sent[i] for i in range(len(jobs))]
         if not pending:
             return None
         _, pending = wait(pending, timeout=0.01, return_when=FIRST_COMPLETED)

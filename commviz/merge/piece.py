@@ -413,13 +413,10 @@ def send_early(path: Path, matched: Matched) -> None:
     os.replace(part, path)
 
 
-def read_early(path: Path) -> Matched | None:
-    """What ``send_early`` left at ``path`` (a file of the merge's own scratch dir), or None."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return pickle.loads(data)
+def read_early(path: Path) -> Matched:
+    """What ``send_early`` left at ``path`` (a file of the merge's own scratch dir, whole once
+    it has that name)."""
+    return pickle.loads(path.read_bytes())
 
 
 def convert_rank(job: RankJob, art: RankArtifact | None = None) -> RankResult:
