@@ -201,6 +201,19 @@ def test_corrupt_gzip_raises_naming_the_file(recorded: Path, tmp_path: Path) -> 
     assert str(path) in str(err.value) and "truncated or corrupt gzip" in str(err.value)
 
 
+@pytest.mark.parametrize("tail", [b"", b"\0" * 7], ids=["two members", "zero padding"])
+def test_a_gzip_of_several_members_reads_whole(recorded: Path, tmp_path: Path,
+                                               tail: bytes) -> None:
+    """gzip allows members one after another (``cat a.gz b.gz``) and zeros after the last: the
+    events are those the standard library's gzip reads."""
+    text = gzip.decompress((recorded / "trace_rank0.json.gz").read_bytes())
+    cut = len(text) // 3
+    path = tmp_path / "members_rank0.json.gz"
+    path.write_bytes(gzip.compress(text[:cut]) + gzip.compress(text[cut:]) + tail)
+    assert gzip.decompress(path.read_bytes()) == text
+    assert load_trace(path).events == json.loads(text)["traceEvents"]
+
+
 def test_trace_filed_under_another_rank_is_refused(recorded: Path) -> None:
     with pytest.raises(TraceError, match="distributedInfo says rank 0"):
         load_trace(recorded / "trace_rank0.json.gz", rank=1)

@@ -342,11 +342,22 @@ def from_file(doc: MatchedFile) -> RankArtifact:
 
 
 def to_json(art: RankArtifact) -> bytes:
-    return FILE.dump_json(to_file(art), fallback=_plain)
+    """The file's bytes, by orjson rather than the declaration's pydantic serializer, which
+    each merge worker would first build (a twelfth of a second, with its imports, per worker
+    and rank): the same file (tests/test_filetypes.py), ``WireKey``'s serializer included.
+    What orjson refuses (an integer past 64 bits) the declaration's serializer writes."""
+    doc = to_file(art)
+    try:
+        return orjson.dumps(doc, default=_plain, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return FILE.dump_json(doc, fallback=_plain)
 
 
 def _plain(value: Any) -> Any:
-    """Values a record may hold that JSON lacks (sets, numpy scalars): as lists and numbers."""
+    """Values a record may hold that JSON lacks (sets, numpy scalars): as lists and numbers;
+    instance keys in their compact form (``WireKey``)."""
+    if isinstance(value, InstanceKey):
+        return value.wire()
     if isinstance(value, (set, frozenset)):
         return sorted(value, key=repr)
     if hasattr(value, "item"):

@@ -149,7 +149,7 @@ def load_traces(job: RankJob, problems: list[str]) -> list[Trace]:
     traces = []
     for path in job.trace_paths:
         try:
-            trace = load_trace(path, rank=job.rank)
+            trace = load_trace(path, rank=job.rank, shapes_as_text=job.fmt == "pftrace")
         except TraceError as exc:
             problems.append(str(exc))
             continue

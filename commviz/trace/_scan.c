@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static PyObject *s_pid, *s_tid, *s_ph, *s_cat, *s_name, *s_ts, *s_dur, *s_args, *s_corr,
     *s_id, *s_X, *s_M, *s_node, *s_stream, *s_cbid, *s_runtime, *s_empty, *s_s, *k_zero,
@@ -725,6 +726,175 @@ fail:
     return NULL;
 }
 
+/* ---- shapes_as_text: op-shape args as the text the pftrace writer makes of them ---------- */
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* The list value at ``p`` (its '['), when it holds only ints of at most 18 digits, printable
+ * ASCII strings without a backslash, true, false, null and such lists, and is valid JSON: its
+ * end (past the ']') and, in ``*len``, the length of its compact text. NULL for any other
+ * list (a float, an escape, a big int, bad JSON): that one stays as it is. */
+static const char *plain_list(const char *p, const char *end, Py_ssize_t *len) {
+    enum { VALUE_OR_CLOSE, VALUE, COMMA_OR_CLOSE } want = VALUE_OR_CLOSE;
+    Py_ssize_t depth = 0, n = 0;
+    while (p < end) {
+        char c = *p;
+        if (is_ws(c)) {
+            p++;
+            continue;
+        }
+        if (c == ']') {
+            if (want == VALUE) return NULL;
+            p++, n++;
+            if (--depth == 0) {
+                *len = n;
+                return p;
+            }
+            want = COMMA_OR_CLOSE;
+            continue;
+        }
+        if (c == ',') {
+            if (want != COMMA_OR_CLOSE) return NULL;
+            p++, n++;
+            want = VALUE;
+            continue;
+        }
+        if (want == COMMA_OR_CLOSE) return NULL;
+        if (c == '[') {
+            p++, n++, depth++;
+            want = VALUE_OR_CLOSE;
+            continue;
+        }
+        if (depth == 0) return NULL;
+        const char *v = p;
+        if (c == '"') {
+            for (p++; p < end && *p != '"'; p++)
+                if (*p == '\\' || *p < 0x20 || *p > 0x7e) return NULL;
+            if (p == end) return NULL;
+            p++;
+            n += (p - v) + 2;               /* each quote written as \" */
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            if (c == '-') p++;
+            const char *d = p;
+            while (p < end && *p >= '0' && *p <= '9') p++;
+            Py_ssize_t digits = p - d;
+            if (digits == 0 || digits > 18 || (d[0] == '0' && digits > 1)
+                || (c == '-' && digits == 1 && d[0] == '0'))
+                return NULL;                /* not JSON, past int64, or -0 (which reads as 0) */
+            if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return NULL;
+            n += p - v;
+        } else {
+            static const char *const words[] = {"true", "false", "null"};
+            Py_ssize_t k = 0, w = 0;
+            for (; w < 3; w++) {
+                k = (Py_ssize_t)strlen(words[w]);
+                if (end - p >= k && memcmp(p, words[w], k) == 0) break;
+            }
+            if (w == 3) return NULL;
+            p += k;
+            n += k;
+        }
+        want = COMMA_OR_CLOSE;
+    }
+    return NULL;
+}
+
+/* The compact text of a list ``plain_list`` took, as a JSON string's contents. */
+static char *write_list(char *w, const char *p, const char *stop) {
+    while (p < stop) {
+        char c = *p;
+        if (c == '"') {
+            const char *q = memchr(p + 1, '"', stop - p - 1);
+            *w++ = '\\', *w++ = '"';
+            memcpy(w, p + 1, q - p - 1);
+            w += q - p - 1;
+            *w++ = '\\', *w++ = '"';
+            p = q + 1;
+        } else {
+            if (!is_ws(c)) *w++ = c;
+            p++;
+        }
+    }
+    return w;
+}
+
+/* Whether the '[' at ``p`` is the value of a key among ``keys`` (a tuple of bytes): a
+ * ``"key"`` after '{' or ',' and before ':'. Inside a JSON string every quote is escaped, so
+ * a quote next to the key's bytes there is never taken for one. */
+static int shape_key(const char *start, const char *p, PyObject *keys, Py_ssize_t longest) {
+    const char *q = p - 1;
+    while (q > start && is_ws(*q)) q--;
+    if (q <= start || *q != ':') return 0;
+    q--;
+    while (q > start && is_ws(*q)) q--;
+    if (q <= start || *q != '"') return 0;
+    const char *close = q, *open = NULL;
+    for (q = close - 1; q >= start && close - q <= longest + 1; q--)
+        if (*q == '"') {
+            open = q;
+            break;
+        }
+    if (open == NULL) return 0;
+    const char *b = open - 1;
+    while (b > start && is_ws(*b)) b--;
+    if (b < start || (*b != '{' && *b != ',')) return 0;
+    Py_ssize_t klen = close - open - 1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, k);
+        if (PyBytes_GET_SIZE(key) == klen && memcmp(PyBytes_AS_STRING(key), open + 1, klen) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* shapes_as_text(data, keys) -> the JSON text with every plain list value of those keys made
+ * the string of its compact text (``[[4, 2], []]`` -> ``"[[4,2],[]]"``), which is what
+ * ``orjson.dumps`` makes of the list and the writer writes; ``data`` itself when none is. */
+static PyObject *shapes_as_text(PyObject *self, PyObject *args) {
+    PyObject *data, *keys;
+    if (!PyArg_ParseTuple(args, "SO!", &data, &PyTuple_Type, &keys)) return NULL;
+    Py_ssize_t longest = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, k);
+        if (!PyBytes_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "commviz: shape keys are bytes");
+            return NULL;
+        }
+        if (PyBytes_GET_SIZE(key) > longest) longest = PyBytes_GET_SIZE(key);
+    }
+    const char *start = PyBytes_AS_STRING(data), *end = start + PyBytes_GET_SIZE(data);
+    const char *copied = start, *p = start;
+    PyObject *out = NULL;
+    char *w = NULL;
+    while (p < end && (p = memchr(p, '[', end - p)) != NULL) {
+        Py_ssize_t len;
+        const char *stop;
+        if (!shape_key(start, p, keys, longest) || (stop = plain_list(p, end, &len)) == NULL) {
+            p++;
+            continue;
+        }
+        if (out == NULL) {      /* at most twice the input: a list's text at most doubles */
+            out = PyBytes_FromStringAndSize(NULL, 2 * PyBytes_GET_SIZE(data) + 2);
+            if (out == NULL) return NULL;
+            w = PyBytes_AS_STRING(out);
+        }
+        memcpy(w, copied, p - copied);
+        w += p - copied;
+        *w++ = '"';
+        w = write_list(w, p, stop);
+        *w++ = '"';
+        copied = p = stop;
+    }
+    if (out == NULL) {
+        Py_INCREF(data);
+        return data;
+    }
+    memcpy(w, copied, end - copied);
+    w += end - copied;
+    if (_PyBytes_Resize(&out, w - PyBytes_AS_STRING(out)) < 0) return NULL;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"index_events", index_events, METH_VARARGS,
      "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
@@ -741,6 +911,9 @@ static PyMethodDef methods[] = {
     {"gpu_index", (PyCFunction)(void (*)(void))gpu_index, METH_FASTCALL,
      "gpu_index(events, joinable, consts, rank, base_ns, op_type, op_of, outs): "
      "gpu.python_gpu_index's pass, into outs"},
+    {"shapes_as_text", shapes_as_text, METH_VARARGS,
+     "shapes_as_text(data, keys) -> data with those keys' plain list values as their compact "
+     "JSON text"},
     {NULL, NULL, 0, NULL},
 };
 

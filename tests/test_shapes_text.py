@@ -1,0 +1,122 @@
+"""Kineto's op-shape args read as the text the pftrace writer makes of them (``_scan.c``'s
+``shapes_as_text``, ``load_trace(..., shapes_as_text=True)``, which the merge uses).
+
+The writer writes a list-valued arg as the string ``orjson.dumps`` makes of it; the merge reads
+the plain lists of ``SHAPE_KEYS`` as that string to begin with. Expected values come from the
+standard library's reading of the same JSON and from orjson, never from commviz: every fixture
+trace with shapes reads the same but for those lists, each now ``orjson.dumps`` of itself; a
+list the rule does not take (a float, an escape, an int past 18 digits, bad JSON) stays as it
+is, byte for byte; and a merge gives the same bytes either way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from commviz.merge import merge_run
+from commviz.trace import joinable, load
+from commviz.trace.load import SHAPE_KEYS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRACES = sorted(p for p in FIXTURES.rglob("*.json*") if "trace" in p.name)
+KEYS = tuple(k.encode() for k in SHAPE_KEYS)
+native = joinable.native
+pytestmark = pytest.mark.skipif(native is None, reason="commviz.trace._scan not built")
+
+
+def _raw(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def _plain(value: Any) -> bool:
+    """The lists the rule takes: ints of at most 18 digits, printable ASCII strings that JSON
+    writes without an escape, true/false/null and such lists."""
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, int):
+        return len(str(abs(value))) <= 18
+    if isinstance(value, str):
+        return all(" " <= c <= "~" and c not in '"\\' for c in value)
+    return False
+
+
+def _events(doc: Any) -> list:
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_shape_lists_come_as_the_text_orjson_makes_of_them(path: Path) -> None:
+    raw = _raw(path)
+    want = _events(json.loads(raw))
+    got = _events(json.loads(native.shapes_as_text(raw, KEYS)))
+    assert len(got) == len(want)
+    for was, now in zip(want, got):
+        args = was.get("args") if isinstance(was, dict) else None
+        if not isinstance(args, dict):
+            assert now == was
+            continue
+        turned = {k: orjson.dumps(v).decode() for k, v in args.items()
+                  if k in SHAPE_KEYS and isinstance(v, list) and _plain(v)}
+        assert now == {**was, "args": {**args, **turned}}
+
+
+def test_real_traces_with_shapes_have_them_turned() -> None:
+    """Not a vacuous pass: the GPU fixtures were profiled with ``record_shapes=True``."""
+    path = FIXTURES / "gpu/proof-4x/3d/trace_rank0_step7.json.gz"
+    raw = _raw(path)
+    turned = sum(isinstance(v, str) for e in _events(json.loads(native.shapes_as_text(raw, KEYS)))
+                 if isinstance(e, dict) for k, v in (e.get("args") or {}).items()
+                 if k in SHAPE_KEYS)
+    lists = sum(isinstance(v, list) for e in _events(json.loads(raw)) if isinstance(e, dict)
+                for k, v in (e.get("args") or {}).items() if k in SHAPE_KEYS)
+    assert lists > 1000 and turned == lists
+
+
+@pytest.mark.parametrize("value", [
+    "[[1, 2], [3], []]", '["float", "c10::BFloat16", ""]', "[\n\t[1 ,2]\r\n]", "[]",
+    "[true, false, null]", "[-5, 0, 123456789012345678]", '[[["a b", [7]]], "[x]"]',
+])
+def test_a_plain_list_becomes_its_compact_text(value: str) -> None:
+    text = '{"traceEvents": [{"args": {"Ev Idx": 3, "Input Dims": %s, "x": [1, 2]}}]}' % value
+    out = native.shapes_as_text(text.encode(), KEYS)
+    args = json.loads(out)["traceEvents"][0]["args"]
+    assert args == {"Ev Idx": 3, "Input Dims": orjson.dumps(json.loads(value)).decode(),
+                    "x": [1, 2]}
+
+
+@pytest.mark.parametrize("text", [
+    '{"Input Dims": [1.5]}', '{"Input Dims": [1e3]}', '{"Input Dims": [2E-1]}',
+    '{"Input Dims": [1234567890123456789]}', '{"Input Dims": [-0]}',
+    '{"Input type": ["a\\"b"]}', '{"Input type": ["\\u00e9"]}', '{"Input type": ["é"]}',
+    '{"Input type": ["tab\there"]}',
+    '{"Input Dims": [1 2]}', '{"Input Dims": [1,]}', '{"Input Dims": [,1]}',
+    '{"Input Dims": [01]}', '{"Input Dims": [tru]}', '{"Input Dims": [1, 2',
+    '{"name": "x\\"Input Dims\\": [1]"}', '["Input Dims", [1]]', '{"grid": [1, 1, 1]}',
+    '{"Input Dimsx": [1]}', '{"xInput Dims": [1]}', '{"a\\"Input Dims": [1]}',
+])
+def test_any_other_list_stays_as_it_is(text: str) -> None:
+    data = text.encode()
+    assert native.shapes_as_text(data, KEYS) == data
+
+
+def test_a_merge_writes_the_same_bytes_with_shapes_read_as_text(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lists and their text give one merged trace: the writer makes the same string."""
+    runs = [shutil.copytree(FIXTURES / "gpu/proof-4x/3d", tmp_path / name)
+            for name in ("text", "lists")]                  # nothing one merge saved is reused
+    as_text = merge_run(runs[0], tmp_path / "text.pftrace", workers=1, progress=False)
+    with monkeypatch.context() as m:
+        m.setattr(load, "_SHAPE_KEYS", ())
+        as_lists = merge_run(runs[1], tmp_path / "lists.pftrace", workers=1, progress=False)
+    assert as_text.stats["slices"] == as_lists.stats["slices"] > 10_000
+    assert as_text.out.read_bytes() == as_lists.out.read_bytes()
