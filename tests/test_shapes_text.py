@@ -1,5 +1,5 @@
 """Kineto's op-shape args read as the text the pftrace writer makes of them (``_scan.c``'s
-``shapes_as_text``, ``load_trace(..., shapes_as_text=True)``, which the merge uses).
+``shapes_into``, ``load_trace(..., shapes_as_text=True)``, which the merge uses).
 
 The writer writes a list-valued arg as the string ``orjson.dumps`` makes of it; the merge reads
 the plain lists of ``SHAPE_KEYS`` as that string to begin with. Expected values come from the
@@ -50,6 +50,12 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def _turned(data: bytes) -> bytes:
+    out = bytearray()
+    native.shapes_into(out, data, KEYS)
+    return bytes(out)
+
+
 def _events(doc: Any) -> list:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
@@ -58,7 +64,7 @@ def _events(doc: Any) -> list:
 def test_shape_lists_come_as_the_text_orjson_makes_of_them(path: Path) -> None:
     raw = _raw(path)
     want = _events(json.loads(raw))
-    got = _events(json.loads(native.shapes_as_text(raw, KEYS)))
+    got = _events(json.loads(_turned(raw)))
     assert len(got) == len(want)
     for was, now in zip(want, got):
         args = was.get("args") if isinstance(was, dict) else None
@@ -74,12 +80,32 @@ def test_real_traces_with_shapes_have_them_turned() -> None:
     """Not a vacuous pass: the GPU fixtures were profiled with ``record_shapes=True``."""
     path = FIXTURES / "gpu/proof-4x/3d/trace_rank0_step7.json.gz"
     raw = _raw(path)
-    turned = sum(isinstance(v, str) for e in _events(json.loads(native.shapes_as_text(raw, KEYS)))
+    turned = sum(isinstance(v, str) for e in _events(json.loads(_turned(raw)))
                  if isinstance(e, dict) for k, v in (e.get("args") or {}).items()
                  if k in SHAPE_KEYS)
     lists = sum(isinstance(v, list) for e in _events(json.loads(raw)) if isinstance(e, dict)
                 for k, v in (e.get("args") or {}).items() if k in SHAPE_KEYS)
     assert lists > 1000 and turned == lists
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, load.INFLATE_CHUNK])
+@pytest.mark.parametrize("members", [1, 3])
+def test_a_trace_loads_with_its_shapes_turned_however_it_is_inflated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, members: int) -> None:
+    """The text is turned as it is inflated, a piece at a time: pieces that cut lines (and
+    lists), and gzip members one after another, give the events of the whole text turned."""
+    raw = _raw(FIXTURES / "gpu/proof-4x/3d/trace_rank0_step7.json.gz")
+    cuts = [len(raw) * k // members for k in range(members + 1)]
+    path = tmp_path / "trace_rank0.json.gz"
+    path.write_bytes(b"".join(gzip.compress(raw[a:b]) for a, b in zip(cuts, cuts[1:])))
+    monkeypatch.setattr(load, "INFLATE_CHUNK", chunk)
+    want = load.load_trace(path).events
+    for event in want:
+        args = event.get("args")
+        for key in SHAPE_KEYS:
+            if isinstance(args, dict) and isinstance(args.get(key), list) and _plain(args[key]):
+                args[key] = orjson.dumps(args[key]).decode()
+    assert load.load_trace(path, shapes_as_text=True).events == want
 
 
 @pytest.mark.parametrize("value", [
@@ -88,7 +114,7 @@ def test_real_traces_with_shapes_have_them_turned() -> None:
 ])
 def test_a_plain_list_becomes_its_compact_text(value: str) -> None:
     text = '{"traceEvents": [{"args": {"Ev Idx": 3, "Input Dims": %s, "x": [1, 2]}}]}' % value
-    out = native.shapes_as_text(text.encode(), KEYS)
+    out = _turned(text.encode())
     args = json.loads(out)["traceEvents"][0]["args"]
     assert args == {"Ev Idx": 3, "Input Dims": orjson.dumps(json.loads(value)).decode(),
                     "x": [1, 2]}
@@ -106,7 +132,7 @@ def test_a_plain_list_becomes_its_compact_text(value: str) -> None:
 ])
 def test_any_other_list_stays_as_it_is(text: str) -> None:
     data = text.encode()
-    assert native.shapes_as_text(data, KEYS) == data
+    assert _turned(data) == data
 
 
 def test_a_merge_writes_the_same_bytes_with_shapes_read_as_text(

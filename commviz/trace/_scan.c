@@ -732,11 +732,11 @@ static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r
 
 /* The list value at ``p`` (its '['), when it holds only ints of at most 18 digits, printable
  * ASCII strings without a backslash, true, false, null and such lists, and is valid JSON: its
- * end (past the ']') and, in ``*len``, the length of its compact text. NULL for any other
- * list (a float, an escape, a big int, bad JSON): that one stays as it is. */
-static const char *plain_list(const char *p, const char *end, Py_ssize_t *len) {
+ * end (past the ']'). NULL for any other list (a float, an escape, a big int, bad JSON, one
+ * cut off by ``end``): that one stays as it is. */
+static const char *plain_list(const char *p, const char *end) {
     enum { VALUE_OR_CLOSE, VALUE, COMMA_OR_CLOSE } want = VALUE_OR_CLOSE;
-    Py_ssize_t depth = 0, n = 0;
+    Py_ssize_t depth = 0;
     while (p < end) {
         char c = *p;
         if (is_ws(c)) {
@@ -745,34 +745,29 @@ static const char *plain_list(const char *p, const char *end, Py_ssize_t *len) {
         }
         if (c == ']') {
             if (want == VALUE) return NULL;
-            p++, n++;
-            if (--depth == 0) {
-                *len = n;
-                return p;
-            }
+            p++;
+            if (--depth == 0) return p;
             want = COMMA_OR_CLOSE;
             continue;
         }
         if (c == ',') {
             if (want != COMMA_OR_CLOSE) return NULL;
-            p++, n++;
+            p++;
             want = VALUE;
             continue;
         }
         if (want == COMMA_OR_CLOSE) return NULL;
         if (c == '[') {
-            p++, n++, depth++;
+            p++, depth++;
             want = VALUE_OR_CLOSE;
             continue;
         }
         if (depth == 0) return NULL;
-        const char *v = p;
         if (c == '"') {
             for (p++; p < end && *p != '"'; p++)
                 if (*p == '\\' || *p < 0x20 || *p > 0x7e) return NULL;
             if (p == end) return NULL;
             p++;
-            n += (p - v) + 2;               /* each quote written as \" */
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             if (c == '-') p++;
             const char *d = p;
@@ -782,7 +777,6 @@ static const char *plain_list(const char *p, const char *end, Py_ssize_t *len) {
                 || (c == '-' && digits == 1 && d[0] == '0'))
                 return NULL;                /* not JSON, past int64, or -0 (which reads as 0) */
             if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return NULL;
-            n += p - v;
         } else {
             static const char *const words[] = {"true", "false", "null"};
             Py_ssize_t k = 0, w = 0;
@@ -792,7 +786,6 @@ static const char *plain_list(const char *p, const char *end, Py_ssize_t *len) {
             }
             if (w == 3) return NULL;
             p += k;
-            n += k;
         }
         want = COMMA_OR_CLOSE;
     }
@@ -847,36 +840,39 @@ static int shape_key(const char *start, const char *p, PyObject *keys, Py_ssize_
     return 0;
 }
 
-/* shapes_as_text(data, keys) -> the JSON text with every plain list value of those keys made
- * the string of its compact text (``[[4, 2], []]`` -> ``"[[4,2],[]]"``), which is what
- * ``orjson.dumps`` makes of the list and the writer writes; ``data`` itself when none is. */
-static PyObject *shapes_as_text(PyObject *self, PyObject *args) {
-    PyObject *data, *keys;
-    if (!PyArg_ParseTuple(args, "SO!", &data, &PyTuple_Type, &keys)) return NULL;
+/* shapes_into(out, data, keys): ``data`` (any bytes-like) appended to the bytearray ``out``
+ * with every plain list value of those keys (a tuple of bytes) made the string of its compact
+ * text (``[[4, 2], []]`` -> ``"[[4,2],[]]"``): what ``orjson.dumps`` makes of the list, and
+ * the writer writes. A list cut off by the end of ``data`` stays as it is. */
+static PyObject *shapes_into(PyObject *self, PyObject *args) {
+    PyObject *out, *keys;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "O!y*O!", &PyByteArray_Type, &out, &view, &PyTuple_Type, &keys))
+        return NULL;
+    PyObject *result = NULL;
     Py_ssize_t longest = 0;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
         PyObject *key = PyTuple_GET_ITEM(keys, k);
         if (!PyBytes_Check(key)) {
             PyErr_SetString(PyExc_TypeError, "commviz: shape keys are bytes");
-            return NULL;
+            goto done;
         }
         if (PyBytes_GET_SIZE(key) > longest) longest = PyBytes_GET_SIZE(key);
     }
-    const char *start = PyBytes_AS_STRING(data), *end = start + PyBytes_GET_SIZE(data);
-    const char *copied = start, *p = start;
-    PyObject *out = NULL;
-    char *w = NULL;
+    /* room for the worst case, a list's text at most doubling; only what is written is used */
+    Py_ssize_t had = PyByteArray_GET_SIZE(out);
+    if (view.len > (PY_SSIZE_T_MAX - had - 2) / 2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyByteArray_Resize(out, had + 2 * view.len + 2) < 0) goto done;
+    char *base = PyByteArray_AS_STRING(out), *w = base + had;
+    const char *start = view.buf, *end = start + view.len, *copied = start, *p = start;
     while (p < end && (p = memchr(p, '[', end - p)) != NULL) {
-        Py_ssize_t len;
         const char *stop;
-        if (!shape_key(start, p, keys, longest) || (stop = plain_list(p, end, &len)) == NULL) {
+        if (!shape_key(start, p, keys, longest) || (stop = plain_list(p, end)) == NULL) {
             p++;
             continue;
-        }
-        if (out == NULL) {      /* at most twice the input: a list's text at most doubles */
-            out = PyBytes_FromStringAndSize(NULL, 2 * PyBytes_GET_SIZE(data) + 2);
-            if (out == NULL) return NULL;
-            w = PyBytes_AS_STRING(out);
         }
         memcpy(w, copied, p - copied);
         w += p - copied;
@@ -885,14 +881,14 @@ static PyObject *shapes_as_text(PyObject *self, PyObject *args) {
         *w++ = '"';
         copied = p = stop;
     }
-    if (out == NULL) {
-        Py_INCREF(data);
-        return data;
-    }
     memcpy(w, copied, end - copied);
     w += end - copied;
-    if (_PyBytes_Resize(&out, w - PyBytes_AS_STRING(out)) < 0) return NULL;
-    return out;
+    if (PyByteArray_Resize(out, w - base) < 0) goto done;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&view);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -911,9 +907,9 @@ static PyMethodDef methods[] = {
     {"gpu_index", (PyCFunction)(void (*)(void))gpu_index, METH_FASTCALL,
      "gpu_index(events, joinable, consts, rank, base_ns, op_type, op_of, outs): "
      "gpu.python_gpu_index's pass, into outs"},
-    {"shapes_as_text", shapes_as_text, METH_VARARGS,
-     "shapes_as_text(data, keys) -> data with those keys' plain list values as their compact "
-     "JSON text"},
+    {"shapes_into", shapes_into, METH_VARARGS,
+     "shapes_into(out, data, keys): data appended to out, those keys' plain list values as "
+     "their compact JSON text"},
     {NULL, NULL, 0, NULL},
 };
 

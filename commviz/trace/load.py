@@ -24,7 +24,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import msgspec
 from isal import isal_zlib
@@ -122,17 +122,24 @@ class TraceHeader:
     start_ns: int | None = None       # wall ns of its first events (median of the first few)
 
 
-def read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """The file's bytes, gunzipped when it is gzip; ``limit`` reads only that much."""
+def read_bytes(path: Path, limit: int | None = None,
+               shapes_as_text: bool = False) -> bytes | bytearray:
+    """The file's bytes, gunzipped when it is gzip; ``limit`` reads only that much;
+    ``shapes_as_text``: as ``shapes_text`` gives them (where the C pass is built)."""
     try:
         with open(path, "rb") as f:
             magic = f.read(2)
             f.seek(0)
+            shapes = shapes_as_text and native is not None and limit is None
             if magic == _GZIP_MAGIC:
+                if shapes:
+                    return shapes_text(inflate(f.read(), INFLATE_CHUNK))
                 if limit is None:                   # in one call: no chunks to join
-                    return gunzip(f.read())
+                    return b"".join(inflate(f.read()))
                 with gzip.GzipFile(fileobj=f) as g:
                     return g.read(limit)
+            if shapes:
+                return shapes_text([f.read()])
             return f.read(limit) if limit is not None else f.read()
     except (EOFError, zlib.error, isal_zlib.error, gzip.BadGzipFile) as exc:
         raise TraceError(str(path), f"truncated or corrupt gzip ({exc})") from None
@@ -140,19 +147,50 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
         raise TraceError(str(path), f"cannot read: {exc.strerror or exc}") from None
 
 
-def gunzip(data: bytes) -> bytes:
-    """Every member of a gzip file, as ``gzip.decompress`` gives them, by ISA-L's inflate: about
-    half zlib's time, which is a fifth of reading a trace. Zero bytes after the last member
-    (padding some writers leave) are ignored, as gzip does."""
-    parts = []
+INFLATE_CHUNK = 1 << 17     # compressed bytes inflated at a time: text of about 1.5 MB
+
+
+def inflate(data: bytes, chunk: int | None = None) -> Iterator[bytes]:
+    """The text of every member of a gzip file, as ``gzip.decompress`` gives it, by ISA-L's
+    inflate (half zlib's time, which was a fifth of reading a trace): a piece a member, or the
+    text of ``chunk`` compressed bytes at a time. Zero bytes after the last member (padding
+    some writers leave) are ignored, as gzip does."""
+    view = memoryview(data)
     while True:
         member = isal_zlib.decompressobj(31)
-        parts.append(member.decompress(data))
-        if not member.eof:
-            raise EOFError("compressed file ended before the end-of-stream marker was reached")
-        data = member.unused_data
-        if not data.strip(b"\0"):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+        step, at = chunk or max(len(view), 1), 0
+        while not member.eof:
+            if at >= len(view):
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            text = member.decompress(view[at:at + step])
+            at += step
+            if text:
+                yield text
+        rest = member.unused_data + view[at:]
+        if not rest.strip(b"\0"):
+            return
+        view = memoryview(rest)
+
+
+def shapes_text(pieces: Iterable[bytes]) -> bytearray:
+    """The JSON text of ``pieces`` with the plain lists of ``SHAPE_KEYS`` as their compact text
+    (``_scan.shapes_into``), made a piece at a time as it is inflated: the text is written once
+    (no whole inflated copy to fault in first) and read while in cache. Pieces are cut at line
+    ends, and Kineto writes an event a line, so no list is cut; one that is all the same stays
+    a list, which the writer writes as the same text."""
+    out, line = bytearray(), bytearray()
+    for piece in pieces:
+        cut = piece.rfind(b"\n") + 1
+        if not cut:
+            line += piece
+            continue
+        head = piece.find(b"\n") + 1
+        line += piece[:head]
+        native.shapes_into(out, line, _SHAPE_KEYS)
+        native.shapes_into(out, memoryview(piece)[head:cut], _SHAPE_KEYS)
+        line = bytearray(piece[cut:])
+    native.shapes_into(out, line, _SHAPE_KEYS)
+    return out
 
 
 def read_header(path: str | os.PathLike[str]) -> TraceHeader:
@@ -302,11 +340,9 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None,
     """
     path = Path(path)
     source = str(path)
-    data = read_bytes(path)
+    data = read_bytes(path, shapes_as_text=shapes_as_text)
     if not data or data.isspace():             # (no stripped copy of a big file)
         raise TraceError(source, "empty file")
-    if shapes_as_text and native is not None:
-        data = native.shapes_as_text(data, _SHAPE_KEYS)
     doc = parse_json(data, source)
     del data
     if isinstance(doc, list):                  # Chrome's bare "JSON array" trace format
