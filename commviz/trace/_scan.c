@@ -12,7 +12,9 @@
  * that one event to Python, and ``bind_flows`` binds only the usual launch flow (one slice with
  * its id on each point's track), every other flow by the Python binder. What runs here is the
  * per-event dict reads and arithmetic, without the interpreter's per-operation overhead.
- * Categories, prefixes and limits come from Python, so each has one place.
+ * Categories, prefixes and limits come from Python, so each has one place. ``shapes_into`` works
+ * on a trace's text before it is decoded (``commviz.trace.load.shapes_text``); it has no Python
+ * twin: without it the shape lists are decoded as lists, and the writer writes the same text.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
