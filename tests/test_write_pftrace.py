@@ -269,6 +269,29 @@ def test_timestamps_must_not_go_back() -> None:
     seq.start(100)
     with pytest.raises(ValueError):
         seq.event(50, counter_event(1))
+    with pytest.raises(ValueError):
+        seq.counters([(200, 1.0), (150, 2.0)])
+
+
+def test_a_counter_track_reads_back_sample_by_sample() -> None:
+    """Thousands of samples in one loop: protobuf's own parser reads each one's time (the
+    sequence's incremental clock) and value, the interned name of the first packet's sequence
+    carried on the first packet only."""
+    rng = random.Random(3)
+    times = sorted(rng.randrange(10**9, 10**12) for _ in range(3000))
+    samples = [(t, rng.choice([0.0, 1.5, rng.random() * 1e4, 1e-300, -2.0])) for t in times]
+    seq = Sequence(7, 9)
+    seq.name("pending")                     # interned data still to be written
+    data = seq.start(times[0]) + bytes(seq.counters(samples))
+    start, *packets = _packets(data)
+    assert len(packets) == len(samples) and packets[0].HasField("interned_data")
+    assert not any(p.HasField("interned_data") for p in packets[1:])
+    t = start.timestamp
+    for packet, (ts, value) in zip(packets, samples):
+        t += packet.timestamp
+        assert t == ts and packet.trusted_packet_sequence_id == 7
+        assert packet.track_event.type == pb.TrackEvent.TYPE_COUNTER
+        assert packet.track_event.double_counter_value == value
 
 
 def test_args_round_trip_exactly(tmp_path) -> None:

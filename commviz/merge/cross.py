@@ -25,7 +25,7 @@ from commviz.match.model import CommEvent, InstanceKey
 from commviz.merge.piece import carries_cross_flow, cross_flow_id, lane_name, lane_order
 from commviz.merge.stops import STOP_CAT, Stop
 from commviz.merge.summary import SummaryTracks, summary_tracks
-from commviz.write.pftrace import Piece, counter_event, emit_slices, split, track_descriptor
+from commviz.write.pftrace import Piece, emit_slices, split, track_descriptor
 from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
 from commviz.write.read import varint as read_varint
 
@@ -106,8 +106,7 @@ def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[st
         if len(items[0]) == 3:
             stats["summary_slices"] += emit_slices(seq, piece.buf, items, events)
         else:
-            for ts, value in items:
-                piece.buf += seq.event(ts, counter_event(value))
+            piece.buf += seq.counters(items)
             stats["bandwidth_samples"] += len(items)
 
 

@@ -41,8 +41,7 @@ from commviz.trace.joinable import native
 from commviz.trace.kernels import GPU_CATS
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
-from commviz.write.pftrace import (Piece, counter_event, emit_slices, flow_field, split,
-                                   track_descriptor)
+from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 PID_BASE = 1_000_000                  # synthetic pid of rank R: PID_BASE + R (OS pids repeat)
 ORDER_LANE, ORDER_STREAM, ORDER_THREAD, ORDER_OTHER = 0, 100_000, 200_000, 300_000
@@ -556,8 +555,7 @@ def _write_pftrace(r: _Rank, result: RankResult, phases: Phases) -> None:
         for uuid, samples in counters:
             seq = piece.sequence(uuid)
             piece.buf += seq.start(samples[0][0])
-            for ts, value in samples:
-                piece.buf += seq.event(ts, counter_event(value))
+            piece.buf += seq.counters(samples)
         piece.flush()
     result.stats.update(slices=slices, backing_tracks=backing, bytes=piece.packets_bytes)
 

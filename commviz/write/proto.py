@@ -9,7 +9,6 @@ perfetto package's builder slow; the field numbers below are those of ``perfetto
 
 from __future__ import annotations
 
-import struct
 
 VARINT, FIXED64, LEN = 0, 1, 2
 _U64 = (1 << 64) - 1
@@ -52,10 +51,6 @@ def f_bytes(field: int, data: bytes) -> bytes:
 
 def f_str(field: int, text: str) -> bytes:
     return f_bytes(field, text.encode("utf-8", "surrogatepass"))
-
-
-def f_double(field: int, value: float) -> bytes:
-    return tag(field, FIXED64) + struct.pack("<d", value)
 
 
 def packet(body: bytes) -> bytes:
