@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
+from commviz.match import graphed
 from commviz.merge import merge_run
 from commviz.trace import joinable, load
 from commviz.trace.load import SHAPE_KEYS
@@ -127,7 +128,7 @@ def test_a_plain_list_becomes_its_compact_text(value: str) -> None:
     '{"Input type": ["tab\there"]}',
     '{"Input Dims": [1 2]}', '{"Input Dims": [1,]}', '{"Input Dims": [,1]}',
     '{"Input Dims": [01]}', '{"Input Dims": [tru]}', '{"Input Dims": [1, 2',
-    '{"name": "x\\"Input Dims\\": [1]"}', '["Input Dims", [1]]', '{"grid": [1, 1, 1]}',
+    '{"name": "x\\"Input Dims\\": [1]"}', '["Input Dims", [1]]', '{"stream": [1, 1, 1]}',
     '{"Input Dimsx": [1]}', '{"xInput Dims": [1]}', '{"a\\"Input Dims": [1]}',
 ])
 def test_any_other_list_stays_as_it_is(text: str) -> None:
@@ -135,14 +136,28 @@ def test_any_other_list_stays_as_it_is(text: str) -> None:
     assert _turned(data) == data
 
 
+@pytest.mark.parametrize("fixture", ["proof-4x/3d", "proof-2xh100/graphs"])
 def test_a_merge_writes_the_same_bytes_with_shapes_read_as_text(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lists and their text give one merged trace: the writer makes the same string."""
-    runs = [shutil.copytree(FIXTURES / "gpu/proof-4x/3d", tmp_path / name)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str) -> None:
+    """The lists and their text give one merged trace: the writer makes the same string, and
+    the graph matcher reads a graphed kernel's grid and block from either (``graphs``: CUDA
+    graph replays, every kernel matched by its launch dims)."""
+    runs = [shutil.copytree(FIXTURES / "gpu" / fixture, tmp_path / name)
             for name in ("text", "lists")]                  # nothing one merge saved is reused
     as_text = merge_run(runs[0], tmp_path / "text.pftrace", workers=1, progress=False)
     with monkeypatch.context() as m:
         m.setattr(load, "_SHAPE_KEYS", ())
         as_lists = merge_run(runs[1], tmp_path / "lists.pftrace", workers=1, progress=False)
-    assert as_text.stats["slices"] == as_lists.stats["slices"] > 10_000
+    for key in ("slices", "comm_events"):
+        assert as_text.stats[key] == as_lists.stats[key] > 0
     assert as_text.out.read_bytes() == as_lists.out.read_bytes()
+
+
+@pytest.mark.parametrize("grid, block", [([2, 64, 1], [256, 1, 1]), ("[2,64,1]", "[256,1,1]")])
+def test_the_graph_matcher_reads_launch_dims_either_way(grid: Any, block: Any) -> None:
+    assert graphed._dims({"grid": grid, "block": block}) == (2, 64, 1, 256, 1, 1)
+
+
+@pytest.mark.parametrize("grid", ["", "[2,64", "{}", "2", None, 7, [2, "x", 1]])
+def test_launch_dims_that_are_no_list_of_ints_are_none(grid: Any) -> None:
+    assert graphed._dims({"grid": grid, "block": [256, 1, 1]}) is None

@@ -48,6 +48,7 @@ from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
 from commviz.trace.kernels import graph_node_id, incompatibility, is_sendrecv, parse_nccl
+from commviz.trace.load import json_list
 
 REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph
 MATCHED_BY = md.MATCHED_BY
@@ -168,7 +169,7 @@ def _fingerprint(counts: Counter) -> frozenset:
 
 
 def _dims(args: dict[str, Any]) -> tuple | None:
-    grid, block = args.get("grid"), args.get("block")
+    grid, block = json_list(args.get("grid")), json_list(args.get("block"))
     if not (isinstance(grid, list) and isinstance(block, list)):
         return None
     dims = tuple(_int(v) for v in grid + block)

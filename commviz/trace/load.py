@@ -49,9 +49,11 @@ MAX_NS = (1 << 63) - 1          # wall times are int64 nanoseconds downstream
 MIN_SPAN_US = 1e6               # a trace's span is taken as at least a second...
 SPAN_FACTOR = 1000              # ...and times this many spans away from it are not believed
 FAR_NS = 6 * 3_600 * 10**9      # a trace this far from the rest of the job is not believed
-# Kineto's op-shape args (``record_shapes=True``): lists that no commviz step reads and the
-# pftrace writer writes as their compact JSON text; ``load_trace(..., shapes_as_text=True)``.
-SHAPE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+# Kineto's shape args: an op's (``record_shapes=True``) and a kernel's launch grid and block.
+# The pftrace writer writes each list as its compact JSON text, and ``load_trace(...,
+# shapes_as_text=True)`` reads them as that text; the one step that reads any of them, the
+# graph matcher (a graphed kernel's grid and block), reads the text too (``json_list``).
+SHAPE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs", "grid", "block")
 _SHAPE_KEYS = tuple(key.encode() for key in SHAPE_KEYS)
 
 
@@ -191,6 +193,18 @@ def shapes_text(pieces: Iterable[bytes]) -> bytearray:
         line = bytearray(piece[cut:])
     native.shapes_into(out, line, _SHAPE_KEYS)
     return out
+
+
+def json_list(value: Any) -> Any:
+    """A ``SHAPE_KEYS`` arg as its list, whichever way the trace was loaded (a string that is
+    no JSON list: None)."""
+    if value.__class__ is not str:
+        return value
+    try:
+        value = msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return None
+    return value if value.__class__ is list else None
 
 
 def read_header(path: str | os.PathLike[str]) -> TraceHeader:
