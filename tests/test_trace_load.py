@@ -214,6 +214,27 @@ def test_a_gzip_of_several_members_reads_whole(recorded: Path, tmp_path: Path,
     assert load_trace(path).events == json.loads(text)["traceEvents"]
 
 
+def test_a_gzip_of_many_small_members_reads_whole(recorded: Path, tmp_path: Path) -> None:
+    """Each member is read where it starts in the file (none copied out of it): 2,000 members,
+    each a few hundred bytes, as the standard library's gzip reads them."""
+    text = gzip.decompress((recorded / "trace_rank0.json.gz").read_bytes())
+    step = -(-len(text) // 2000)
+    path = tmp_path / "many_rank0.json.gz"
+    path.write_bytes(b"".join(gzip.compress(text[i:i + step]) for i in range(0, len(text), step)))
+    assert load_trace(path).events == json.loads(text)["traceEvents"]
+
+
+def test_bytes_after_zero_padding_are_refused_naming_the_file(recorded: Path,
+                                                               tmp_path: Path) -> None:
+    path = tmp_path / "padded_rank0.json.gz"
+    path.write_bytes((recorded / "trace_rank0.json.gz").read_bytes() + b"\0\0\0junk")
+    with pytest.raises(gzip.BadGzipFile):
+        gzip.decompress(path.read_bytes())
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(path) in str(err.value) and "truncated or corrupt gzip" in str(err.value)
+
+
 def test_trace_filed_under_another_rank_is_refused(recorded: Path) -> None:
     with pytest.raises(TraceError, match="distributedInfo says rank 0"):
         load_trace(recorded / "trace_rank0.json.gz", rank=1)

@@ -168,10 +168,11 @@ def inflate(data: bytes, chunk: int | None = None) -> Iterator[bytes]:
             at += step
             if text:
                 yield text
-        rest = member.unused_data + view[at:]
-        if not rest.strip(b"\0"):
+        view = view[min(at, len(view)) - len(member.unused_data):]   # the next member, uncopied
+        if not view or view[0] == 0:                # padding (a member starts with 0x1f)
+            if any(view.tobytes()):
+                raise EOFError("bytes other than zero padding after the last gzip member")
             return
-        view = memoryview(rest)
 
 
 def shapes_text(pieces: Iterable[bytes]) -> bytearray:
