@@ -26,8 +26,7 @@ from commviz.merge.piece import carries_cross_flow, cross_flow_id, lane_name, la
 from commviz.merge.stops import STOP_CAT, Stop
 from commviz.merge.summary import SummaryTracks, summary_tracks
 from commviz.write.pftrace import Piece, emit_slices, split, track_descriptor
-from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, tag, varint
-from commviz.write.read import varint as read_varint
+from commviz.write.proto import FIXED64, LEN, UNIT_COUNT, F, read_varint, tag, varint
 
 _FLOW_TAG = tag(F.FLOW_IDS, FIXED64)
 _FLOW_KEY = F.FLOW_IDS << 3 | FIXED64

@@ -37,6 +37,22 @@ def varint(value: int) -> bytes:
     return _encode_varint(value)
 
 
+def read_varint(buf: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position), or None if ``buf`` ends inside the varint."""
+    result = shift = 0
+    n = len(buf)
+    while pos < n:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+    return None
+
+
 def tag(field: int, wire: int) -> bytes:
     return varint(field << 3 | wire)
 

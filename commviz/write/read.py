@@ -25,6 +25,7 @@ import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commviz.errors import SourceError
+from commviz.write.proto import read_varint
 
 _CHUNK = 8 << 20                    # bytes read and parsed at a time: memory stays flat
 
@@ -149,22 +150,6 @@ class Contents:
 
 # --- framing --------------------------------------------------------------------------------
 
-def varint(buf: bytes, pos: int) -> tuple[int, int] | None:
-    """(value, next position), or None if ``buf`` ends inside the varint."""
-    result = shift = 0
-    n = len(buf)
-    while pos < n:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-    return None
-
-
 def open_trace(path: Path) -> BinaryIO:
     """The file, decompressed on the fly when it is gzipped."""
     f = open(path, "rb")
@@ -204,7 +189,7 @@ def iter_packet_batches(path: Path) -> Iterator[tuple[list[int], Any]]:
                                           f"(expected a TracePacket field, found "
                                           f"0x{buf[pos]:02x})")
                     try:
-                        head = varint(buf, pos + 1)
+                        head = read_varint(buf, pos + 1)
                     except ValueError:
                         raise SourceError(str(path), f"byte {base + pos}: corrupt packet length "
                                           "(not a Perfetto trace?)") from None
@@ -232,7 +217,7 @@ def packet_at(f: BinaryIO, offset: int) -> Any:
     """The packet framed at ``offset`` of an open trace (args read back on demand)."""
     f.seek(offset)
     head = f.read(11)
-    length, pos = varint(head, 1) or (0, 0)
+    length, pos = read_varint(head, 1) or (0, 0)
     payload = head[pos:] + f.read(length - (len(head) - pos))
     return pb.TracePacket.FromString(payload[:length])
 
