@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_prefetch.h"
+
 static PyObject *s_pid, *s_tid, *s_ph, *s_cat, *s_name, *s_ts, *s_dur, *s_args, *s_corr,
     *s_id, *s_X, *s_M, *s_node, *s_stream, *s_cbid, *s_runtime, *s_empty, *s_s, *k_zero,
     *k_zero_f;
@@ -102,6 +104,7 @@ static PyObject *index_loop(PyObject *events, PyObject *join_cats, PyObject *nam
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        prefetch_ahead(events, i);
         PyObject *e = PyList_GET_ITEM(events, i);
         if (!PyDict_CheckExact(e)) continue;
         Py_INCREF(e);
@@ -206,6 +209,7 @@ static PyObject *time_bounds(PyObject *self, PyObject *events) {
     PyObject *b[4] = {NULL, NULL, NULL, NULL};
     double v[4] = {0, 0, 0, 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        prefetch_ahead(events, i);
         PyObject *e = PyList_GET_ITEM(events, i);
         if (!PyDict_CheckExact(e)) continue;
         int rc = bounds_one(e, b, v);
@@ -328,6 +332,7 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     Py_ssize_t negative = 0, out_of_range = 0, i = lo;
     if (overflow) goto done;                   /* a base past int64: the Python pass's work */
     for (; i < hi; i++) {
+        prefetch_ahead(events, i);
         PyObject *ev = PyList_GET_ITEM(events, i);
         if (!PyDict_CheckExact(ev)) break;
         PyObject *ph = PyDict_GetItemWithError(ev, s_ph);
@@ -546,7 +551,9 @@ static PyObject *gpu_index(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
     int overflow = 0;
     long long base = PyLong_AsLongLongAndOverflow(a[4], &overflow);
     if (base == -1 && PyErr_Occurred()) return NULL;
+    int ahead = PyList_CheckExact(events);
     for (Py_ssize_t j = 0; j < PyList_GET_SIZE(joinable); j++) {
+        if (ahead) prefetch_indexed(events, joinable, j);
         PyObject *idx = PyList_GET_ITEM(joinable, j);
         PyObject *ev = PyObject_GetItem(events, idx);
         if (ev == NULL) return NULL;
@@ -591,6 +598,7 @@ static PyObject *gpu_index(PyObject *self, PyObject *const *a, Py_ssize_t nargs)
         if (rc < 0) return NULL;
     }
     for (Py_ssize_t j = 0; j < PyList_GET_SIZE(work); j++) {
+        if (ahead) prefetch_indexed(events, work, j);
         PyObject *idx = PyList_GET_ITEM(work, j);
         PyObject *ev = PyObject_GetItem(events, idx), *args, *op = NULL;
         if (ev == NULL) return NULL;

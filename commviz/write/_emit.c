@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_prefetch.h"
+
 #if !PY_LITTLE_ENDIAN
 #error "commviz's C writer packs doubles as little-endian bytes"
 #endif
@@ -550,6 +552,31 @@ static int read_item(PyObject *item, int64_t *start, int64_t *neg_end, PyObject 
     return 0;
 }
 
+/* The event of ``items[k]`` (start, -end, index) when the index is one of ``events``', else
+ * NULL. */
+static PyObject *event_of(PyObject *items, PyObject *events, Py_ssize_t k) {
+    if (k >= PyList_GET_SIZE(items)) return NULL;
+    PyObject *item = PyList_GET_ITEM(items, k);
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3) return NULL;
+    return item_at(events, PyTuple_GET_ITEM(item, 2));
+}
+
+/* ``prefetch_ahead`` for the slices of a track (their events in time order, not in list
+ * order), and the args of the events a few slices ahead, whose keys and values the loop
+ * reads too. */
+static void prefetch_slices(PyObject *items, PyObject *events, Py_ssize_t k) {
+    PyObject *ev = event_of(items, events, k + PREFETCH_FAR);
+    if (ev != NULL) PREFETCH(ev);
+    prefetch_keys(event_of(items, events, k + PREFETCH_NEAR));
+    prefetch_values(event_of(items, events, k + PREFETCH_VALUES));
+    ev = event_of(items, events, k + PREFETCH_ARGS);
+    if (ev != NULL && PyDict_CheckExact(ev)) {
+        PyObject *args = PyDict_GetItemWithError(ev, s_args);
+        if (args == NULL) PyErr_Clear();
+        prefetch_keys(args);
+    }
+}
+
 static PyObject *emit_slices(PyObject *self, PyObject *argt, PyObject *kw) {
     static char *kwlist[] = {"seq", "out", "items", "events", "extra", "flows", NULL};
     PyObject *seq, *out, *items, *events, *extra = Py_None, *flows = Py_None;
@@ -584,7 +611,10 @@ static PyObject *emit_slices(PyObject *self, PyObject *argt, PyObject *kw) {
     if (last == -1 && PyErr_Occurred()) goto done;
     it = PyObject_GetIter(items);
     if (it == NULL) goto done;
+    Py_ssize_t k = 0;
+    int ahead = PyList_CheckExact(items);
     while ((item = PyIter_Next(it)) != NULL) {
+        if (ahead) prefetch_slices(items, events, k++);
         int64_t start, neg_end;
         PyObject *index;
         if (read_item(item, &start, &neg_end, &index) < 0) goto done;
