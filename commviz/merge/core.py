@@ -60,13 +60,16 @@ def _default_out(run_dir: Path, fmt: str, per_rank: bool = False) -> Path:
 
 def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fmt: str,
          json_base_ns: int = 0, matched_dir: Path | None = None, keep: Keep | None = None,
-         early: bool = False) -> RankJob:
+         early: bool = False, keep_matched: bool = True) -> RankJob:
+    """``matched_dir``: where the rank's matched run is read and saved (default: the run
+    dir); ``keep_matched`` False: neither."""
     clock = plan.clock(rank)
     shard = shard_path(run.run_dir, rank)
     inputs, record_inputs = fingerprints(inp)
     return RankJob(rank=rank, out=tmp / f"rank{rank}.{'pftrace' if fmt == 'pftrace' else 'json'}",
                    record=inp.record, trace_paths=list(inp.trace_paths),
-                   matched=artifact.matched_path(matched_dir or run.run_dir, rank),
+                   matched=artifact.matched_path(matched_dir or run.run_dir, rank)
+                   if keep_matched else None,
                    inputs=inputs, record_inputs=record_inputs, clock=clock, host=inp.host,
                    fmt=fmt, fingerprint=fingerprint(inputs, clock.offset_ns)
                    if fmt == "pftrace" else None, json_base_ns=json_base_ns,
@@ -76,6 +79,8 @@ def _job(run: Run, rank: int, inp: RankInput, plan: clk.ClockPlan, tmp: Path, fm
 
 def _fresh(job: RankJob, problems: list[str]) -> artifact.RankArtifact | None:
     """The rank's saved matched run on this job's clock, when built from the same inputs."""
+    if job.matched is None:
+        return None
     art = artifact.load_fresh(job.matched, job.inputs, job.record_inputs,
                               bool(job.trace_paths), problems)
     return art.aligned(job.clock) if art is not None else None
@@ -287,7 +292,8 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         # written elsewhere (a read-only or shared input dir) keeps them in its scratch dir
         inside = target.resolve().is_relative_to(run.run_dir.resolve())
         matched_dir = run.run_dir if inside and os.access(run.run_dir, os.W_OK) else tmp
-        if plan.pending:
+        derived = bool(plan.pending)
+        if derived:
             jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, matched_dir=matched_dir)
                     for r in sorted(run.ranks)]
             ends = {res.rank: {ev.key: ev.end_ns for ev in res.events if ev.key is not None}
@@ -295,8 +301,11 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
             problems.extend(clk.derive(plan, ends))
         base = _json_base(run, plan) if fmt == "json" else 0
         early = fmt == "pftrace" and not per_rank and pool.workers > 1
-        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep, early)
-                for r in sorted(run.ranks)]
+        # in the scratch dir, a matched run is read only by the conversion after a derived
+        # clock's matching pass: otherwise it is deleted unread, so it is not written
+        kept = matched_dir != tmp or derived
+        jobs = [_job(run, r, run.ranks[r], plan, tmp, fmt, base, matched_dir, keep, early,
+                     keep_matched=kept) for r in sorted(run.ranks)]
         cross = _CrossPiece(tmp / "cross.pftrace", run.run_dir)
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks",
                            early=cross.write if early else None)

@@ -89,7 +89,9 @@ class RankJob:
     out: Path
     record: dict | None
     trace_paths: list[Path]
-    matched: Path                       # the rank's matched run: read when fresh, else written
+    matched: Path | None                # the rank's matched run: read when fresh, else written
+                                        # (None: neither, where it would go to the scratch dir
+                                        # and be deleted unread)
     inputs: str                         # fingerprint of record + traces (artifact.inputs_...)
     record_inputs: str | None           # of the record alone (its traces may stay on its node)
     clock: Clock = Clock()              # this rank's clock (a pending one: its own, match only)
@@ -135,13 +137,14 @@ def result_of(job: RankJob, art: RankArtifact, out: Path | None) -> RankResult:
 
 
 def build_artifact(job: RankJob, traces: list[Trace], problems: list[str]) -> RankArtifact:
-    """Match the rank once, on its clock, and save it beside its shard."""
+    """Match the rank once, on its clock, and save it beside its shard (``RankJob.matched``)."""
     art = artifact.build(job.rank, traces, job.record, inputs=job.inputs,
                          record_inputs=job.record_inputs, clock=job.clock, host=job.host,
                          problems=problems)
     if job.fmt == "pftrace" and job.fingerprint:
         art.shard = job.fingerprint
-    artifact.save(art, job.matched)
+    if job.matched is not None:
+        artifact.save(art, job.matched)
     return art
 
 
