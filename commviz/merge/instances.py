@@ -51,6 +51,10 @@ STRAGGLER_MIN_NS = 1_000_000
 STRAGGLER_FACTOR = 5.0
 # A group's first this many collectives are its warm-up (``Instance.warmup``).
 WARMUP = 1
+# The enum members read per event and per instance (Python 3.11 reads a member off its class
+# ten times slower than a global)
+_P2P, _BATCH, _COLLECTIVE = KeyKind.P2P, KeyKind.BATCH, KeyKind.COLLECTIVE
+_KERNEL = Source.KERNEL
 
 
 class Span:
@@ -132,12 +136,13 @@ class Instance(Span):
 
 def instance_label(key: InstanceKey, op: str, seq: int | None) -> str:
     """How an instance is named in tables and on summary slices ("all_reduce #3")."""
-    if key.kind is KeyKind.P2P:
+    kind = key.kind
+    if kind is _P2P:
         text = f"{op} {key.src}->{key.dst} #{key.seq}"
-    elif key.kind is KeyKind.BATCH:
+    elif kind is _BATCH:
         text = f"{op} " + " ".join(f"{p.src}->{p.dst}#{p.seq}" for p in key.pairs)
     else:
-        seq = seq if seq is not None else (key.seq if key.kind is KeyKind.COLLECTIVE else None)
+        seq = seq if seq is not None else (key.seq if kind is _COLLECTIVE else None)
         text = op if seq is None else f"{op} #{seq}"
     if key.replay is not None:               # one CUDA graph replay's copy of the call
         replay = key.replay
@@ -148,9 +153,9 @@ def instance_label(key: InstanceKey, op: str, seq: int | None) -> str:
 
 def expected_ranks(key: InstanceKey, args: dict) -> tuple[int, ...]:
     """The ranks that should take part in an instance: its two p2p ends, else its group's."""
-    if key.kind is KeyKind.P2P:
+    if key.kind is _P2P:
         return tuple(sorted({int(key.src), int(key.dst)}))
-    if key.kind is KeyKind.BATCH:
+    if key.kind is _BATCH:
         return tuple(sorted({int(r) for p in key.pairs for r in (p.src, p.dst)}))
     return md.group_ranks(args.get(md.PG_RANKS))
 
@@ -214,12 +219,12 @@ def held(ev: CommEvent) -> bool:
 
 def kernel_groups(events: Iterable[CommEvent]) -> set[tuple[int, str]]:
     """(rank, pg) pairs whose collectives ran as GPU kernels on that rank."""
-    return {(ev.rank, ev.pg) for ev in events if ev.source is Source.KERNEL}
+    return {(ev.rank, ev.pg) for ev in events if ev.source is _KERNEL}
 
 
 def is_launch_only(ev: CommEvent, gpu: set[tuple[int, str]]) -> bool:
     """Whether the event's span covers only the call's launch (see the module docstring)."""
-    return ev.source is not Source.KERNEL and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
+    return ev.source is not _KERNEL and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
 
 
 def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,

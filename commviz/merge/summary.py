@@ -80,8 +80,9 @@ def comm_args(args: dict, inst: Any, *, algbw: bool = True) -> None:
     """Add an instance's comm time, bytes and bandwidth to its slice's ``args``: the same keys
     on the merged trace's summary and the overview's (``inst``: an ``Instance`` or the
     overview's ``Seen``). The overview leaves algbw out: its tracks plot busbw only."""
-    if inst.comm_ns is not None:
-        args["commviz.comm_ns"] = inst.comm_ns
+    comm_ns = inst.comm_ns
+    if comm_ns is not None:
+        args["commviz.comm_ns"] = comm_ns
     if inst.size_bytes is not None:
         args["commviz.size_bytes"] = inst.size_bytes
     if inst.bandwidth is not None:
@@ -107,7 +108,7 @@ def rows_of(instances: list[Instance]) -> list[int]:
 def bandwidth_counter(pg: str, instances: list[Instance]) -> list[CounterSample]:
     deltas: dict[int, float] = defaultdict(float)
     for inst in instances:
-        if inst.bandwidth is None or inst.comm_ns is None or inst.comm_ns <= 0:
+        if inst.bandwidth is None or not (inst.comm_ns or 0) > 0:
             continue
         deltas[inst.last_start_ns] += inst.bandwidth.busbw_gbps
         deltas[inst.last_end_ns] -= inst.bandwidth.busbw_gbps
