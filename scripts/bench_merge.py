@@ -376,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gzip", action="store_true", help="plain .json inputs")
     ap.add_argument("--keep", type=Path, help="generate into (and keep) this directory")
     ap.add_argument("--verify", action="store_true", help="commviz verify the merged trace")
+    ap.add_argument("--into-run-dir", action="store_true",
+                    help="write the merged trace into the run dir, as `commviz merge RUN_DIR` "
+                         "does by default: each rank's matched run is then saved beside its "
+                         "inputs for the report (default: beside the run dir, where it is not)")
     a = ap.parse_args(argv)
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commviz-bench-"))
@@ -395,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
               f"load average {os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
         res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
-        res_b = measure("merge", run, work / "merged.pftrace", ranks=a.ranks, workers=a.workers)
+        merged = (run if a.into_run_dir else work) / "merged.pftrace"
+        res_b = measure("merge", run, merged, ranks=a.ranks, workers=a.workers)
         if "error" not in res_b:
             res_b["events"] = sum(counts.values())
         res_c = measure("parse", run, work / "unused", ranks=a.ranks)
@@ -444,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             from commviz.verify import verify_pftrace
 
             t = time.perf_counter()
-            rep = verify_pftrace(work / "merged.pftrace", inputs=load_run(run))
+            rep = verify_pftrace(merged, inputs=load_run(run))
             totals: dict[str, int] = {}
             for st in rep.inputs.values():
                 for k, n in st.items():
