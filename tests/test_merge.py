@@ -258,6 +258,23 @@ def test_shards_are_reused_only_for_the_same_inputs(copy4: Path) -> None:
     assert merge_run(copy4, workers=1, progress=False).stats["reused_shards"] == 3
 
 
+def test_reused_shards_beside_a_converted_rank_in_workers(copy4: Path) -> None:
+    """Three ranks from their shards (which send nothing ahead) and one converted in a worker
+    (which sends its collectives ahead): the merge takes each rank's as it came, and the trace
+    equals a merge in one process."""
+    for rank in range(4):
+        write_shard(copy4, rank)
+    doc = gzip.decompress((copy4 / "trace_rank1.json.gz").read_bytes())
+    (copy4 / "trace_rank1.json.gz").write_bytes(gzip.compress(doc, 1))   # new bytes, same trace
+    pooled = merge_run(copy4, copy4 / "pooled.pftrace", workers=2, progress=False)
+    assert pooled.stats["reused_shards"] == 3 and pooled.problems == []
+    inline = merge_run(copy4, copy4 / "inline.pftrace", workers=1, progress=False)
+    key = lambda m: sorted((m.rank_of[s.track] if m.rank_of[s.track] is not None else -1,  # noqa: E731
+                            s.name, s.start, s.end, sorted(s.args.items())) for s in m.slices)
+    assert key(Merged(pooled.out)) == key(Merged(inline.out))
+    assert pooled.stats["comm_events"] == inline.stats["comm_events"] > 0
+
+
 def _job_shards_only(rank: int, world: int, base: str) -> None:
     """Each rank on its own "node" (run dir): shard written locally, only shard + record sent."""
     import torch

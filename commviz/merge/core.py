@@ -309,7 +309,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         cross = _CrossPiece(tmp / "cross.pftrace", run.run_dir)
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks",
                            early=cross.write if early else None)
-        events = cross.events_of(results)
+        events = cross.events_of(results, jobs)
         converted = time.perf_counter()
         for res in results:
             problems.extend(p for p in res.problems if p not in problems)
@@ -379,11 +379,15 @@ class _CrossPiece:
         self.sent = {m.rank: m for m in sent}
         self.stats = self._write([ev for m in sent for ev in m.events], [m.pgs for m in sent])
 
-    def events_of(self, results: list[RankResult]) -> list[CommEvent]:
-        """Every rank's events, in rank order, each result given back the ones it sent."""
+    def events_of(self, results: list[RankResult], jobs: list[RankJob]) -> list[CommEvent]:
+        """Every rank's events, in rank order, each result given back the ones it sent: read
+        here where the pool read none, because some rank sent nothing (its shard reused, or it
+        failed first)."""
+        paths = {job.rank: job.early for job in jobs}
         for res in results:
             if res.sent_early:
-                res.events = self.sent[res.rank].events
+                sent = self.sent.get(res.rank)
+                res.events = (sent if sent is not None else read_early(paths[res.rank])).events
         return [ev for res in results for ev in res.events]
 
     def written(self, results: list[RankResult]) -> dict[str, int]:
