@@ -8,6 +8,7 @@ one, and adds its own keys under the ``commviz.`` prefix (the Perfetto UI groups
 
 from __future__ import annotations
 
+import functools
 import sys
 import zlib
 from array import array
@@ -219,9 +220,16 @@ def group_ranks(value: object) -> tuple[int, ...]:
     ("0-4, 6-16381 step 8"); () when there are none or they cannot be read."""
     if isinstance(value, (list, tuple)):
         return tuple(int(r) for r in value)
+    return _ranks_of_text(str(value or ""))
+
+
+@functools.lru_cache(maxsize=1024)
+def _ranks_of_text(text: str) -> tuple[int, ...]:
+    """``group_ranks`` of a text, read once per text: every instance of a group names its ranks
+    with the same text, and a merge asks for them once per instance."""
     out: list[int] = []
     try:
-        for part in str(value or "").strip().strip("[]").split(","):
+        for part in text.strip().strip("[]").split(","):
             span, _, step = part.strip().partition(" step ")
             first, dash, last = span.partition("-")
             if dash:

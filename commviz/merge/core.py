@@ -309,7 +309,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
         cross = _CrossPiece(tmp / "cross.pftrace", run.run_dir)
         results = pool.map(_run_job, jobs, f"merging {len(jobs)} ranks",
                            early=cross.write if early else None)
-        events = cross.events_of(results, jobs)
+        cross.give_back(results, jobs)
         converted = time.perf_counter()
         for res in results:
             problems.extend(p for p in res.problems if p not in problems)
@@ -326,10 +326,9 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
             with open(partial, "wb") as f:
                 if fmt == "pftrace":
                     stats.update(cross.written(results))
-                    lone = lone_flows(events)   # instances on one rank: no cross-rank flow
                     copy_piece(cross.path, f, set())
                     stats["lone_flow_ends_dropped"] = sum(
-                        copy_piece(res.out, f, lone.get(res.rank, set()))
+                        copy_piece(res.out, f, cross.lone.get(res.rank, set()))
                         for res in results if res.out is not None)
                 else:
                     join_json(f, [res.out for res in results if res.out is not None],
@@ -366,29 +365,29 @@ def _write_ranks(out_dir: Path, run: Run, results: list[RankResult], base_ns: in
 
 
 class _CrossPiece:
-    """The cross-rank piece, written from the ranks' matched collectives: while the ranks'
-    pieces are still being written when every rank sent its ``Matched`` early (``write``, in
-    the pool's wait), else once they are all back (``written``)."""
+    """The cross-rank piece and each rank's lone flow ids, from the ranks' matched
+    collectives: while the ranks' pieces are still being written when every rank sent its
+    ``Matched`` early (``write``, in the pool's wait), else once they are all back
+    (``written``)."""
 
     def __init__(self, path: Path, run_dir: Path) -> None:
         self.path, self.run_dir = path, run_dir
         self.sent: dict[int, Matched] = {}
         self.stats: dict[str, int] | None = None
+        self.lone: dict[int, set[int]] = {}     # rank -> its lone flow ids (``lone_flows``)
 
     def write(self, sent: list[Matched]) -> None:
         self.sent = {m.rank: m for m in sent}
-        self.stats = self._write([ev for m in sent for ev in m.events], [m.pgs for m in sent])
+        self._write([ev for m in sent for ev in m.events], [m.pgs for m in sent])
 
-    def events_of(self, results: list[RankResult], jobs: list[RankJob]) -> list[CommEvent]:
-        """Every rank's events, in rank order, each result given back the ones it sent: read
-        here where the pool read none, because some rank sent nothing (its shard reused, or it
-        failed first)."""
+    def give_back(self, results: list[RankResult], jobs: list[RankJob]) -> None:
+        """Each result given back the events it sent: read here where the pool read none,
+        because some rank sent nothing (its shard reused, or it failed first)."""
         paths = {job.rank: job.early for job in jobs}
         for res in results:
             if res.sent_early:
                 sent = self.sent.get(res.rank)
                 res.events = (sent if sent is not None else read_early(paths[res.rank])).events
-        return [ev for res in results for ev in res.events]
 
     def written(self, results: list[RankResult]) -> dict[str, int]:
         """The piece's counts (``cross_piece_early``: 1 when it was written early). Written
@@ -396,12 +395,13 @@ class _CrossPiece:
         gives back no events)."""
         early = self.stats is not None and all(res.sent_early for res in results)
         if not early:
-            self.stats = self._write([ev for res in results for ev in res.events],
-                                     [res.pgs for res in results])
+            self._write([ev for res in results for ev in res.events], [res.pgs for res in results])
+        assert self.stats is not None
         return {**self.stats, "cross_piece_early": int(early)}
 
-    def _write(self, events: list[CommEvent], pgs: list[dict[str, PgInfo]]) -> dict[str, int]:
-        return write_cross(self.path, events, _pg_table(pgs), stops(events, self.run_dir))
+    def _write(self, events: list[CommEvent], pgs: list[dict[str, PgInfo]]) -> None:
+        self.stats = write_cross(self.path, events, _pg_table(pgs), stops(events, self.run_dir))
+        self.lone = lone_flows(events)      # instances on one rank: no cross-rank flow
 
 
 def _pg_table(ranks_pgs: list[dict[str, PgInfo]]) -> dict[str, PgInfo]:
