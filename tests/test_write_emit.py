@@ -123,12 +123,18 @@ def test_real_traces_read_back_as_the_profiler_wrote_them(path: Path, tmp_path: 
     assert seen == want
 
 
-def _odd_events(n: int) -> tuple[list, list[dict], dict, dict]:
-    """One track of nested slices and instants whose args take every path of the encoder."""
+def _odd_events(n: int, scalars: bool = False) -> tuple[list, list[dict], dict, dict]:
+    """One track of nested slices and instants whose args take every path of the encoder.
+    ``scalars``: no list or dict among the args (shape lists as the text the loader makes of
+    them), and values equal across types (1, 1.0, True, "1"), so the C loop keys its cache by
+    each value's type and bytes rather than by their JSON."""
     rng = random.Random(7)
     values: list[Any] = [True, False, None, 0, -1, -(1 << 63), (1 << 63) - 1, 1 << 64, 1 << 70,
                          0.0, -0.0, 1.5, math.inf, -math.inf, math.nan, "", "x", "\ud800 lone",
                          "é", [1, [2, 3]], [1 << 70], [], {"a": [1]}, {}, [None, True, 1.0]]
+    if scalars:
+        values = [v for v in values if not isinstance(v, (list, dict))] + [
+            1, 1.0, "1", "true", "null", False, 0, "0", "", "\x01", "s\x01i"]
     events, items, extra, flows = [], [], {}, {}
     t = 1_000
     for i in range(n):
@@ -137,7 +143,8 @@ def _odd_events(n: int) -> tuple[list, list[dict], dict, dict]:
             "correlation": i * 7 if i % 50 else str(i),         # mostly ints, some strings
             "Ev Idx": f"id-{i}",                                # a string id: written in place
             "ratio": i / 3,                                     # a float id
-            "dims": [[rng.randrange(4), 1024], [rng.randrange(3)]],
+            "dims": (f"[[{rng.randrange(4)},1024],[{rng.randrange(3)}]]" if scalars
+                     else [[rng.randrange(4), 1024], [rng.randrange(3)]]),
             "setting": rng.choice(values),                      # a value of every type
             "bucket": rng.randrange(3000),                      # more than the cache holds
         }
@@ -160,8 +167,9 @@ def _odd_events(n: int) -> tuple[list, list[dict], dict, dict]:
 
 
 @needs_native
-def test_odd_args_give_the_same_bytes() -> None:
-    items, events, extra, flows = _odd_events(6000)
+@pytest.mark.parametrize("scalars", [False, True])
+def test_odd_args_give_the_same_bytes(scalars: bool) -> None:
+    items, events, extra, flows = _odd_events(6000, scalars)
     assert _same([(items, events, extra, flows)]) == len(items)
 
 

@@ -310,8 +310,8 @@ static int encode_cached(PyObject *args, PyObject *ids, PyObject *runs, Buf *te)
     return 1;
 }
 
-/* the plan's cache key: the JSON of the args' non-id values, in key order */
-static PyObject *plan_key(PyObject *args, PyObject *order, PyObject *pos) {
+/* the plan's cache key as JSON: the args' non-id values, in key order */
+static PyObject *json_key(PyObject *args, PyObject *order, PyObject *pos) {
     Py_ssize_t nk = PyTuple_GET_SIZE(order), np = PyList_GET_SIZE(pos);
     PyObject *fixed = PyTuple_New(nk - np);
     if (fixed == NULL) return NULL;
@@ -339,6 +339,76 @@ static PyObject *plan_key(PyObject *args, PyObject *order, PyObject *pos) {
     PyObject *key = PyObject_CallOneArg(k_dumps, fixed);
     Py_DECREF(fixed);
     return key;
+}
+
+/* One value of a cache key: a type byte and the value's bytes (a str's UTF-8 after its
+ * length, an int's or a float's 8 bytes; a bool or None the byte alone). 1 when written, 0
+ * for a value of another kind (a list, an int past 64 bits, a str with a lone surrogate),
+ * -1 on an error. */
+static int key_value(Buf *kb, PyObject *v) {
+    char b[11];
+    if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(v, &n);
+        if (u == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        b[0] = 's';
+        int nl = varint_to(b + 1, (uint64_t)n);
+        return buf_add(kb, b, 1 + nl) < 0 || buf_add(kb, u, n) < 0 ? -1 : 1;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) return -1;
+        if (overflow) return 0;
+        b[0] = 'i';
+        memcpy(b + 1, &x, 8);
+        return buf_add(kb, b, 9) < 0 ? -1 : 1;
+    }
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        b[0] = 'f';
+        memcpy(b + 1, &x, 8);
+        return buf_add(kb, b, 9) < 0 ? -1 : 1;
+    }
+    if (v == Py_True || v == Py_False || v == Py_None) {
+        b[0] = v == Py_True ? 'T' : v == Py_False ? 'F' : 'N';
+        return buf_add(kb, b, 1) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* the plan's cache key: the args' non-id values, in key order, each as ``key_value`` writes
+ * it after a first byte 0x01 (one buffer and one bytes object an event, where their tuple's
+ * JSON cost a call and a serialization), or, where a value is of another kind, their JSON
+ * (which starts with '['): equal keys, equal values of equal types, as the JSON's were. */
+static PyObject *plan_key(PyObject *args, PyObject *order, PyObject *pos, Buf *kb) {
+    Py_ssize_t nk = PyTuple_GET_SIZE(order), np = PyList_GET_SIZE(pos), p = 0, f = 0;
+    kb->n = 0;
+    if (buf_add(kb, "\x01", 1) < 0) return NULL;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        if (p < np && PyLong_AsSsize_t(PyList_GET_ITEM(pos, p)) == i) {
+            p++;
+            continue;
+        }
+        PyObject *v = PyDict_GetItemWithError(args, PyTuple_GET_ITEM(order, i));
+        if (v == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(order, i));
+            return NULL;
+        }
+        int rc = key_value(kb, v);
+        if (rc < 0) return NULL;
+        if (rc == 0) return json_key(args, order, pos);
+        f++;
+    }
+    if (f != nk - np) {
+        PyErr_SetString(PyExc_TypeError, "commviz: malformed args plan positions");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize(kb->p, kb->n);
 }
 
 typedef struct {
@@ -457,7 +527,8 @@ static PyObject *key_order(PyObject *args) {
 
 /* the args of one event: cached runs when its plan has them, else arg by arg (stored in the
  * plan for the next time, as Python's loop does) */
-static int encode_event_args(Seq *s, Memo *memo, int *memo_next, PyObject *args, Buf *te) {
+static int encode_event_args(Seq *s, Memo *memo, int *memo_next, PyObject *args, Buf *te,
+                             Buf *kb) {
     int rc = -1;
     PyObject *order = NULL, *ck = NULL, *parts = NULL, *found = NULL;
     Memo *m = memo_find(memo, args);
@@ -474,7 +545,7 @@ static int encode_event_args(Seq *s, Memo *memo, int *memo_next, PyObject *args,
         if (found != Py_None && (m = memo_add(memo, memo_next, order, found)) == NULL) goto done;
     }
     if (m != NULL) {
-        ck = plan_key(args, m->order, m->pos);
+        ck = plan_key(args, m->order, m->pos, kb);
         if (ck == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto done;
             PyErr_Clear();                  /* an integer past 64 bits, a non-str dict key */
@@ -598,7 +669,7 @@ static PyObject *emit_slices(PyObject *self, PyObject *argt, PyObject *kw) {
     Seq s;
     Memo memo[MEMO] = {{0}};
     int memo_next = 0;
-    Buf te = {0}, pk = {0};
+    Buf te = {0}, pk = {0}, kb = {0};
     int64_t *stack = NULL;
     Py_ssize_t depth = 0, cap = 0;
     long long count = 0;
@@ -679,7 +750,7 @@ static PyObject *emit_slices(PyObject *self, PyObject *argt, PyObject *kw) {
                 PyErr_SetString(PyExc_TypeError, "commviz: an event's args are not an object");
                 goto done;
             }
-            if (encode_event_args(&s, memo, &memo_next, args, &te) < 0) goto done;
+            if (encode_event_args(&s, memo, &memo_next, args, &te, &kb) < 0) goto done;
         }
         if (flows != Py_None) {
             PyObject *f = PyDict_GetItemWithError(flows, index);
@@ -741,6 +812,7 @@ done:
     seq_clear(&s);
     PyMem_Free(te.p);
     PyMem_Free(pk.p);
+    PyMem_Free(kb.p);
     PyMem_Free(stack);
     return result;
 }
