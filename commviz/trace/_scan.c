@@ -308,6 +308,26 @@ static int is_inside(PyObject *inside, int64_t ns) {
     return truth;
 }
 
+/* Whether two ids (a pid, a tid) are equal as a dict key compares them: 1 or 0 (an error
+ * comparing them is a miss, and the lookup that follows meets it again). */
+static int same(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (eq < 0) PyErr_Clear();
+    return eq > 0;
+}
+
+/* A slice's item ``(start_ns, -end_ns, index)``: a new reference, NULL on an error. */
+static PyObject *item_of(int64_t start, int64_t end, Py_ssize_t i) {
+    PyObject *a = PyLong_FromLongLong(start), *b = PyLong_FromLongLong(-end),
+             *c = PyLong_FromSsize_t(i);
+    PyObject *t = a != NULL && b != NULL && c != NULL ? PyTuple_Pack(3, a, b, c) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return t;
+}
+
 static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 13) {
         PyErr_SetString(PyExc_TypeError,
@@ -330,6 +350,9 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (PyErr_Occurred()) return NULL;
     if (hi > PyList_GET_SIZE(events)) hi = PyList_GET_SIZE(events);
     Py_ssize_t negative = 0, out_of_range = 0, i = lo;
+    /* the thread of the last slice: events come in runs of one thread, whose key and list
+     * are then reused rather than made and looked up again an event */
+    struct { PyObject *pid, *tid, *key, *list; } last = {NULL, NULL, NULL, NULL};
     if (overflow) goto done;                   /* a base past int64: the Python pass's work */
     for (; i < hi; i++) {
         prefetch_ahead(events, i);
@@ -337,7 +360,7 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         if (!PyDict_CheckExact(ev)) break;
         PyObject *ph = PyDict_GetItemWithError(ev, s_ph);
         if (ph == NULL) {
-            if (PyErr_Occurred()) return NULL;
+            if (PyErr_Occurred()) goto fail;
             break;
         }
         if (!PyUnicode_CheckExact(ph) || PyUnicode_GET_LENGTH(ph) != 1 || !PyUnicode_IS_ASCII(ph))
@@ -346,7 +369,7 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         int64_t t;
         PyObject *ts = PyDict_GetItemWithError(ev, s_ts);
         if (ts == NULL) {
-            if (PyErr_Occurred()) return NULL;
+            if (PyErr_Occurred()) goto fail;
             break;
         }
         if (!to_ns(ts, &t)) break;
@@ -355,12 +378,12 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         if (p == 'X') {
             PyObject *dur = get(ev, s_dur), *args;
             int64_t d = 0;
-            if (dur == NULL) return NULL;
+            if (dur == NULL) goto fail;
             if (dur != Py_None) {
                 if (!to_ns(dur, &d)) break;          /* a zero of either kind gives 0 */
             }
             args = get(ev, s_args);
-            if (args == NULL) return NULL;
+            if (args == NULL) goto fail;
             if (args != Py_None && !PyDict_CheckExact(args)) break;
             if (d < 0) {                             /* kept as an instant, and counted */
                 negative++;
@@ -372,15 +395,29 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
                 continue;
             }
             int in = is_inside(inside, start);
-            if (in < 0) return NULL;
+            if (in < 0) goto fail;
             if (!in) continue;
             PyObject *pid = get(ev, s_pid), *tid;
-            if (pid == NULL || (tid = get(ev, s_tid)) == NULL) return NULL;
-            PyObject *key = PyTuple_Pack(2, pid, tid);
-            if (key == NULL) return NULL;
-            if (append_at(items, key, Py_BuildValue("(LLn)", (long long)start,
-                                                    (long long)-end, i)) < 0)
-                goto fail_key;
+            if (pid == NULL || (tid = get(ev, s_tid)) == NULL) goto fail;
+            PyObject *key;
+            if (last.key != NULL && same(pid, last.pid) && same(tid, last.tid)) {
+                key = Py_NewRef(last.key);
+                PyObject *item = item_of(start, end, i);
+                if (item == NULL || PyList_Append(last.list, item) < 0) {
+                    Py_XDECREF(item);
+                    goto fail_key;
+                }
+                Py_DECREF(item);
+            } else {
+                key = PyTuple_Pack(2, pid, tid);
+                if (key == NULL) goto fail;
+                if (append_at(items, key, item_of(start, end, i)) < 0) goto fail_key;
+                Py_XSETREF(last.key, Py_NewRef(key));
+                last.pid = pid;
+                last.tid = tid;
+                last.list = PyDict_GetItemWithError(items, key);    /* borrowed: items keeps it */
+                if (last.list == NULL) goto fail_key;
+            }
             PyObject *cat = get(ev, s_cat);
             if (cat == NULL) goto fail_key;
             int on_gpu = PySequence_Contains(gpu_cats, cat);
@@ -389,10 +426,11 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
                 PyObject *corr = get(args, s_corr);
                 if (corr == NULL) goto fail_key;
                 if (corr != Py_None) {
-                    PyObject *ck = PyTuple_Pack(2, seg, corr);
-                    if (ck == NULL) goto fail_key;
-                    int rc = append_at(correlated, ck, Py_BuildValue("(nO)", i, key));
-                    Py_DECREF(ck);
+                    PyObject *ck = PyTuple_Pack(2, seg, corr), *at = PyLong_FromSsize_t(i);
+                    int rc = ck == NULL || at == NULL ? -1
+                             : append_at(correlated, ck, PyTuple_Pack(2, at, key));
+                    Py_XDECREF(ck);
+                    Py_XDECREF(at);
                     if (rc < 0) goto fail_key;
                 }
             }
@@ -400,19 +438,19 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
             continue;
         fail_key:
             Py_DECREF(key);
-            return NULL;
+            goto fail;
         } else if (p == 's' || p == 't' || p == 'f') {
             if (start < 0 || start > max_ns) {
                 out_of_range++;
                 continue;
             }
             int in = is_inside(inside, start);
-            if (in < 0) return NULL;
+            if (in < 0) goto fail;
             if (!in) continue;
             PyObject *cat = get(ev, s_cat), *fid, *pid, *tid;
             if (cat == NULL || (fid = get(ev, s_id)) == NULL || (pid = get(ev, s_pid)) == NULL ||
                 (tid = get(ev, s_tid)) == NULL)
-                return NULL;
+                goto fail;
             PyObject *key = PyTuple_Pack(2, pid, tid);
             PyObject *ns = PyLong_FromLongLong(start);
             PyObject *point = NULL;
@@ -422,16 +460,20 @@ static PyObject *slices(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
             }
             Py_XDECREF(key);
             Py_XDECREF(ns);
-            if (point == NULL) return NULL;
+            if (point == NULL) goto fail;
             int rc = PyList_Append(flows, point);
             Py_DECREF(point);
-            if (rc < 0) return NULL;
+            if (rc < 0) goto fail;
         } else {
             break;
         }
     }
 done:
+    Py_XDECREF(last.key);
     return Py_BuildValue("(nnn)", i, negative, out_of_range);
+fail:
+    Py_XDECREF(last.key);
+    return NULL;
 }
 
 /* ``round(v * 1000)`` of ``float(v)`` where v is a finite float or an int a double holds
