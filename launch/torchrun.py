@@ -9,6 +9,7 @@ tees torchrun's output into ``RUN_DIR/launch.log``.
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -25,11 +26,41 @@ from commviz.review.exits import LOG_DIR, results_name
 WORKER = "commviz.launch.worker"
 
 
-def free_endpoint() -> str:
-    """A free local port for a single-node rendezvous."""
-    with socket.socket() as s:
+EPHEMERAL_LOW = 32768           # where Linux's ephemeral range starts by default
+BELOW = 12768                   # ports tried: this many just below that range (20000-32767)
+
+
+def free_endpoint(tries: int = 64) -> str:
+    """A free local port for a single-node rendezvous, below the kernel's ephemeral range.
+
+    The port is free when chosen, and torchrun binds it a moment later. A port from the
+    ephemeral range (what binding port 0 gives) may be taken in that moment by any socket that
+    binds port 0, such as NCCL's and gloo's sockets in a job beside this one. torchrun then meets
+    a stranger and times out as its client. No socket of that kind takes a port below the range.
+    """
+    low = _ephemeral_low()
+    first = max(1024, low - BELOW)
+    rng = random.SystemRandom()
+    for _ in range(tries if low - first >= 1000 else 0):   # no room below: the kernel's choice
+        port = rng.randrange(first, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return f"127.0.0.1:{port}"
+    with socket.socket() as s:          # every try taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; elsewhere its usual start)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
 
 
 def command(config: Config, node_rank: int, config_path: Path, run_dir: Path) -> list[str]:

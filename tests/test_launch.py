@@ -8,15 +8,18 @@ trace (verified) once commviz.merge is installed.
 from __future__ import annotations
 
 import collections
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from commviz import load_record
 from commviz import metadata as md
+from commviz.launch import torchrun
 from independent import flow_ends
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,3 +263,20 @@ def test_the_launcher_reads_each_record_once(tmp_path, monkeypatch, capsys):
     records = {n: c for n, c in reads.items() if n.startswith("commviz_rank")}
     assert records == {"commviz_rank0.pkl": 1, "commviz_rank1.pkl": 1}, (reads, out)
     assert (tmp_path / "r" / "report.md").is_file() and (tmp_path / "r" / "merged.pftrace").is_file()
+
+
+def test_a_single_node_rendezvous_port_lies_below_the_ephemeral_range() -> None:
+    """The launcher picks a free port for torchrun's store just below the kernel's ephemeral
+    range, which the sockets of jobs beside it (NCCL's, gloo's: port 0) draw from: a port
+    from that range, free when chosen, could be theirs by the time torchrun binds it."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ranges.is_file():
+        pytest.skip("no /proc ephemeral port range here")
+    low = int(ranges.read_text().split()[0])
+    if low < 2024:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it")
+    for _ in range(20):
+        host, port = torchrun.free_endpoint().rsplit(":", 1)
+        assert host == "127.0.0.1" and 1024 <= int(port) < low
+        with socket.socket() as s:          # and it is free
+            s.bind((host, int(port)))
