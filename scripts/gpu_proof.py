@@ -42,6 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import fr_compare  # noqa: E402  (tests/: the Flight Recorder comparison the tests use)
 
 from commviz import metadata as md  # noqa: E402
+from commviz.errors import CommvizError  # noqa: E402
 from commviz.review import flightrec  # noqa: E402
 from commviz.match import match_run  # noqa: E402
 from commviz.record.store import loads_plain  # noqa: E402
@@ -239,9 +240,14 @@ def main(argv: list[str]) -> int:
     rows = []
     for arg in argv:
         graphed, _, eager = arg.partition("=")
-        rows.append(prove(Path(graphed), Path(eager) if eager else None))
+        try:
+            rows.append(prove(Path(graphed), Path(eager) if eager else None))
+        except CommvizError as exc:         # a launch that left no run: its row says why
+            rows.append({"run": Path(graphed).name, "error": str(exc)})
         print(json.dumps(rows[-1]), flush=True)
-    bad = [(r["run"], k, r[k]) for r in rows for k in MUST_BE_ZERO if r.get(k)]
+    bad = [(r["run"], "error", r["error"]) for r in rows if "error" in r]
+    rows = [r for r in rows if "error" not in r]
+    bad += [(r["run"], k, r[k]) for r in rows for k in MUST_BE_ZERO if r.get(k)]
     bad += [(r["run"], "verify", r["verify"]) for r in rows if r["verify"] != "OK"]
     bad += [(r["run"], "fr_dumps", 0) for r in rows if not r["fr_dumps"]]
     for b in bad:
