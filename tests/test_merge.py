@@ -275,6 +275,34 @@ def test_reused_shards_beside_a_converted_rank_in_workers(copy4: Path) -> None:
     assert pooled.stats["comm_events"] == inline.stats["comm_events"] > 0
 
 
+def test_a_ranks_events_sent_ahead_read_back_as_they_were(copy4: Path) -> None:
+    """What a worker sends ahead (``Matched``, pickled with its events as columns) reads back
+    equal, field for field and type for type: each rank's real matched run, and keys of the
+    kinds a gloo run has none of (a p2p batch's pairs, a graph replay, none at all)."""
+    from commviz.match import artifact
+    from commviz.match.model import CommEvent, InstanceKey, KeyKind, Pair, Source
+    from commviz.merge.piece import Matched
+
+    merge_run(copy4, workers=1, progress=False)         # the matched runs, beside the records
+    odd = [CommEvent(0, "1", "batch_isend_irecv", 5, 9, {"a": [1, 2]},
+                     InstanceKey(KeyKind.BATCH, "1", pairs=(Pair(0, 1, "3"), Pair(1, 0, "4"))),
+                     Source.KERNEL, 7, True, {"trace_index": 3}),
+           CommEvent(0, "2", "all_reduce", 1, 2, {}, InstanceKey(KeyKind.COLLECTIVE, "2", 4,
+                                                                 replay=("in trace", 2))),
+           CommEvent(0, "2", "barrier", 3, 3, {md.SEQ: 1})]
+    for rank in range(4):
+        art = artifact.load(artifact.matched_path(copy4, rank))
+        sent = Matched(rank, art.events + odd, art.pgs)
+        back = pickle.loads(pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL))
+        assert back == sent and len(back.events) == len(art.events) + 3 > 3
+        for got, want in zip(back.events, sent.events):
+            assert [type(getattr(got, f)) for f in got.__slots__] == \
+                [type(getattr(want, f)) for f in want.__slots__]
+            assert type(got.key) is type(want.key) and got.source is want.source
+            assert got.key is None or [type(p) for p in got.key.pairs] == \
+                [type(p) for p in want.key.pairs]
+
+
 def _job_shards_only(rank: int, world: int, base: str) -> None:
     """Each rank on its own "node" (run dir): shard written locally, only shard + record sent."""
     import torch

@@ -157,7 +157,25 @@ class CommEvent:
         return CommEvent, _comm_fields(self)
 
 
-_comm_fields = operator.attrgetter(*(f.name for f in fields(CommEvent)))
+_FIELDS = tuple(f.name for f in fields(CommEvent))
+_comm_fields = operator.attrgetter(*_FIELDS)
+_KEY = _FIELDS.index("key")
+
+
+def comm_columns(events: list[CommEvent]) -> list[list]:
+    """The events as one list per field, their keys as plain tuples: how a merge worker
+    sends a rank's events to the main process (``comm_events`` reads them back). Pickled so, a
+    rank's 6k events take half the time to write and a fifth to read, against a reduce call
+    and a key object an event."""
+    columns = [list(c) for c in zip(*map(_comm_fields, events))] or [[] for _ in _FIELDS]
+    columns[_KEY] = [None if k is None else tuple(k) for k in columns[_KEY]]
+    return columns
+
+
+def comm_events(columns: list[list]) -> list[CommEvent]:
+    """The events ``comm_columns`` gave."""
+    columns[_KEY] = [None if k is None else InstanceKey._make(k) for k in columns[_KEY]]
+    return list(map(CommEvent, *columns))
 
 
 def events_from_record(record: dict[str, Any]) -> list[CommEvent]:

@@ -35,7 +35,7 @@ from commviz import metadata as md
 from commviz.errors import TraceError
 from commviz.match import artifact
 from commviz.match.artifact import Clock, PgInfo, RankArtifact, TraceLabels
-from commviz.match.model import CommEvent, InstanceKey
+from commviz.match.model import CommEvent, InstanceKey, comm_columns, comm_events
 from commviz.merge.flows import Correlated, Edge, FlowPoint, launch_edges
 from commviz.merge.keep import Keep, Spans, events_inside
 from commviz.trace.joinable import native
@@ -126,6 +126,14 @@ class Matched(NamedTuple):
     rank: int
     events: list[CommEvent]
     pgs: dict[str, PgInfo]
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its events as columns (``comm_columns``)."""
+        return _matched, (self.rank, comm_columns(self.events), self.pgs)
+
+
+def _matched(rank: int, columns: list[list], pgs: dict[str, PgInfo]) -> Matched:
+    return Matched(rank, comm_events(columns), pgs)
 
 
 def result_of(job: RankJob, art: RankArtifact, out: Path | None) -> RankResult:
