@@ -10,6 +10,7 @@ driven by the training loop gives.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 from commviz import metadata as md
@@ -18,6 +19,10 @@ from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source
 from commviz.match.result import RankMatch, Unmatched
 
 PROFILER_SEQ = "Seq"
+# the enum members read per event (Python 3.11 reads a member off its class ten times slower
+# than a global)
+_PROFILER, _PROFILER_P2P = KeyKind.PROFILER, KeyKind.PROFILER_P2P
+_KERNEL, _CPU = Source.KERNEL, Source.CPU
 PROFILER_SRC = "Src Rank"
 PROFILER_DST = "Dst Rank"
 _P2P_NAMES = frozenset({"send", "recv"})
@@ -85,7 +90,7 @@ def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, ran
             "metadata for it" if recorded else
             "no commviz record, and the profiler wrote no collective metadata for it")
     groups = group_table(index.trace)
-    items: list[tuple[int, Span, str | None]] = []     # (launch time, span, reduction)
+    items: list[tuple[int, Span, str | None, dict]] = []   # (launch time, span, reduction, args)
     for k in kernels:
         args = index.args(k.span.index)
         if not has_metadata(args):
@@ -93,31 +98,35 @@ def derive(index: TraceIndex, kernels: list[NcclSpan], result: RankMatch, *, ran
                                               k.span.index, bare))
             continue
         launch = index.launch_of(k.span.index)
-        items.append(((launch or k.span).start, k.span, k.kernel.reduction))
+        items.append(((launch or k.span).start, k.span, k.kernel.reduction, args))
     if not index.nccl and not recorded:
         for span in index.param_comms.values():
-            if has_metadata(index.args(span.index)):
-                items.append((span.start, span, None))
+            args = index.args(span.index)
+            if has_metadata(args):
+                items.append((span.start, span, None, args))
     counters: dict[InstanceKey, int] = {}
-    for _, span, reduction in sorted(items, key=lambda item: item[0]):
-        raw = index.args(span.index)
+    events = index.events
+    for _, span, reduction, raw in sorted(items, key=itemgetter(0)):
         args = commviz_args(raw, rank=rank, groups=groups, reduction=reduction)
         pg = str(args[md.PG_NAME])
         p2p = args[md.KIND] == "p2p"
-        lane = InstanceKey(KeyKind.PROFILER_P2P if p2p else KeyKind.PROFILER, pg,
-                           src=args.get(md.SRC) if p2p else None,
-                           dst=args.get(md.DST) if p2p else None)
+        kind, src, dst = ((_PROFILER_P2P, args.get(md.SRC), args.get(md.DST)) if p2p
+                          else (_PROFILER, None, None))
+        lane = InstanceKey(kind, pg, None, src, dst)
         n = counters[lane] = counters.get(lane, 0) + 1
         seq = raw.get(PROFILER_SEQ)
-        known_peers = not p2p or None not in (lane.src, lane.dst)
-        key = lane._replace(seq=int(seq) if seq is not None else n) if known_peers else None
-        is_kernel = index.events[span.index].get("cat") == "kernel"
+        known_peers = not p2p or None not in (src, dst)
+        key = InstanceKey(kind, pg, int(seq) if seq is not None else n, src, dst) \
+            if known_peers else None
+        event = events[span.index]
+        is_kernel = event.get("cat") == "kernel"
         result.events.append(CommEvent(
             rank=rank, pg=pg, op=str(args[md.OP]), start_ns=span.start,
             end_ns=span.end, args=args, key=key,
-            source=Source.KERNEL if is_kernel else Source.CPU,
-            stream=index.args(span.index).get("stream") if is_kernel else None,
+            source=_KERNEL if is_kernel else _CPU,
+            stream=raw.get("stream") if is_kernel else None,
             extra={"trace_index": span.index,
                    "key_source": "profiler seq" if seq is not None else "order in trace"}))
-        result.label(span.index, index.events[span.index], args)
-        result.bump("derived_from_profiler")
+        result.label(span.index, event, args)
+    if items:
+        result.bump("derived_from_profiler", len(items))
