@@ -19,13 +19,13 @@ from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source
 from commviz.match.result import RankMatch, Unmatched
 
 PROFILER_SEQ = "Seq"
+PROFILER_SRC = "Src Rank"
+PROFILER_DST = "Dst Rank"
+_P2P_NAMES = frozenset({"send", "recv"})
 # the enum members read per event (Python 3.11 reads a member off its class ten times slower
 # than a global)
 _PROFILER, _PROFILER_P2P = KeyKind.PROFILER, KeyKind.PROFILER_P2P
 _KERNEL, _CPU = Source.KERNEL, Source.CPU
-PROFILER_SRC = "Src Rank"
-PROFILER_DST = "Dst Rank"
-_P2P_NAMES = frozenset({"send", "recv"})
 # Eager "Collective name" -> the torch.distributed function that issues it (first one wins).
 _OPS: dict[str, str] = {}
 for _op, _name in md.COLLECTIVE_NAMES.items():
