@@ -271,8 +271,13 @@ def test_reused_shards_beside_a_converted_rank_in_workers(copy4: Path) -> None:
     inline = merge_run(copy4, copy4 / "inline.pftrace", workers=1, progress=False)
     key = lambda m: sorted((m.rank_of[s.track] if m.rank_of[s.track] is not None else -1,  # noqa: E731
                             s.name, s.start, s.end, sorted(s.args.items())) for s in m.slices)
-    assert key(Merged(pooled.out)) == key(Merged(inline.out))
+    merged = Merged(pooled.out)
+    assert key(merged) == key(Merged(inline.out))
     assert pooled.stats["comm_events"] == inline.stats["comm_events"] > 0
+    for rank in range(4):           # the job's six calls by hand, from a shard or converted
+        want = ["all_gather", "all_reduce", "all_reduce", "barrier", "broadcast",
+                "send" if rank % 2 == 0 else "recv"]
+        assert sorted(s.name for s in merged.lane_slices(rank)) == sorted(want), rank
 
 
 def test_a_ranks_events_sent_ahead_read_back_as_they_were(copy4: Path) -> None:
