@@ -174,6 +174,7 @@ def comm_columns(events: list[CommEvent]) -> list[list]:
 
 def comm_events(columns: list[list]) -> list[CommEvent]:
     """The events ``comm_columns`` gave."""
+    columns = list(columns)
     columns[_KEY] = [None if k is None else InstanceKey._make(k) for k in columns[_KEY]]
     return list(map(CommEvent, *columns))
 
