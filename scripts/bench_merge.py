@@ -10,6 +10,10 @@ run, side by side:
 (c) parsing the same inputs with orjson and nothing else, one after the other;
 (d) parsing the largest rank's input alone (the peak-RSS yardstick);
 
+each measured ``--rounds`` times (default 3) in turn, a b c d, a b c d, ..., every row taken
+from its round of median time, so a drift of the machine's speed between two programs does
+not decide a target; each round's (b)/(a) is printed too;
+
 then the four targets (issues 12 and 32), each with PASS or MISS: (b)/(a) events/s >= 10x;
 (b)/(a) bytes per event <= 0.35x; (b) time <= 1.5x (c) time (issue 32; issue 12 asked 1.0x with
 16 cores); the largest peak RSS of any one merge process (main or worker) <= 1.2x (d)'s. Then
@@ -246,10 +250,34 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _inputs(run: Path, ranks: int) -> dict[int, Path]:
-    paths = {r: gen_traces.trace_path(run, r, True) for r in range(ranks)}
-    return {r: p if p.exists() else gen_traces.trace_path(run, r, False)
-            for r, p in paths.items()}
+def _inputs(run: Path, ranks: int | None) -> dict[int, Path]:
+    """Each rank's trace, of ranks below ``ranks`` (None: all): the one file of the run dir
+    whose name says that rank, as ``commviz merge`` files it (``gen_traces``' names, or a real
+    job's, ``--run``)."""
+    from commviz.trace.load import rank_from_name
+
+    found: dict[int, list[Path]] = defaultdict(list)
+    for path in sorted(run.glob("trace_rank*.json*")):
+        rank = rank_from_name(path)
+        if rank is not None and (ranks is None or rank < ranks):
+            found[rank].append(path)
+    return {r: paths[0] for r, paths in sorted(found.items()) if len(paths) == 1}
+
+
+def _copy_inputs(run_dir: Path, to: Path) -> None:
+    """A run dir's inputs (traces, records, Flight Recorder dumps, ...) without what commviz
+    made of them (``OWN_OUTPUT_PREFIXES``: merged traces, shards, matched runs), so the merge
+    measured starts from the job's own outputs, as the first one after a job does."""
+    from commviz.trace.run import OWN_OUTPUT_PREFIXES
+
+    if to.exists():
+        shutil.rmtree(to)
+    shutil.copytree(run_dir, to, ignore=lambda d, names: [
+        n for n in names if Path(d) == run_dir and n.startswith(OWN_OUTPUT_PREFIXES)])
+
+
+def _count_events(path: Path) -> int:
+    return parse_only({0: path})
 
 
 def _cpu_seconds() -> float:
@@ -353,6 +381,23 @@ def _fmt_row(label: str, r: dict[str, Any]) -> str:
             f"{r['rss_process_mib']:12.0f}")
 
 
+def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result of median seconds (the upper one of an even count); a failed one if any
+    failed."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return failed[0]
+    return sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
+
+
+def _round_ratio(res: list[dict[str, Any]]) -> str:
+    """One round's (b)/(a) events per second, as the targets compute it."""
+    a, b = res[0], res[1]
+    if "error" in a or "error" in b:
+        return ""
+    return f"; (b)/(a) {(b['events'] / b['seconds']) / (a['events'] / a['seconds']):.2f}x"
+
+
 def _target(name: str, value: float | None, op: str, limit: float) -> tuple[str, bool]:
     """One target line (PASS/MISS) and whether it passed."""
     if value is None:
@@ -380,32 +425,65 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the merged trace into the run dir, as `commviz merge RUN_DIR` "
                          "does by default: each rank's matched run is then saved beside its "
                          "inputs for the report (default: beside the run dir, where it is not)")
+    ap.add_argument("--run", type=Path,
+                    help="measure a real job's run dir (a copy of its traces, records and other "
+                         "inputs, without commviz's outputs) instead of generated traces; --ranks, --events, "
+                         "--no-gzip and the RSS scan's inputs do not apply to it")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measure (a) to (d) this many times, interleaved; each row and target "
+                         "takes the round of median time (a VM's speed drifts by several "
+                         "percent within minutes, and one round can fall either side)")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commviz-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     ok = True
     try:
-        run = work / "run"
-        if run.exists():
-            shutil.rmtree(run)
-        t = time.perf_counter()
-        counts = gen_traces.write_run(run, a.ranks, a.events, compress=not a.no_gzip)
-        in_bytes = sum(p.stat().st_size for p in run.iterdir())
-        print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
-              f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
-              f"generated in {time.perf_counter() - t:.1f}s")
+        if a.run is not None:            # a real job's run dir: its traces as they are
+            run = work / "run"
+            _copy_inputs(a.run, run)
+            traces = _inputs(run, None)
+            if not traces or sorted(traces) != list(range(len(traces))):
+                ap.error(f"--run {run}: no profiler traces of ranks 0..N-1 there "
+                         f"(found ranks {sorted(traces)})")
+            a.ranks = len(traces)
+            counts = {r: _count_events(path) for r, path in traces.items()}
+            print(f"inputs: {a.run}, {a.ranks} ranks, {sum(counts.values()):,} events, "
+                  f"{sum(p.stat().st_size for p in traces.values()) / 1e6:.1f} MB of traces "
+                  f"on disk, with the run's records beside them")
+        else:
+            run = work / "run"
+            if run.exists():
+                shutil.rmtree(run)
+            t = time.perf_counter()
+            counts = gen_traces.write_run(run, a.ranks, a.events, compress=not a.no_gzip)
+            in_bytes = sum(p.stat().st_size for p in run.iterdir())
+            print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
+                  f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
+                  f"generated in {time.perf_counter() - t:.1f}s")
         print(f"machine: {_cores()} cores ({_physical_cores()}), merge workers {a.workers}, "
               f"load average {os.getloadavg()[0]:.1f} (other work slows every row alike)")
         base_ranks = min(a.baseline_ranks, a.ranks)
-        res_a = measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks)
         merged = (run if a.into_run_dir else work) / "merged.pftrace"
-        res_b = measure("merge", run, merged, ranks=a.ranks, workers=a.workers)
-        if "error" not in res_b:
-            res_b["events"] = sum(counts.values())
-        res_c = measure("parse", run, work / "unused", ranks=a.ranks)
-        res_d = measure("largest", run, work / "unused", ranks=a.ranks)
+        rounds: list[list[dict[str, Any]]] = []
+        for k in range(a.rounds):        # (a) (b) (c) (d), again: each sees the machine alike
+            res = [measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks),
+                   measure("merge", run, merged, ranks=a.ranks, workers=a.workers),
+                   measure("parse", run, work / "unused", ranks=a.ranks),
+                   measure("largest", run, work / "unused", ranks=a.ranks)]
+            if "error" not in res[1]:
+                res[1]["events"] = sum(counts.values())
+            rounds.append(res)
+            if a.rounds > 1:
+                print(f"round {k + 1}: " + ", ".join(
+                    f"({x}) {r['seconds']:.2f}s" if "error" not in r else f"({x}) FAILED"
+                    for x, r in zip("abcd", res)) + _round_ratio(res))
+        res_a, res_b, res_c, res_d = (_median([res[i] for res in rounds]) for i in range(4))
 
+        if a.rounds > 1:
+            print(f"\neach row: its round of median time, of {a.rounds} rounds")
         print(f"\n{'':<36} {'events':>10} {'seconds':>8} {'cpu s':>8} {'events/s':>11} {'MB':>10} "
               f"{'B/event':>9} {'peak MiB/pr':>12}")
         print(_fmt_row(f"(a) baseline, {base_ranks} of {a.ranks} ranks", res_a))
