@@ -436,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.run is not None and not a.run.is_dir():
+        ap.error(f"--run {a.run}: not a directory")
 
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="commviz-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -446,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             _copy_inputs(a.run, run)
             traces = _inputs(run, None)
             if not traces or sorted(traces) != list(range(len(traces))):
-                ap.error(f"--run {run}: no profiler traces of ranks 0..N-1 there "
+                ap.error(f"--run {a.run}: no profiler traces of ranks 0..N-1 there "
                          f"(found ranks {sorted(traces)})")
             a.ranks = len(traces)
             counts = {r: _count_events(path) for r, path in traces.items()}
