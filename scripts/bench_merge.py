@@ -343,6 +343,8 @@ def measure(kind: str, run_dir: Path, out: Path, *, ranks: int, workers: int = 1
             ) -> dict[str, Any]:
     """Run ``kind`` in a child process; add, sampled every 20 ms, the peak RSS summed over its
     process tree and the largest peak (VmHWM) of any one of its worker processes."""
+    out.unlink(missing_ok=True)     # each round writes a new file: replacing the last round's
+    # would add freeing its pages (about 10 ms for 18 MB) to the round's time
     cmd = [sys.executable, __file__, "_child", kind, str(run_dir), str(out), str(workers),
            str(ranks)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
