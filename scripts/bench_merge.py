@@ -250,16 +250,16 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _inputs(run: Path, ranks: int | None) -> dict[int, Path]:
-    """Each rank's trace, of ranks below ``ranks`` (None: all): the one file of the run dir
-    whose name says that rank, as ``commviz merge`` files it (``gen_traces``' names, or a real
-    job's, ``--run``)."""
+def _inputs(run: Path) -> dict[int, Path]:
+    """Each rank's trace: the one file of the run dir whose name says that rank, as ``commviz
+    merge`` files it (``gen_traces``' names, or a real job's, ``--run``). Found here, in the
+    parent: the measured children import nothing of commviz but the merge's."""
     from commviz.trace.load import rank_from_name
 
     found: dict[int, list[Path]] = defaultdict(list)
     for path in sorted(run.glob("trace_rank*.json*")):
         rank = rank_from_name(path)
-        if rank is not None and (ranks is None or rank < ranks):
+        if rank is not None:
             found[rank].append(path)
     return {r: paths[0] for r, paths in sorted(found.items()) if len(paths) == 1}
 
@@ -310,10 +310,10 @@ def _physical_cores() -> str:
             + (f"; SMT siblings: {' '.join(shared)}" if shared else ""))
 
 
-def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
+def _child(kind: str, run_dir: str, out: str, workers: str, traces: str) -> None:
     """Run one measured program; print its figures as JSON (the parent reads the last line)."""
     run = Path(run_dir)
-    paths = _inputs(run, int(ranks))
+    paths = {int(r): Path(p) for r, p in json.loads(traces).items()}
     result: dict[str, Any] = {}
     if kind == "merge":
         from commviz.merge import merge_run    # imported before the clock starts
@@ -339,14 +339,15 @@ def _child(kind: str, run_dir: str, out: str, workers: str, ranks: str) -> None:
     print(json.dumps(result))
 
 
-def measure(kind: str, run_dir: Path, out: Path, *, ranks: int, workers: int = 1
+def measure(kind: str, run_dir: Path, out: Path, traces: dict[int, Path], workers: int = 1
             ) -> dict[str, Any]:
-    """Run ``kind`` in a child process; add, sampled every 20 ms, the peak RSS summed over its
-    process tree and the largest peak (VmHWM) of any one of its worker processes."""
+    """Run ``kind`` in a child process (``traces``: the ranks' traces the baseline and the
+    parses read; the merge reads the run dir); add, sampled every 20 ms, the peak RSS summed
+    over its process tree and the largest peak (VmHWM) of any one of its worker processes."""
     out.unlink(missing_ok=True)     # each round writes a new file: replacing the last round's
     # would add freeing its pages (about 10 ms for 18 MB) to the round's time
     cmd = [sys.executable, __file__, "_child", kind, str(run_dir), str(out), str(workers),
-           str(ranks)]
+           json.dumps({r: str(path) for r, path in traces.items()})]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0.0, 0.0]                           # tree total, largest worker (MiB)
 
@@ -428,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
                          "does by default: each rank's matched run is then saved beside its "
                          "inputs for the report (default: beside the run dir, where it is not)")
     ap.add_argument("--run", type=Path,
-                    help="measure a real job's run dir (a copy of its traces, records and other "
-                         "inputs, without commviz's outputs) instead of generated traces; --ranks, --events, "
-                         "--no-gzip and the RSS scan's inputs do not apply to it")
+                    help="measure a real job's run dir (a copy of its traces, records and "
+                         "other inputs, without commviz's outputs) instead of generated traces; "
+                         "--ranks, --events, --no-gzip and the RSS scan's inputs do not apply")
     ap.add_argument("--rounds", type=int, default=3,
                     help="measure (a) to (d) this many times, interleaved; each row and target "
                          "takes the round of median time (a VM's speed drifts by several "
@@ -445,10 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     ok = True
     try:
+        run = work / "run"
         if a.run is not None:            # a real job's run dir: its traces as they are
-            run = work / "run"
             _copy_inputs(a.run, run)
-            traces = _inputs(run, None)
+            traces = _inputs(run)
             if not traces or sorted(traces) != list(range(len(traces))):
                 ap.error(f"--run {a.run}: no profiler traces of ranks 0..N-1 there "
                          f"(found ranks {sorted(traces)})")
@@ -458,11 +459,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(p.stat().st_size for p in traces.values()) / 1e6:.1f} MB of traces "
                   f"on disk, with the run's records beside them")
         else:
-            run = work / "run"
             if run.exists():
                 shutil.rmtree(run)
             t = time.perf_counter()
             counts = gen_traces.write_run(run, a.ranks, a.events, compress=not a.no_gzip)
+            traces = _inputs(run)
             in_bytes = sum(p.stat().st_size for p in run.iterdir())
             print(f"inputs: {a.ranks} ranks, {sum(counts.values()):,} events, "
                   f"{in_bytes / 1e6:.1f} MB on disk ({'gzip' if not a.no_gzip else 'json'}), "
@@ -473,10 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         merged = (run if a.into_run_dir else work) / "merged.pftrace"
         rounds: list[list[dict[str, Any]]] = []
         for k in range(a.rounds):        # (a) (b) (c) (d), again: each sees the machine alike
-            res = [measure("baseline", run, work / "baseline.pftrace", ranks=base_ranks),
-                   measure("merge", run, merged, ranks=a.ranks, workers=a.workers),
-                   measure("parse", run, work / "unused", ranks=a.ranks),
-                   measure("largest", run, work / "unused", ranks=a.ranks)]
+            res = [measure("baseline", run, work / "baseline.pftrace",
+                           {r: traces[r] for r in range(base_ranks)}),
+                   measure("merge", run, merged, traces, workers=a.workers),
+                   measure("parse", run, work / "unused", traces),
+                   measure("largest", run, work / "unused", traces)]
             if "error" not in res[1]:
                 res[1]["events"] = sum(counts.values())
             rounds.append(res)
@@ -552,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                 scan_run = work / f"scan{n}"
                 gen_traces.write_run(scan_run, n, a.rss_events, compress=not a.no_gzip)
                 largest = max(p.stat().st_size for p in scan_run.iterdir())
-                r = measure("merge", scan_run, scan_run / "merged.pftrace", ranks=n,
+                r = measure("merge", scan_run, scan_run / "merged.pftrace", _inputs(scan_run),
                             workers=a.workers)
                 if "error" in r:
                     print(f"{n:>6} FAILED: {r['error']}")
