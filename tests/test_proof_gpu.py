@@ -4,7 +4,9 @@
 records, torch's Flight Recorder dumps, resolved config) of every ``configs/gpu-2x-*.yaml``
 launched on 2 x H100 by ``scripts/gpu_proof.sh``, and of every 4-GPU config
 (``configs/gpu-4x-*.yaml``, ``tp-dp-4gpu.yaml``) launched on 4 x H100 by ``gpu_proof.sh 4x``
-(READMEs there). Each is merged here as a user would (``commviz merge``)
+(READMEs there); ``stacks-2xh200/``: ``gpu-2x-fsdp2.yaml`` profiled with Python stacks
+(``python_function`` events around every op) on 2 x H200. Each is merged here as a user would
+(``commviz merge``)
 and proven by ``scripts/gpu_proof.py``: the NCCL kernels counted in the profiler's own traces
 all carry commviz's metadata in the merged trace; no eager kernel's metadata disagrees with the
 profiler's keys; graphed kernels read as the same config's eager run (``cuda_graphs: false``)
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.timeout(900)
 
 HERE = Path(__file__).parent
 GPU = HERE / "fixtures" / "gpu"
-PROOFS = ("proof-2xh100", "proof-4x")
+PROOFS = ("proof-2xh100", "proof-4x", "stacks-2xh200")
 GRAPHS = GPU / "graphs-2xh100"
 EAGER_TWIN = {"graphs": "graphs-eager", "p2p-graphed": "p2p-graphed-eager", "tp-dp": "tp-dp-eager"}
 RUNS = [f"{proof}/{p.name}" for proof in PROOFS for p in sorted((GPU / proof).iterdir())
