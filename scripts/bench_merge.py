@@ -276,10 +276,6 @@ def _copy_inputs(run_dir: Path, to: Path) -> None:
         n for n in names if Path(d) == run_dir and n.startswith(OWN_OUTPUT_PREFIXES)])
 
 
-def _count_events(path: Path) -> int:
-    return parse_only({0: path})
-
-
 def _cpu_seconds() -> float:
     """User + system CPU seconds of this process and its reaped children (the merge's workers:
     the pool joins them before ``merge_run`` returns)."""
@@ -454,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--run {a.run}: no profiler traces of ranks 0..N-1 there "
                          f"(found ranks {sorted(traces)})")
             a.ranks = len(traces)
-            counts = {r: _count_events(path) for r, path in traces.items()}
+            counts = {r: parse_only({r: path}) for r, path in traces.items()}
             print(f"inputs: {a.run}, {a.ranks} ranks, {sum(counts.values()):,} events, "
                   f"{sum(p.stat().st_size for p in traces.values()) / 1e6:.1f} MB of traces "
                   f"on disk, with the run's records beside them")
