@@ -161,3 +161,68 @@ def test_the_graph_matcher_reads_launch_dims_either_way(grid: Any, block: Any) -
 @pytest.mark.parametrize("grid", ["", "[2,64", "{}", "2", None, 7, [2, "x", 1]])
 def test_launch_dims_that_are_no_list_of_ints_are_none(grid: Any) -> None:
     assert graphed._dims({"grid": grid, "block": [256, 1, 1]}) is None
+
+
+def _turned_events(raw: bytes) -> list:
+    """The stdlib's events of ``raw``, each plain shape list as ``orjson.dumps`` of itself."""
+    events = _events(json.loads(raw))
+    for event in events:
+        args = event.get("args") if isinstance(event, dict) else None
+        for key in SHAPE_KEYS:
+            if isinstance(args, dict) and isinstance(args.get(key), list) and _plain(args[key]):
+                args[key] = orjson.dumps(args[key]).decode()
+    return events
+
+
+REAL = sorted(p for p in (FIXTURES / "gpu").rglob("trace_rank*.json.gz")
+              if p.parts[-3] in ("proof-2xh100", "proof-4x", "stacks-2xh200"))
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_real_traces_are_read_by_declaration_alone_as_the_stdlib_reads_them(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge's read decodes a Kineto trace by declaration (``decode_declared``) and needs
+    no other decoding: the events equal the stdlib's, every key and every phase kept."""
+    def refused(data: bytes, source: str) -> None:
+        raise AssertionError(f"{source} was not read by declaration")
+    monkeypatch.setattr(load, "parse_json", refused)
+    assert load.load_trace(path, shapes_as_text=True).events == _turned_events(_raw(path))
+
+
+@pytest.mark.parametrize("events", [
+    [{"ph": "Z", "name": "a phase outside Chrome's format", "ts": 1, "pid": 1, "tid": 1}],
+    [{"ph": "X", "name": "args not an object", "ts": 1, "dur": 2, "pid": 1, "tid": 1,
+      "args": None}, None, 7],
+    [{"ph": 88, "name": "a phase that is no string", "ts": 1, "pid": 1, "tid": 1}],
+], ids=["phase", "not-events", "phase-number"])
+@pytest.mark.parametrize("bare", [False, True], ids=["object", "bare-array"])
+def test_a_trace_outside_the_declaration_reads_as_the_stdlib_reads_it(
+        tmp_path: Path, events: list, bare: bool) -> None:
+    kept = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 5.5, "dur": 1.25,
+             "pid": 7, "tid": 8, "args": {"Input Dims": [[2, 3], []], "Ev Idx": 1}}, *events]
+    path = tmp_path / "trace_rank0.json"
+    path.write_text(json.dumps(kept if bare else {"traceEvents": kept, "schemaVersion": 1}))
+    assert load.load_trace(path, shapes_as_text=True).events == _turned_events(path.read_bytes())
+
+
+def test_keys_outside_the_format_change_no_merged_byte(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The declaration leaves out what Chrome's format does not name (the merge reads none of
+    it): a run whose every event and trace carries such keys merges to the same bytes read by
+    declaration as read whole."""
+    runs = [shutil.copytree(FIXTURES / "gpu/proof-2xh100/graphs", tmp_path / name)
+            for name in ("declared", "whole")]
+    for run in runs:
+        for path in run.glob("trace_rank*.json.gz"):
+            doc = json.loads(gzip.decompress(path.read_bytes()))
+            doc["commviz_test_top"] = {"x": 1}
+            for i, event in enumerate(doc["traceEvents"]):
+                event["commviz_test_key"] = i
+            path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    declared = merge_run(runs[0], tmp_path / "declared.pftrace", workers=1, progress=False)
+    with monkeypatch.context() as m:
+        m.setattr(load, "decode_declared", lambda data: None)
+        whole = merge_run(runs[1], tmp_path / "whole.pftrace", workers=1, progress=False)
+    for key in ("slices", "comm_events"):
+        assert declared.stats[key] == whole.stats[key] > 0
+    assert declared.out.read_bytes() == whole.out.read_bytes()

@@ -11,7 +11,8 @@ traces can be sorted by rank without parsing them.
 Traces are decoded by msgspec's JSON decoder (the events as the dicts and lists the profiler
 wrote, as orjson or the stdlib give them, but in about four fifths of orjson's time on profiler
 traces, whose decoding is most of what reading a rank costs); the stdlib reads what it refuses
-(NaN or Infinity literals, lone surrogates).
+(NaN or Infinity literals, lone surrogates). The merge's read decodes by declaration
+(``decode_declared``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Literal, TypedDict
 
 import msgspec
 from isal import isal_zlib
@@ -328,6 +329,37 @@ def _int_or_none(info: dict | None, key: str) -> int | None:
 
 _DECODE = msgspec.json.Decoder().decode
 
+# The merge's read (``load_trace(..., shapes_as_text=True)``) decodes by declaration: an event
+# as a dict of the keys of Chrome's trace event format, its phase one of the format's. Its
+# keys are then the declaration's own strings and its phase one of a few, not new strings of
+# every event: a real FSDP2 rank with Python stacks (56 MB of JSON) decodes in the same time
+# into 35 MB less, and every later lookup of a key finds the very string it asks for; merging
+# two such ranks takes 4-8 % less. A key outside the format is left out (the merge reads
+# none), and a trace that does not fit (another phase, a bare event array) is decoded whole.
+_Phase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D",
+                 "M", "V", "v", "R", "c", "(", ")"]
+_Event = TypedDict("_Event", {
+    "ph": _Phase, "name": Any, "cat": Any, "ts": Any, "tts": Any, "pid": Any, "tid": Any,
+    "dur": Any, "tdur": Any, "args": Any, "id": Any, "id2": Any, "bp": Any, "s": Any,
+    "scope": Any, "cname": Any, "sf": Any, "stack": Any, "esf": Any, "estack": Any,
+    "bind_id": Any, "flow_in": Any, "flow_out": Any}, total=False)
+_Trace = TypedDict("_Trace", {     # the top-level keys Kineto writes
+    "traceEvents": list[_Event], "schemaVersion": Any, "deviceProperties": Any,
+    "distributedInfo": Any, "baseTimeNanoseconds": Any, "displayTimeUnit": Any,
+    "traceName": Any, "trace_id": Any, "host_name": Any, "record_shapes": Any,
+    "with_stack": Any, "profile_memory": Any, "with_flops": Any, "with_modules": Any,
+    "cuda_driver_version": Any, "cuda_runtime_version": Any, "cupti_version": Any,
+    "roctracer_version": Any, "hip_runtime_version": Any}, total=False)
+_DECODE_DECLARED = msgspec.json.Decoder(_Trace).decode
+
+
+def decode_declared(data: bytes) -> Any | None:
+    """The merge's read of a trace's text (above), or None where the text does not fit."""
+    try:
+        return _DECODE_DECLARED(data)
+    except ValueError:                 # msgspec's DecodeError and ValidationError
+        return None
+
 
 def parse_json(data: bytes, source: str) -> Any:
     """msgspec, with the stdlib as a fallback for what it refuses (NaN / Infinity literals, lone
@@ -351,14 +383,17 @@ def load_trace(path: str | os.PathLike[str], *, rank: int | None = None,
     of ``SHAPE_KEYS`` that holds only ints, plain strings and such lists comes as the string
     ``orjson.dumps`` makes of it (``"[[4096,1024],[]]"``), which is what the pftrace writer
     writes of the list: the same merged trace from a third fewer objects (where the C pass is
-    built; elsewhere the lists, to the same end).
+    built; elsewhere the lists, to the same end). It is the merge's read: the text is decoded
+    by declaration (``decode_declared``), each event keeping the keys of Chrome's format.
     """
     path = Path(path)
     source = str(path)
     data = read_bytes(path, shapes_as_text=shapes_as_text)
     if not data or data.isspace():             # (no stripped copy of a big file)
         raise TraceError(source, "empty file")
-    doc = parse_json(data, source)
+    doc = decode_declared(data) if shapes_as_text else None
+    if doc is None:
+        doc = parse_json(data, source)
     del data
     if isinstance(doc, list):                  # Chrome's bare "JSON array" trace format
         doc = {"traceEvents": doc}
