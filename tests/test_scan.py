@@ -2,8 +2,8 @@
 
 ``joinable.index_events``, ``load.time_bounds``, ``gpu.gpu_index``, ``_Layout``'s pass and the
 flow binder's loop use the C port wherever pip could build it; ``python_index_events``,
-``python_time_bounds``, ``python_gpu_index``, ``_Layout._event`` and ``Binder.python_bind`` are
-the reference and the fallback. Both run here
+``python_time_bounds``, ``python_gpu_index``, ``_Layout._event``, ``Binder.python_bind`` and
+``flows.python_back_links`` are the reference and the fallback. Both run here
 on the same inputs, each on its own fresh decode: every real profiler trace under
 tests/fixtures (NCCL kernels of real GPU runs, graph replays, early Kineto with digit-string
 ids), laid out as two traces of one rank, with and without a ``--steps`` window, and events
@@ -19,6 +19,7 @@ import gzip
 import json
 import math
 import random
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,35 @@ def test_layout_as_python_on_real_traces(path: Path, monkeypatch: pytest.MonkeyP
         got = _layout(events, segments, spans, True, monkeypatch)
         assert got == want
     _same_binding(events, segments, monkeypatch)
+    _same_back_links(list(_Layout(events, segments, None).items.values()))
+
+
+def _same_back_links(tracks: list[list]) -> None:
+    """``_scan.back_links`` as ``flows.python_back_links``, on each track's items."""
+    for items in tracks:
+        want, got = array("q", bytes(8 * len(items))), array("q", bytes(8 * len(items)))
+        flows.python_back_links(items, want)
+        assert native.back_links(items, got) is True and got == want
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(5))
+def test_back_links_as_python_on_nested_and_tied_slices(seed: int) -> None:
+    """Slices that nest, cross, share starts and share ends (``>=`` keeps a tie back)."""
+    rng = random.Random(seed)
+    items = sorted((start, -(start + rng.choice([0, 1, 2, 5, 50])), i)
+                   for i, start in enumerate(rng.choice(range(40)) for _ in range(400)))
+    _same_back_links([items, items[:1], []])
+
+
+@needs_native
+@pytest.mark.parametrize("odd", [1 << 63, -(1 << 63) - 1, -4.5, True])
+def test_back_links_leave_a_slice_end_that_is_no_int64_to_python(odd: Any) -> None:
+    items = [(0, -10, 0), (1, -5, 1), (2, odd, 2), (3, -4, 3)]
+    assert native.back_links(items, array("q", bytes(8 * len(items)))) is None
+    want = array("q", bytes(8 * len(items)))
+    flows.python_back_links(items, want)
+    assert flows.Track(items).back == want
 
 
 @needs_native

@@ -53,12 +53,9 @@ class Track:
     def __init__(self, items: list[tuple[int, int, int]]) -> None:
         self.items = items
         self.back = array("q", bytes(8 * len(items)))       # -1: no earlier item ends later
-        later: list[int] = []               # earlier items, each ending later than the next
-        for j, (_, neg_end, _) in enumerate(items):
-            while later and items[later[-1]][1] >= neg_end:
-                later.pop()
-            self.back[j] = later[-1] if later else -1
-            later.append(j)
+        if (native is None or items.__class__ is not list
+                or native.back_links(items, self.back) is None):
+            python_back_links(items, self.back)
 
     def at(self, ns: int) -> list[int]:
         """The slices starting at ``ns``."""
@@ -83,6 +80,17 @@ class Track:
                 return None                 # the reach ends among the items jumped over
             j = k
         return None
+
+
+def python_back_links(items: list[tuple[int, int, int]], back: array) -> None:
+    """Into ``back``: each item's nearest earlier item that ends later, -1 where none (the
+    reference for ``_scan.back_links``, and its fallback)."""
+    later: list[int] = []               # earlier items, each ending later than the next
+    for j, (_, neg_end, _) in enumerate(items):
+        while later and items[later[-1]][1] >= neg_end:
+            later.pop()
+        back[j] = later[-1] if later else -1
+        later.append(j)
 
 
 Correlated = dict[tuple, list[tuple[int, tuple]]]   # (seg, correlation) -> (index, track) pairs

@@ -943,6 +943,57 @@ done:
     return result;
 }
 
+/* ``commviz.merge.flows.python_back_links`` into ``back`` (an array('q') of len(items)):
+ * each (start, -end, index) item's nearest earlier item that ends later, or -1. None where
+ * an item is no tuple or its -end no int64: Python then writes the whole of ``back``. */
+static PyObject *back_links(PyObject *self, PyObject *args) {
+    PyObject *items, *out, *result = NULL;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &items, &out)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(out, &view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    int64_t *neg = NULL;
+    Py_ssize_t *later = NULL, depth = 0;
+    if (view.itemsize != 8 || view.len != n * 8 || view.format == NULL
+        || strcmp(view.format, "q") != 0) {
+        PyErr_SetString(PyExc_TypeError, "back_links: back must be an array('q') of len(items)");
+        goto done;
+    }
+    neg = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *neg);
+    later = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *later);
+    if (neg == NULL || later == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *back = view.buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *item = PyList_GET_ITEM(items, j);
+        int overflow = 0;
+        long long v = -1;
+        if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) >= 2
+            && PyLong_CheckExact(PyTuple_GET_ITEM(item, 1)))
+            v = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(item, 1), &overflow);
+        else
+            overflow = 1;
+        if (overflow) {                 /* left to Python, whole */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        neg[j] = v;
+        while (depth && neg[later[depth - 1]] >= v) depth--;
+        back[j] = depth ? (int64_t)later[depth - 1] : -1;
+        later[depth++] = j;
+    }
+    result = Py_True;
+    Py_INCREF(result);
+done:
+    PyMem_Free(neg);
+    PyMem_Free(later);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"index_events", index_events, METH_VARARGS,
      "index_events(events, join_cats, named_prefixes) -> the joinable indices"},
@@ -959,6 +1010,8 @@ static PyMethodDef methods[] = {
     {"gpu_index", (PyCFunction)(void (*)(void))gpu_index, METH_FASTCALL,
      "gpu_index(events, joinable, consts, rank, base_ns, op_type, op_of, outs): "
      "gpu.python_gpu_index's pass, into outs"},
+    {"back_links", back_links, METH_VARARGS,
+     "back_links(items, back) -> True, or None where Python must: flows.python_back_links"},
     {"shapes_into", shapes_into, METH_VARARGS,
      "shapes_into(out, data, keys): data appended to out, those keys' plain list values as "
      "their compact JSON text"},
