@@ -176,6 +176,18 @@ def _same_back_links(tracks: list[list]) -> None:
         assert native.back_links(items, got) is True and got == want
 
 
+@pytest.mark.parametrize("use_c", [True, False])
+def test_back_links_by_hand(use_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices [0,10] [1,5] [2,3] [4,5] [6,8]: each one's nearest earlier slice ending strictly
+    later, counted by hand (a tie in the end, [1,5] before [4,5], is not one)."""
+    if use_c and native is None:
+        pytest.skip("commviz.trace._scan not built")
+    if not use_c:
+        monkeypatch.setattr(flows, "native", None)
+    items = [(0, -10, 0), (1, -5, 1), (2, -3, 2), (4, -5, 3), (6, -8, 4)]
+    assert list(flows.Track(items).back) == [-1, 0, 1, 0, 0]
+
+
 @needs_native
 @pytest.mark.parametrize("seed", range(5))
 def test_back_links_as_python_on_nested_and_tied_slices(seed: int) -> None:

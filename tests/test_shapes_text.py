@@ -61,6 +61,17 @@ def _events(doc: Any) -> list:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
+def _turned_events(raw: bytes) -> list:
+    """The stdlib's events of ``raw``, each plain shape list as ``orjson.dumps`` of itself."""
+    events = _events(json.loads(raw))
+    for event in events:
+        args = event.get("args") if isinstance(event, dict) else None
+        for key in SHAPE_KEYS:
+            if isinstance(args, dict) and isinstance(args.get(key), list) and _plain(args[key]):
+                args[key] = orjson.dumps(args[key]).decode()
+    return events
+
+
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_shape_lists_come_as_the_text_orjson_makes_of_them(path: Path) -> None:
     raw = _raw(path)
@@ -100,13 +111,7 @@ def test_a_trace_loads_with_its_shapes_turned_however_it_is_inflated(
     path = tmp_path / "trace_rank0.json.gz"
     path.write_bytes(b"".join(gzip.compress(raw[a:b]) for a, b in zip(cuts, cuts[1:])))
     monkeypatch.setattr(load, "INFLATE_CHUNK", chunk)
-    want = _events(json.loads(raw))
-    for event in want:
-        args = event.get("args")
-        for key in SHAPE_KEYS:
-            if isinstance(args, dict) and isinstance(args.get(key), list) and _plain(args[key]):
-                args[key] = orjson.dumps(args[key]).decode()
-    assert load.load_trace(path, shapes_as_text=True).events == want
+    assert load.load_trace(path, shapes_as_text=True).events == _turned_events(raw)
 
 
 @pytest.mark.parametrize("value", [
@@ -161,17 +166,6 @@ def test_the_graph_matcher_reads_launch_dims_either_way(grid: Any, block: Any) -
 @pytest.mark.parametrize("grid", ["", "[2,64", "{}", "2", None, 7, [2, "x", 1]])
 def test_launch_dims_that_are_no_list_of_ints_are_none(grid: Any) -> None:
     assert graphed._dims({"grid": grid, "block": [256, 1, 1]}) is None
-
-
-def _turned_events(raw: bytes) -> list:
-    """The stdlib's events of ``raw``, each plain shape list as ``orjson.dumps`` of itself."""
-    events = _events(json.loads(raw))
-    for event in events:
-        args = event.get("args") if isinstance(event, dict) else None
-        for key in SHAPE_KEYS:
-            if isinstance(args, dict) and isinstance(args.get(key), list) and _plain(args[key]):
-                args[key] = orjson.dumps(args[key]).decode()
-    return events
 
 
 REAL = sorted(p for p in (FIXTURES / "gpu").rglob("trace_rank*.json.gz")
