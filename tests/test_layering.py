@@ -28,6 +28,7 @@ STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz.match",), "match: records onto kernels, one rank at a time"),
     (("commviz.write",), "write: the Perfetto encoder and reader, Chrome JSON"),
     (("commviz.merge",), "merge: shards, comm tables, cross-rank instances, the merged trace"),
+    (("commviz.live",), "live: the always-on record read while the job runs (watch, metrics)"),
     (("commviz.review",), "review: report, desyncs, overview"),
     (("commviz.verify",), "verify: checks the merged trace against the inputs"),
     (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
