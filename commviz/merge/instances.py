@@ -29,8 +29,9 @@ A CPU span (the record or the profiler range, not a GPU kernel) covers only the 
 run as GPU kernels on that rank (other calls of the same rank and group matched kernels: an
 NCCL call returns once enqueued, so its record outside the profiled window is a launch). Such
 an instance keeps its skew (the CPU arrival skew) but gets no ``comm`` time, no bandwidth, no
-wait (all 0) and no straggler. A call that raised on some rank (``commviz.error``: a timeout,
-an op the backend lacks) keeps its times but gets no comm time or bandwidth.
+wait (all 0) and no straggler; ``launch_reason`` says why (``LaunchOnly``). A call that raised
+on some rank (``commviz.error``: a timeout, an op the backend lacks) keeps its times but gets no
+comm time or bandwidth.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Iterable
 
 from commviz import metadata as md
 from commviz.match.model import CommEvent, InstanceKey, KeyKind, Source
+from commviz.metadata import StrEnum
 from commviz.merge import bandwidth as bw
 
 # Set by the wrappers on a call that raised (a timeout, an unsupported op): it moved no data.
@@ -54,6 +56,25 @@ WARMUP = 1
 # The enum members read per event and per instance, as globals (why: ``model._TRANSFERS``)
 _P2P, _BATCH, _COLLECTIVE = KeyKind.P2P, KeyKind.BATCH, KeyKind.COLLECTIVE
 _KERNEL = Source.KERNEL
+
+
+class LaunchOnly(StrEnum):
+    """Why a call's span covers only its launch (``is_launch_only``), as the report says it."""
+
+    ASYNC = "async"            # async_op=True, isend/irecv, a functional collective; no kernel
+    NO_KERNEL = "no kernel"    # a GPU group's call whose kernel the trace does not hold
+
+
+# What each reason means for the time that was not measured (the report's notes).
+LAUNCH_ONLY_WHY = {
+    LaunchOnly.ASYNC: "async_op=True, isend/irecv or a functional collective (DTensor, compiled "
+                      "code) on CPU: the call returns once its work is queued, the transfer runs "
+                      "after it (a collective on gloo's worker thread: gloo:<op> in the trace) "
+                      "and its wait() comes later; nothing in the trace ties that range to its "
+                      "call (no group, no sequence number), so its time is not counted",
+    LaunchOnly.NO_KERNEL: "a GPU (NCCL) call whose kernel is not in the trace (made outside the "
+                          "profiled steps): the call only enqueued it",
+}
 
 
 class Span:
@@ -105,6 +126,7 @@ class Instance(Span):
     straggler: int | None = None
     warmup: bool = False                 # among its group's first WARMUP: start-up skew
     pipeline: bool = False               # a pipeline schedule's transfer: its waits are bubbles
+    launch_reason: LaunchOnly | None = None   # why it is launch only (None: it is not)
 
     @property
     def comm_ns(self) -> int | None:
@@ -171,7 +193,8 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
     args = first.args
     last_start = first.start_ns
     first_start, last_end = last_start, first.end_ns
-    launch_only = failed = pipeline = False
+    failed = pipeline = False
+    reason = None
     size = None
     p2p = key.kind.p2p
     for r, e in evs.items():            # one pass: a run has hundreds of thousands of these
@@ -183,12 +206,14 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
         if e.end_ns > last_end:
             last_end = e.end_ns
         eargs = e.args
-        launch_only = launch_only or is_launch_only(e, gpu)
+        if reason is None:
+            reason = launch_only_reason(e, gpu)
         failed = failed or md.ERROR in eargs
         pipeline = pipeline or p2p and is_pipeline_transfer(eargs)
         s = bw.size_bytes(eargs)
         if s is not None and (size is None or s > size):
             size = s
+    launch_only = reason is not None
     expected = expected_ranks(key, args) or tuple(sorted(evs))
     missing = tuple(r for r in expected if r in present and r not in evs)
     wait = {r: 0 if launch_only else e.duration_ns if missing and held(e)
@@ -199,7 +224,7 @@ def _make(key: InstanceKey, evs: dict[int, CommEvent], present: set[int],
         op=first.op, ctype=ctype, kind=str(args.get(md.KIND, "collective")), events=evs,
         ranks=expected, missing=missing, first_start_ns=first_start, last_start_ns=last_start,
         last_end_ns=last_end, late_rank=late_rank, wait_ns=wait, launch_only=launch_only,
-        failed=failed, size_bytes=size, bandwidth=None, pipeline=pipeline)
+        failed=failed, size_bytes=size, bandwidth=None, pipeline=pipeline, launch_reason=reason)
     inst.bandwidth = bw.bandwidth(ctype, size, inst.comm_ns, bandwidth_ranks(key, len(expected)))
     return inst
 
@@ -223,7 +248,20 @@ def kernel_groups(events: Iterable[CommEvent]) -> set[tuple[int, str]]:
 
 def is_launch_only(ev: CommEvent, gpu: set[tuple[int, str]]) -> bool:
     """Whether the event's span covers only the call's launch (see the module docstring)."""
-    return ev.source is not _KERNEL and bool(ev.args.get(md.ASYNC) or (ev.rank, ev.pg) in gpu)
+    return launch_only_reason(ev, gpu) is not None
+
+
+def launch_only_reason(ev: CommEvent, gpu: set[tuple[int, str]]) -> LaunchOnly | None:
+    """Why the event's span covers only the call's launch, or None when it covers the transfer
+    (a GPU kernel, or a synchronous CPU call: the boundary kernel waits for its work). A GPU
+    group's call is ``NO_KERNEL`` first: its kernel, not a wait, would have measured it."""
+    if ev.source is _KERNEL:
+        return None
+    if (ev.rank, ev.pg) in gpu:
+        return LaunchOnly.NO_KERNEL
+    if not ev.args.get(md.ASYNC):
+        return None
+    return LaunchOnly.NO_KERNEL if ev.args.get(md.DEVICE) == "cuda" else LaunchOnly.ASYNC
 
 
 def build_instances(events: Iterable[CommEvent], *, present: set[int] | None = None,

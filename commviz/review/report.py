@@ -25,7 +25,7 @@ from commviz.match.artifact import PgInfo
 from commviz.match.matched import MatchedRun, matched_run
 from commviz.match.model import CommEvent
 from commviz.merge import instances as inst_mod
-from commviz.merge.instances import Instance, build_instances
+from commviz.merge.instances import LAUNCH_ONLY_WHY, Instance, LaunchOnly, build_instances
 from commviz.merge.select import format_ranks, suggestion
 from commviz.review.desync import Desync, find_desyncs
 from commviz.review.exits import read_exits
@@ -175,6 +175,34 @@ def collective_comm(c: CollectiveSummary) -> str:
     return fmt_ns(c.comm_ns) + (f" (+{', '.join(notes)})" if notes else "")
 
 
+def group_measured(g: GroupSummary) -> str:
+    """How many of a group's instances have a measured comm time, and why the others have none."""
+    if not g.unmeasured:
+        return f"all {g.count}"
+    pct = f" ({100 * g.measured / g.count:.0f} %)" if g.measured else ""
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(g.launch_only.items()))
+    other = g.unmeasured - sum(g.launch_only.values())
+    parts = ([f"launch only: {why}"] if why else []) + ([f"{other} failed or incomplete"]
+                                                        if other else [])
+    return f"{g.measured} of {g.count}{pct}; " + "; ".join(parts)
+
+
+def launch_reasons(review: Review) -> dict[str, str]:
+    """The reasons some instance of the run is launch only, each with what it means."""
+    seen = {reason for g in review.groups for reason in g.launch_only}
+    return {str(r): LAUNCH_ONLY_WHY[r] for r in LaunchOnly if str(r) in seen}
+
+
+def _groups_note(review: Review) -> str:
+    notes = ["comm time: of the measured instances only (a GPU kernel, or a CPU call that "
+             "returned when the transfer was done)"]
+    notes += [f"launch only ({reason}): {why}" for reason, why in launch_reasons(review).items()]
+    if any(g.pipeline for g in review.groups):
+        notes.append("wait time, skew: of collectives and transfers other than a pipeline "
+                     "schedule's (its bubbles: the pipeline section)")
+    return "; ".join(notes)
+
+
 @dataclass
 class Section:
     title: str
@@ -259,15 +287,15 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
             "ranks waited for the last one to arrive"))
     out.append(Section(
         "Process groups (most waiting first)",
-        ["group", "ranks", "collectives", "comm time", "wait time", "median skew", "max skew",
-         "stragglers (rank: times, skew caused)"],
+        ["group", "ranks", "collectives", "comm time", "measured", "wait time", "median skew",
+         "max skew", "stragglers (rank: times, skew caused)"],
         [[g.title, ",".join(map(str, g.ranks)),
           str(g.count) + (f" ({g.pipeline} pipeline transfers)" if g.pipeline else ""),
-          fmt_ns(g.comm_ns), fmt_ns(g.wait_ns), fmt_ns(g.median_skew_ns), fmt_ns(g.max_skew_ns),
+          fmt_ns(g.comm_ns), group_measured(g), fmt_ns(g.wait_ns), fmt_ns(g.median_skew_ns),
+          fmt_ns(g.max_skew_ns),
           ", ".join(f"r{r}: {c}x {fmt_ns(s)}" for r, (c, s) in list(g.stragglers.items())[:4])
           or "-"] for g in review.groups[:top]],
-        "wait time, skew: of collectives and transfers other than a pipeline schedule's (its "
-        "bubbles: the pipeline section)" if any(g.pipeline for g in review.groups) else ""))
+        _groups_note(review)))
     out.append(_ranks_section(review, top))
     if review.pipeline:
         out.append(_pipeline_section(review))
@@ -333,6 +361,13 @@ def _headline(review: Review) -> str:
     if slow is not None:
         line += (f"\nslowest pipeline stage: {slow.stage} (rank {slow.rank}): it waited "
                  f"{fmt_ns(slow.wait_ns)}, the other stages {fmt_ns(slow.waited_on_ns)} for it")
+    unmeasured = [g for g in review.groups if g.launch_only]
+    if unmeasured:
+        launch = sum(sum(g.launch_only.values()) for g in unmeasured)
+        line += (f"\ncomm time not measured (launch only) for {launch} of "
+                 f"{len(review.instances)} instances: " + ", ".join(
+                     f"{g.title}: {sum(g.launch_only.values())} of {g.count}" for g in unmeasured)
+                 + " (why: the process groups' note)")
     if review.verdict is not None:        # the same story: the verdict's ranks, not a straggler
         return line + f"\ndetail of the verdict's ranks: {review.verdict.open_next()}"
     detail = suggestion(review.run_dir, review.instances)
@@ -396,7 +431,9 @@ def _instance_json(i: Instance) -> dict[str, Any]:
         "first_start_ns": i.first_start_ns, "last_start_ns": i.last_start_ns,
         "last_end_ns": i.last_end_ns, "skew_ns": i.skew_ns, "late_rank": i.late_rank,
         "straggler": i.straggler, "warmup": i.warmup, "wait_ns": {str(r): w for r, w in sorted(i.wait_ns.items())},
-        "comm_ns": i.comm_ns, "launch_only": i.launch_only, "failed": i.failed,
+        "comm_ns": i.comm_ns, "launch_only": i.launch_only,
+        "launch_reason": None if i.launch_reason is None else str(i.launch_reason),
+        "failed": i.failed,
         "size_bytes": i.size_bytes,
         "algbw_GBps": i.bandwidth.algbw_gbps if i.bandwidth else None,
         "busbw_GBps": i.bandwidth.busbw_gbps if i.bandwidth else None,
@@ -415,6 +452,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
                            dataclasses.asdict(s.signature)} for s in d.sides],
                 "detail": d.detail, "message": d.message} for d in review.desyncs]
     groups = [{**dataclasses.asdict(g), "title": g.title, "ranks": list(g.ranks),
+               "unmeasured": g.unmeasured,
                "stragglers": {str(r): {"times": c, "skew_caused_ns": s}
                               for r, (c, s) in g.stragglers.items()}} for g in review.groups]
     streams = [{"rank": s.rank, "stream": s.stream, "count": s.count, "time_ns": s.time_ns,
@@ -424,6 +462,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
     return {"run_dir": str(review.run_dir), "ranks": review.ranks, "events": review.events,
             "verdict": None if review.verdict is None else verdict_json(review.verdict),
             "problems": review.problems, "desyncs": desyncs, "groups": groups,
+            "launch_only_why": launch_reasons(review),
             "rank_summaries": [{**dataclasses.asdict(r), "verdict": said.get(r.rank)}
                                for r in review.rank_rows],
             "pipeline": [{"stage": s.stage, "rank": s.rank, "wait_ns": s.wait_ns,

@@ -12,8 +12,8 @@ rank of a pipeline's slowest stage held the other stages up for as long as they 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 
 from commviz import metadata as md
 from commviz.match.artifact import PgInfo
@@ -34,10 +34,19 @@ class GroupSummary:
     max_skew_ns: int | None       # None: only pipeline transfers
     median_skew_ns: int | None
     stragglers: dict[int, tuple[int, int]]   # rank -> (times straggler, skew it caused in ns)
+    measured: int = 0             # instances with a comm time: a kernel or a CPU span that waited
+    launch_only: dict[str, int] = field(default_factory=dict)   # why (LaunchOnly) -> instances
+    measured_bytes: int = 0       # the bytes of the measured instances ...
+    launch_only_bytes: int = 0    # ... and of the launch-only ones (whose time is not known)
 
     @property
     def title(self) -> str:
         return md.group_title(self.pg, self.desc, self.ranks)
+
+    @property
+    def unmeasured(self) -> int:
+        """Instances with no comm time: launch only, failed, or missing a rank."""
+        return self.count - self.measured
 
 
 @dataclass(slots=True)
@@ -77,6 +86,8 @@ def group_summaries(instances: list[Instance], pgs: dict[str, PgInfo] | None = N
         ranks = (md.group_ranks(info.ranks) if info is not None else ()) or \
             max((i.ranks for i in insts), key=len)
         desc = info.desc if info is not None and info.desc else insts[0].pg_desc
+        measured = [i for i in insts if i.comm_ns is not None]
+        launch = [i for i in insts if launch_only(i)]
         out.append(GroupSummary(
             pg=pg, desc=desc, ranks=ranks, count=len(insts),
             pipeline=sum(i.pipeline for i in insts),
@@ -84,9 +95,18 @@ def group_summaries(instances: list[Instance], pgs: dict[str, PgInfo] | None = N
             wait_ns=sum(wait_ns(i) for i in insts), max_skew_ns=max(skews, default=None),
             median_skew_ns=int(statistics.median(skews)) if skews else None,
             stragglers={r: (c, s) for r, (c, s) in sorted(strag.items(),
-                                                          key=lambda kv: -kv[1][1])}))
+                                                          key=lambda kv: -kv[1][1])},
+            measured=len(measured), launch_only=dict(Counter(str(i.launch_reason) for i in launch)),
+            measured_bytes=sum(i.size_bytes or 0 for i in measured),
+            launch_only_bytes=sum(i.size_bytes or 0 for i in launch)))
     out.sort(key=lambda g: (-g.wait_ns, g.pg))
     return out
+
+
+def launch_only(inst: Instance) -> bool:
+    """Whether an instance is counted as launch only: its spans cover only the launch, and it
+    neither failed nor missed a rank (those are counted as such)."""
+    return inst.launch_only and not inst.failed and not inst.missing
 
 
 def rank_summaries(instances: list[Instance], pipeline: list[StageWaits] | None = None
@@ -162,7 +182,7 @@ def collective_summaries(instances: list[Instance]) -> list[CollectiveSummary]:
             median_comm_ns=int(statistics.median(comms)) if comms else None,
             median_algbw=statistics.median(b.algbw_gbps for b in bws) if bws else None,
             median_busbw=statistics.median(b.busbw_gbps for b in bws) if bws else None,
-            launch_only=sum(i.launch_only and not i.failed and not i.missing for i in insts),
+            launch_only=sum(map(launch_only, insts)),
             failed=sum(i.failed for i in insts),
             incomplete=sum(bool(i.missing) and not i.failed for i in insts)))
     out.sort(key=lambda c: (-(c.comm_ns + c.wait_ns), c.pg, c.op))
