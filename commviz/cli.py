@@ -40,6 +40,8 @@ COMMANDS = (
             "one small trace of every rank's collectives, from the comm tables"),
     Command("preview", "commviz.review.preview",
             "draw a merged trace as a PNG timeline (ranks, comm lanes, cross-rank links)"),
+    Command("exporter", "commviz.live.exporter",
+            "while a job runs: its collectives as Prometheus metrics on /metrics"),
 )
 
 

@@ -13,6 +13,8 @@ merge, and the report only where every rank's matched run is visible (a shared r
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
 While torchrun runs, the launch watches for a hang (``commviz.launch.watch``) and answers
 ``commviz status`` run on another node with its own ranks' stacks (``commviz.launch.answer``).
+With ``live.exporter`` set it serves the job's metrics to Prometheus meanwhile, from a process of
+its own (``commviz.launch.exporting``).
 
 Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
 (``configs/default.yaml`` is the same text for people browsing the repo; a test keeps the two
@@ -34,7 +36,7 @@ from typing import TextIO
 from commviz.errors import CommvizError, ConfigError, cannot_write
 from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
-from commviz.launch import groups, outcome, placement, rendezvous, slurm, torchrun
+from commviz.launch import exporting, groups, outcome, placement, rendezvous, slurm, torchrun
 from commviz.launch.answer import StackAnswers
 from commviz.launch.echo import Echo
 from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
@@ -416,6 +418,7 @@ def handle(args: argparse.Namespace) -> int:
                       ) if args.hang_after else None
     if hangs is not None:
         hangs.start()
+    metrics = exporting.start(cfg.live.exporter, run_dir, multi)
     # only other nodes need asking through the run dir: on one node status signals the ranks
     answers = StackAnswers(run_dir, node_rank, launch_id, say) if multi else None
     if answers is not None:
@@ -430,6 +433,7 @@ def handle(args: argparse.Namespace) -> int:
             hangs.stop()
         if answers is not None:
             answers.stop()
+        exporting.stop(metrics)
         log.close()
     log_text = log.text()
     if log.error is not None:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from commviz.live.address import parse_address
+
 # Collective ops a ``workload.collectives`` entry may name (torch.distributed function names).
 OPS = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
@@ -212,6 +214,23 @@ class Output(Strict):
     report: bool = Field(True, description="write report.md after merging")
 
 
+class Live(Strict):
+    """What reads the always-on record while the job runs: processes beside the ranks, never
+    inside them."""
+
+    exporter: str | None = Field(None, description="serve the job's collectives as Prometheus "
+                                 "metrics on /metrics at this address while it runs (`commviz "
+                                 "exporter`, one per node, docs/prometheus.md): PORT on "
+                                 "127.0.0.1, or HOST:PORT; null: none")
+
+    @field_validator("exporter")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_address(v)
+        return v
+
+
 class Config(Strict):
     """A whole launch config (one YAML file)."""
 
@@ -223,6 +242,7 @@ class Config(Strict):
     profile: Profile = Field(default_factory=Profile)
     record: Record = Field(default_factory=Record)
     output: Output = Field(default_factory=Output)
+    live: Live = Field(default_factory=Live)
 
     @property
     def world_size(self) -> int:

@@ -13,11 +13,29 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 \
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   pip install "torch==2.13.0"
 fi
-if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, xdist, psutil, hta" 2>/dev/null \
+if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson, msgspec, matplotlib, pytest, pytest_timeout, xdist, psutil, hta, prometheus_client" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.commviz-installed ] \
    || [ -n "$(find commviz -name '*.c' -newer .venv/.commviz-installed 2>/dev/null)" ]; then
   pip install -e ".[test]"
   touch .venv/.commviz-installed
+fi
+# The Prometheus server tests/test_prometheus.py scrapes a live job with (Debian's package),
+# where it is missing and we may install it. Its service must not start (a container's
+# policy-rc.d already says so; elsewhere one is put in place for the install only): the
+# tests run their own server on a scratch config, port and data dir.
+if ! command -v prometheus >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  made_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends prometheus; } >/dev/null 2>&1 \
+    || echo "prometheus: not installed (apt-get failed); tests/test_prometheus.py will skip"
+  if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 .venv/bin/python -c "import torch, commviz; print(f'commviz {commviz.__version__} ready: torch {torch.__version__}, .venv/bin/commviz')"
 # Build commviz's c10d boundary kernel now (about 20 s once; cached in torch's extension dir)

@@ -1,0 +1,162 @@
+"""``commviz exporter RUN_DIR [--address HOST:PORT]``: a Prometheus ``/metrics`` endpoint per
+node, fed by the node's ranks' journals while the job runs (docs/prometheus.md).
+
+It is a process of its own that only reads files the ranks write anyway: no rank waits on it,
+talks to it or knows it exists, so an exporter that dies, hangs, is killed or is scraped far
+too often never slows, blocks or stops a rank (tests/test_prometheus.py does all four to a
+live job). To keep a flood of scrapes off the ranks' CPUs too, it lowers its own priority, reads
+the journals once per ``--interval`` whatever the scrapes, and serves every scrape the text
+rendered at the last read, one request at a time, each cut off after ``REQUEST_TIMEOUT_S``.
+It serves GET only (``/metrics``), on loopback unless an address says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from commviz.errors import CommvizError, ConfigError
+from commviz.live.address import LOOPBACK, parse_address
+from commviz.live.metrics import ORIGINS, SERIES, Counts
+from commviz.live.tail import RunTail
+from commviz.merge.select import parse_ranks
+
+DEFAULT_PORT = 9464
+INTERVAL_S = 1.0
+REQUEST_TIMEOUT_S = 5.0
+NICENESS = 10
+
+
+class Exporter:
+    """Follows ``run_dir``'s journals every ``interval`` seconds and keeps the rendered
+    metrics; ``local``: only the ranks whose journal names this host (a shared run dir)."""
+
+    def __init__(self, run_dir: Path, interval: float = INTERVAL_S, ranks: list[int] | None = None,
+                 local: bool = False, origins: int = ORIGINS, series: int = SERIES) -> None:
+        self.run_dir, self.interval = run_dir, interval
+        self.tail = RunTail(run_dir, ranks)
+        self.host = socket.gethostname() if local else None
+        self.counts = Counts(origins, series)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.counts)
+        self.body = generate_latest(self.registry)
+        self._said: set[str] = set()
+        self._stop = threading.Event()
+
+    def refresh(self) -> None:
+        """Read what the ranks ended since the last refresh and render the metrics anew."""
+        try:
+            calls = self.tail.poll()
+        except CommvizError as exc:
+            self._say(str(exc))
+            return
+        headers = self.tail.headers
+        for call in calls:
+            if self.host is None or headers.get(call.rank, {}).get("host") == self.host:
+                self.counts.add(call)
+        self.counts.set_missed(self.tail.missed)
+        for line in self.tail.problems:
+            self._say(line)
+        self.body = generate_latest(self.registry)
+
+    def _say(self, line: str) -> None:
+        if line not in self._said:
+            self._said.add(line)
+            print(f"commviz exporter: {line}", file=sys.stderr, flush=True)
+
+    def follow(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S          # a client that never finishes its request
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics is served here")
+                return
+            body = exporter.body
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass                             # a scrape a second is no news
+
+    return Handler
+
+
+class _Server(HTTPServer):
+    address_family = socket.AF_INET
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass                                 # a client gone mid-answer is its own business
+
+
+def serve(run_dir: Path, address: str, interval: float = INTERVAL_S,
+          ranks: list[int] | None = None, local: bool = False, origins: int = ORIGINS,
+          series: int = SERIES) -> None:
+    """Serve ``/metrics`` on ``address`` until killed (says where on stdout once bound)."""
+    try:
+        host, port = parse_address(address)
+    except ValueError as exc:
+        raise ConfigError("--address", str(exc)) from None
+    if not run_dir.is_dir():
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a directory")
+    os.nice(NICENESS)
+    exporter = Exporter(run_dir, interval, ranks, local, origins, series)
+    exporter.refresh()
+    server_class = _Server
+    if ":" in host:
+        server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+    try:
+        server = server_class((host, port), _handler(exporter))
+    except OSError as exc:
+        raise ConfigError("--address", f"cannot serve on {address}: {exc.strerror or exc}"
+                          ) from None
+    bound = server.server_address
+    print(f"commviz exporter: serving http://{host}:{bound[1]}/metrics for {run_dir}",
+          flush=True)
+    threading.Thread(target=exporter.follow, name="commviz-exporter-follow", daemon=True).start()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        exporter.stop()
+        server.server_close()
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = ("While a job runs: serve its collectives as Prometheus metrics on "
+                     "/metrics, from the ranks' journals in RUN_DIR (one exporter per node; "
+                     "metric names, labels and the late-rank rule: docs/prometheus.md).")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--address", default=f"{LOOPBACK}:{DEFAULT_PORT}",
+                   help=f"HOST:PORT to serve on, or PORT on {LOOPBACK} (default "
+                   f"{LOOPBACK}:{DEFAULT_PORT}); 0.0.0.0:PORT for a Prometheus elsewhere")
+    p.add_argument("--interval", type=float, default=INTERVAL_S,
+                   help=f"seconds between reads of the journals (default {INTERVAL_S})")
+    p.add_argument("--ranks", default=None,
+                   help="only these ranks, e.g. 0-7 (default: every rank in RUN_DIR)")
+    p.add_argument("--local", action="store_true",
+                   help="only the ranks running on this host (a run dir shared by nodes)")
+    p.add_argument("--origins", type=int, default=ORIGINS,
+                   help=f"origins per rank with a label of their own (default {ORIGINS})")
+    p.add_argument("--series", type=int, default=SERIES,
+                   help=f"label sets per rank before the overflow set (default {SERIES})")
+    p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval,
+                                        None if a.ranks is None else parse_ranks(a.ranks),
+                                        a.local, a.origins, a.series))
