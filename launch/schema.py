@@ -223,10 +223,12 @@ class Live(Strict):
                                  "exporter`, one per node, docs/prometheus.md): PORT on "
                                  "127.0.0.1, or HOST:PORT; null: none")
 
-    @field_validator("exporter")
+    @field_validator("exporter", mode="before")
     @classmethod
-    def _address(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _address(cls, v: object) -> object:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)                          # `exporter: 9464` in YAML: a port
+        if isinstance(v, str):
             parse_address(v)
         return v
 
