@@ -40,6 +40,8 @@ COMMANDS = (
             "one small trace of every rank's collectives, from the comm tables"),
     Command("preview", "commviz.review.preview",
             "draw a merged trace as a PNG timeline (ranks, comm lanes, cross-rank links)"),
+    Command("diff", "commviz.review.diffout",
+            "what changed between two runs, per origin: transfer time or waiting, and for whom"),
     Command("exporter", "commviz.live.exporter",
             "while a job runs: its collectives as Prometheus metrics on /metrics"),
 )

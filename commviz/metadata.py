@@ -278,6 +278,15 @@ def group_label(desc: object, ranks: object) -> str:
     return f"ranks [{head}, ..., {ranks[-1]}] ({len(ranks)} ranks)"
 
 
+def origin_unit(args: dict[str, Any]) -> str | None:
+    """The unit a call serves, from its metadata: "FSDP layers.0", "DDP bucket 2",
+    "pipelining stage 0"; its origin where it names no unit."""
+    kind, unit = args.get(ORIGIN_KIND), args.get(ORIGIN_UNIT)
+    if kind is not None and unit is not None:
+        return f"{kind} {unit or '<root>'}"
+    return args.get(ORIGIN)
+
+
 def group_title(pg: object, desc: object, ranks: object) -> str:
     """A process group as tables and the verdict name it: "3 (ranks [0, 2])", "0 (default_pg)",
     "d876ba23… (mesh_dp)"."""

@@ -24,7 +24,11 @@ follow from it); loading never runs anything (no pickle). Its schema, version ``
              "ops": [[stream, name index, cat index, start_ns, end_ns, graphed]]},
      "labels": [{"trace": str, "kernel_args": [[event index, args]],
                  "marks": [[event index, args]]}],  # per trace: args the shard adds to events
-     "problems": [str], "stats": {str: int}}
+     "problems": [str], "stats": {str: int},
+     "steps": [[n, start_ns, end_ns]]}   # its ProfilerStep#N ranges (absent: none known)
+
+``steps`` came after version 1 was out: a file without it reads as a rank whose steps are not
+known, and a reader that predates it ignores it, so it needed no new version.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Annotated, Any, Iterable, Literal
 
 import orjson
 from pydantic import PlainSerializer, PlainValidator
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
@@ -48,6 +52,7 @@ from commviz.match.model import CommEvent, InstanceKey, Source, events_from_reco
 from commviz.match.result import RankMatch
 from commviz.trace.gpu import GpuOp, gpu_ops
 from commviz.trace.load import Trace
+from commviz.trace.steps import Step, step_ranges
 from commviz.record.store import write_atomic
 
 MATCHED_GLOB = "matched_rank*.json"
@@ -107,6 +112,7 @@ class RankArtifact:
     problems: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     shard: str | None = None
+    steps: list[Step] = field(default_factory=list)     # its profiler steps, merged clock
 
     def aligned(self, clock: Clock) -> RankArtifact:
         """The same rank on ``clock``: the one place a rank's times move between clocks."""
@@ -117,7 +123,8 @@ class RankArtifact:
                   for ev in self.events]
         ops = [op._replace(start_ns=op.start_ns + delta, end_ns=op.end_ns + delta)
                for op in self.gpu_ops]
-        return replace(self, clock=clock, events=events, gpu_ops=ops)
+        steps = [Step(n, a + delta, b + delta) for n, a, b in self.steps]
+        return replace(self, clock=clock, events=events, gpu_ops=ops, steps=steps)
 
     def own_ends(self) -> dict[InstanceKey, int]:
         """Each instance's end on the rank's own clock (what the clock derivation compares)."""
@@ -214,7 +221,7 @@ def build(rank: int, traces: list[Trace], record: dict | None, *, inputs: str,
     own = RankArtifact(rank=rank, host=host, inputs=inputs, record_inputs=record_inputs,
                        clock=Clock(0, "own"), events=events, gpu_ops=ops,
                        pgs=_pg_table(record, traces, events), labels=_labels(traces, match),
-                       problems=found, stats=stats)
+                       problems=found, stats=stats, steps=step_ranges(traces))
     return own.aligned(clock)
 
 
@@ -294,6 +301,7 @@ class MatchedFile(TypedDict):
     labels: list[_Labels]
     problems: list[str]
     stats: dict[str, int]
+    steps: NotRequired[list[tuple[int, int, int]]]     # n, start, end (absent: none known)
 
 
 FILE = FileType(MatchedFile, "matched run")
@@ -316,7 +324,7 @@ def to_file(art: RankArtifact) -> MatchedFile:
         gpu=_Gpu(names=list(names), cats=list(cats), ops=ops),
         labels=[_Labels(trace=lab.trace, kernel_args=sorted(lab.kernel_args.items()),
                         marks=sorted(lab.marks.items())) for lab in art.labels],
-        problems=art.problems, stats=art.stats)
+        problems=art.problems, stats=art.stats, steps=[tuple(s) for s in art.steps])
 
 
 def from_file(doc: MatchedFile) -> RankArtifact:
@@ -338,7 +346,8 @@ def from_file(doc: MatchedFile) -> RankArtifact:
         pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
         labels=[TraceLabels(lab["trace"], dict(lab["kernel_args"]), dict(lab["marks"]))
                 for lab in doc["labels"]],
-        problems=doc["problems"], stats=doc["stats"])
+        problems=doc["problems"], stats=doc["stats"],
+        steps=[Step(*s) for s in doc.get("steps", ())])
 
 
 def to_json(art: RankArtifact) -> bytes:

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Sequence
 from commviz.errors import CommvizError, SourceError
 from commviz.merge.select import format_ranks, parse_ranges
 from commviz.merge.table import iter_tables, table_ranks
+from commviz.trace.steps import STEP_PREFIX
 
-STEP_PREFIX = "ProfilerStep#"
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 
 

@@ -10,15 +10,20 @@ trace. It is derived data: the matched run stays the source, and a table whose `
 clock no longer match the matched run beside it is rebuilt from it. Declared once
 (``TableFile``, a ``commviz.filetype.FileType``); schema, version ``VERSION``::
 
-    {"schema": "commviz.comm", "version": 3, "rank": int, "host": str | null,
+    {"schema": "commviz.comm", "version": 4, "rank": int, "host": str | null,
      "inputs": str, "clock": {"offset_ns": int, "source": str},
      "pgs": {pg: {"desc": str | null, "ranks": [int] | str | null}},
      "problems": [str],
+     "steps": [[n, start_ns, end_ns]],      # the rank's ProfilerStep#N ranges, by number
+     "units": {origin: unit},               # where an origin's unit is not the origin itself
      "rows": [[pg, op, key, start_ns, end_ns, bytes | null, ctype, flags, origin]]}  # by start
 
-``origin``: the call's ``commviz.origin`` (null: none recorded). Version 1 had no origin and
-version 2 no ``PIPELINE`` flag: such a table is rebuilt from the matched run beside it, like any
-stale one.
+``origin``: the call's ``commviz.origin`` (null: none recorded); ``units``: the unit each origin
+serves (``metadata.origin_unit``: "FSDP layers.0" for its all-gathers and reduce-scatters),
+listed once per origin, not per row. ``steps`` say which step each row belongs to, so two runs
+compare per step (``commviz diff``); empty where the rank's traces held none. Version 1 had no
+origin, version 2 no ``PIPELINE`` flag, version 3 no steps or units: such a table is rebuilt
+from the matched run beside it, like any stale one.
 
 ``ranks``: a group of more than ``LIST_RANKS_MAX`` ranks is written as runs
 (``metadata.ranks_text``: ``"0-16383"``, ``"5-16381 step 8"``), which ``metadata.group_ranks``
@@ -32,7 +37,7 @@ out (nothing across ranks can be said about them).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntFlag
 from pathlib import Path
 from typing import Iterator, Literal, NamedTuple
@@ -48,6 +53,7 @@ from commviz.match.model import InstanceKey
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import is_launch_only, is_pipeline_transfer, kernel_groups
 from commviz.record.store import write_atomic
+from commviz.trace.steps import Step
 
 TABLE_GLOB = "comm_rank*.json"
 LIST_RANKS_MAX = 16             # a larger group's ranks are written as runs
@@ -85,6 +91,8 @@ class CommTable:
     pgs: dict[str, PgInfo]
     problems: list[str]
     rows: list[Row]
+    steps: list[Step] = field(default_factory=list)        # ProfilerStep#N, merged clock
+    units: dict[str, str] = field(default_factory=dict)     # origin -> unit, where they differ
 
 
 def table_name(rank: int) -> str:
@@ -99,9 +107,13 @@ def from_artifact(art: RankArtifact) -> CommTable:
     """The rank's table, on the matched run's clock."""
     gpu = kernel_groups(art.events)
     rows = []
+    units: dict[str, str] = {}
     for ev in art.events:
         if ev.key is None:
             continue
+        origin = ev.args.get(md.ORIGIN)
+        if origin is not None and origin not in units:
+            units[origin] = md.origin_unit(ev.args) or origin
         flags = Flag(0)
         if is_launch_only(ev, gpu):
             flags |= Flag.LAUNCH_ONLY
@@ -110,11 +122,11 @@ def from_artifact(art: RankArtifact) -> CommTable:
         if ev.key.kind.p2p and is_pipeline_transfer(ev.args):
             flags |= Flag.PIPELINE
         rows.append(Row(ev.pg, ev.op, ev.key, ev.start_ns, max(ev.end_ns, ev.start_ns),
-                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags,
-                        ev.args.get(md.ORIGIN)))
+                        bw.size_bytes(ev.args), bw.collective_type(ev.args), flags, origin))
     rows.sort(key=lambda r: (r.start_ns, r.end_ns))
     return CommTable(rank=art.rank, host=art.host, inputs=art.inputs, clock=art.clock,
-                     pgs=dict(art.pgs), problems=list(art.problems), rows=rows)
+                     pgs=dict(art.pgs), problems=list(art.problems), rows=rows,
+                     steps=list(art.steps), units={o: u for o, u in units.items() if o != u})
 
 
 Flags = Literal[0, 1, 2, 3, 4, 5, 6, 7]
@@ -127,13 +139,15 @@ class TableFile(TypedDict):
 
     __pydantic_config__ = STRICT  # type: ignore[misc]
     schema: Literal["commviz.comm"]
-    version: Literal[3]               # 2: rows gained the origin; 3: the pipeline flag
+    version: Literal[4]     # 2: rows gained the origin; 3: the pipeline flag; 4: steps, units
     rank: int
     host: str | None
     inputs: str
     clock: ClockFile
     pgs: dict[str, PgFile]
     problems: list[str]
+    steps: list[tuple[int, int, int]]
+    units: dict[str, str]
     rows: list[RowFile]
 
 
@@ -146,7 +160,8 @@ def to_json(table: CommTable) -> bytes:
         schema=SCHEMA, version=VERSION, rank=table.rank, host=table.host, inputs=table.inputs,
         clock=ClockFile(offset_ns=table.clock.offset_ns, source=table.clock.source),
         pgs={pg: PgFile(desc=i.desc, ranks=_ranks_file(i.ranks)) for pg, i in table.pgs.items()},
-        problems=table.problems, rows=[(*r[:7], int(r.flags), r.origin) for r in table.rows]))
+        problems=table.problems, steps=[tuple(s) for s in table.steps], units=table.units,
+        rows=[(*r[:7], int(r.flags), r.origin) for r in table.rows]))
 
 
 def _ranks_file(ranks: list[int] | str | None) -> list[int] | str | None:
@@ -167,7 +182,7 @@ def load(path: Path) -> CommTable:
         rank=doc["rank"], host=doc["host"], inputs=doc["inputs"],
         clock=Clock(clock["offset_ns"], clock["source"]),
         pgs={pg: PgInfo(v["desc"], v["ranks"]) for pg, v in doc["pgs"].items()},
-        problems=doc["problems"],
+        problems=doc["problems"], steps=[Step(*s) for s in doc["steps"]], units=doc["units"],
         rows=[Row(pg, op, key, start, end, size, ctype, _FLAGS[flags], origin)
               for pg, op, key, start, end, size, ctype, flags, origin in doc["rows"]])
 

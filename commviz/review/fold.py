@@ -21,7 +21,11 @@ every rank recorded, as ``review.desync`` does with the full records; a table ho
 call's op, bytes and nccl-tests type (not its dtype, root or reduction), so those must agree,
 and every member of the group present in the run must hold the number.
 
-Memory: five columns per row (25 bytes: 53 MB for the 2.1M rows of 16,384 ranks x 130
+Steps and waits, for ``commviz diff``: each row's profiler step (its table's ``steps``), and per
+instance the step its ranks place it in and the time its ranks waited for the last one (the
+review's wait, ``merge.instances``: from a rank's start until the last rank arrived or it left).
+
+Memory: six columns per row (29 bytes: 61 MB for the 2.1M rows of 16,384 ranks x 130
 collectives) and a few per instance; the numbers are worked out with numpy, once.
 """
 
@@ -39,6 +43,7 @@ from commviz.match.artifact import PgInfo
 from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge.instances import WARMUP, straggler_thresholds
 from commviz.merge.table import CommTable, Flag
+from commviz.trace.steps import Step
 from commviz.review.desync import DesyncKind
 
 
@@ -208,11 +213,13 @@ class Fold:
         self.pg, self.op, self.ctype, self.origin = array("i"), array("i"), array("i"), array("i")
         # per row, rank after rank
         self._inst, self._start, self._end = array("i"), array("q"), array("q")
-        self._flags, self._call = array("B"), array("i")
+        self._flags, self._call, self._step = array("B"), array("i"), array("i")
         self._calls: dict[tuple[str, int | None, str], int] = {}    # what must agree across ranks
         self._table_rank, self._table_rows = array("i"), array("q")
         self.pgs: dict[str, PgInfo] = {}
         self.hosts: dict[int, str | None] = {}
+        self.steps: dict[int, list[Step]] = {}      # rank -> its profiler steps, where known
+        self.units: dict[str, str] = {}             # origin -> unit, where they differ
         self.rows = 0
 
     def __len__(self) -> int:
@@ -249,6 +256,10 @@ class Fold:
         self._start.extend([r[3] for r in rows])
         self._end.extend([r[4] for r in rows])
         self._flags.extend([int(r[7]) for r in rows])
+        self._step.extend(_row_steps(table))
+        if table.steps:
+            self.steps[rank] = table.steps
+        self.units.update(table.units)
         self._table_rank.append(rank)
         self._table_rows.append(len(rows))
         self.rows += len(rows)
@@ -273,12 +284,15 @@ class Fold:
         self._inst.frombytes(inst[_column(part._inst, np.int32)].tobytes())
         self._call.frombytes(call[_column(part._call, np.int32)].tobytes())
         for mine, theirs in ((self._start, part._start), (self._end, part._end),
-                             (self._flags, part._flags), (self._table_rank, part._table_rank),
+                             (self._flags, part._flags), (self._step, part._step),
+                             (self._table_rank, part._table_rank),
                              (self._table_rows, part._table_rows)):
             mine.extend(theirs)
         for pg, info in part.pgs.items():
             self.pgs.setdefault(pg, info)
         self.hosts.update(part.hosts)
+        self.steps.update(part.steps)
+        self.units.update(part.units)
         self.rows += part.rows
 
     def _new(self, key: InstanceKey, pg: str, op: str, ctype: str, origin: str | None) -> int:
@@ -292,8 +306,9 @@ class Fold:
 
     # -- after the last table -------------------------------------------------------------------
     def finish(self, *, alike: bool) -> None:
-        """Per instance: count, first/last start, last end, late rank, flags, size, straggler,
-        the typical rank's start and end, the tolerance; the desyncs and the kept ranks; with
+        """Per instance: count, first/last start, last end, late rank, flags, size, step (-1:
+        outside every step), wait, straggler, the typical rank's start and end, the tolerance;
+        the desyncs and the kept ranks; with
         ``alike``, the folded (alike) ranks' times per instance. The rows are let go.
 
         Every step runs over a chunk of rows (``CHUNK``) at a time, so memory is the rows'
@@ -306,6 +321,7 @@ class Fold:
         self.late_rank = np.zeros(n, np.int32)
         self.flags = np.zeros(n, np.uint8)
         self.size = np.full(n, -1, np.int64)
+        self.step, self.wait = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         sizes = np.array([-1 if size is None else max(size, 0) for _, size, _ in self._calls],
                          dtype=np.int64)
         lo = _segments(self.count)
@@ -325,6 +341,10 @@ class Fold:
             self.last_end[i0:i1], self.med_end[i0:i1] = e[last], e[mid]
             self.flags[i0:i1] = np.bitwise_or.reduceat(rows.flags[part], at)
             self.size[i0:i1] = np.maximum.reduceat(sizes[rows.call[part]], at)
+            self.step[i0:i1] = np.maximum.reduceat(rows.step[part], at)
+            wait = np.minimum(self.last_start[local], rows.end[part]) - s
+            self.wait[i0:i1] = np.add.reduceat(np.maximum(wait, 0, out=wait), at)
+        self.wait[(self.flags & int(Flag.LAUNCH_ONLY)) != 0] = 0    # nobody measured waiting
         self._stragglers()
         self.kept: dict[int, Kept] = defaultdict(Kept)
         self._odd_rows(rows)
@@ -340,6 +360,7 @@ class Fold:
             self._alike(rows, by_start, lo)
         del rows, by_start
         self._inst = self._start = self._end = self._flags = self._call = None  # type: ignore
+        self._step = None  # type: ignore
 
     def _odd_rows(self, rows: _Rows) -> None:
         """Count, per rank, the instances where it starts late or early or ends apart from the
@@ -517,6 +538,7 @@ class _Rows:
         self.inst = _column(fold._inst, np.int32)
         self.start, self.end = _column(fold._start, np.int64), _column(fold._end, np.int64)
         self.flags, self.call = _column(fold._flags, np.uint8), _column(fold._call, np.int32)
+        self.step = _column(fold._step, np.int32)
         per_table = np.asarray(fold._table_rows, dtype=np.int64)
         self.rank = np.repeat(np.asarray(fold._table_rank, dtype=np.int32), per_table)
         self.width = int(self.rank.max()) + 1 if len(self.rank) else 0
@@ -532,6 +554,19 @@ class _Rows:
                 b = int(self._tables[np.searchsorted(self._tables, a, side="right")])
             yield a, b
             a = b
+
+
+def _row_steps(table: CommTable) -> array:
+    """Each row's profiler step number (-1: outside every step of its rank)."""
+    if not table.steps:
+        return array("i", [-1]) * len(table.rows)
+    n, lo, hi = (np.array(c, dtype=np.int64) for c in zip(*table.steps))
+    order = np.argsort(lo, kind="stable")
+    n, lo, hi = n[order], lo[order], hi[order]
+    start = np.fromiter((r[3] for r in table.rows), np.int64, len(table.rows))
+    at = np.searchsorted(lo, start, side="right") - 1
+    inside = (at >= 0) & (start < hi[np.maximum(at, 0)])
+    return array("i", np.where(inside, n[np.maximum(at, 0)], -1).astype(np.int32).tobytes())
 
 
 def _instance_chunks(lo: np.ndarray, count: np.ndarray) -> Iterator[tuple[int, int, int, int]]:

@@ -28,10 +28,7 @@ def event_origin(ev: CommEvent) -> str | None:
 def event_unit(ev: CommEvent) -> str | None:
     """The unit an event serves: "FSDP 1", "DDP bucket 2", "pipelining stage 0"; its origin
     where it names no unit."""
-    kind, unit = ev.args.get(md.ORIGIN_KIND), ev.args.get(md.ORIGIN_UNIT)
-    if kind is not None and unit is not None:
-        return f"{kind} {unit or '<root>'}"
-    return event_origin(ev)
+    return md.origin_unit(ev.args)
 
 
 def instance_origin(i: Instance) -> str:
