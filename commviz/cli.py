@@ -40,6 +40,8 @@ COMMANDS = (
             "one small trace of every rank's collectives, from the comm tables"),
     Command("preview", "commviz.review.preview",
             "draw a merged trace as a PNG timeline (ranks, comm lanes, cross-rank links)"),
+    Command("watch", "commviz.live.watch",
+            "while a job runs: per group and origin, skew, wait, bandwidth; the late rank named"),
     Command("diff", "commviz.review.diffout",
             "what changed between two runs, per origin: transfer time or waiting, and for whom"),
     Command("exporter", "commviz.live.exporter",

@@ -32,7 +32,7 @@ STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz.review",), "review: report, desyncs, overview"),
     (("commviz.verify",), "verify: checks the merged trace against the inputs"),
     (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
-      "commviz.gathered", "commviz.convert"),
+      "commviz.gathered", "commviz.convert", "commviz.live.watch"),
      "drivers: the command line, the launcher, and gather (which converts on the node)"),
 ]
 

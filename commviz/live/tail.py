@@ -17,7 +17,8 @@ API (the exporter, ``commviz.live.exporter``, builds on it):
 - ``RunTail(run_dir, ranks=None)``: ``poll() -> list[Call]``; ``headers`` (rank -> the
   journal's header: host, pid, world_size, backend, start_ns); ``problems`` (list of lines);
   ``missed`` (rank -> calls that could not be read: running when their generation was dropped,
-  or in a generation that came and went between two polls); ``ranks`` (those seen so far).
+  or in a generation that came and went between two polls); ``ranks`` (those seen so far);
+  ``readable`` (those whose newest generation is not given up as unreadable).
 - ``Call``: ``rank``, ``ordinal`` (the rank's record number), ``seq`` (a collective's number in
   its group, Flight Recorder's ``collective_seq_id``; a p2p call's ``fr_p2p_seq``; None: none),
   ``pair`` (a p2p call's number between its two ranks; else None), ``t_begin_ns``/``t_end_ns``
@@ -307,6 +308,7 @@ class _RankTail:
     missed: int = 0
     missed_gens: int = 0
     header: dict = field(default_factory=dict)
+    broken: bool = False                           # its newest generation could not be read
 
 
 class RunTail:
@@ -322,6 +324,11 @@ class RunTail:
     @property
     def ranks(self) -> list[int]:
         return sorted(self._ranks)
+
+    @property
+    def readable(self) -> list[int]:
+        """The ranks whose newest generation is being read (not given up as unreadable)."""
+        return sorted(r for r, t in self._ranks.items() if not t.broken)
 
     @property
     def headers(self) -> dict[int, dict]:
@@ -376,7 +383,7 @@ class RunTail:
                 continue
             if tail.last_gen:
                 tail.missed_gens += gen - tail.last_gen - 1
-            tail.last_gen = gen
+            tail.last_gen, tail.broken = gen, False
             tail.gens[gen] = _Generation(tail.rank, gen, path, fd)
         out: list[Call] = []
         for gen, g in sorted(tail.gens.items()):
@@ -388,9 +395,11 @@ class RunTail:
                 out += g.ended()
             except _Corrupt as exc:
                 self._problems[str(g.path)] = f"{g.path}: {exc}"
+                tail.broken = gen == tail.last_gen
                 final = True
             except OSError as exc:
                 self._problems[str(g.path)] = f"{g.path}: cannot read: {exc.strerror or exc}"
+                tail.broken = gen == tail.last_gen
                 final = True
             if g.header:
                 tail.header = g.header

@@ -35,6 +35,7 @@ from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary
 from commviz.review.overlap import RankOverlap, overlap_table
 from commviz.review.pipeline import SLOW_FACTOR, StageWaits, ordered, slowest, stage_waits
 from commviz.review.verdict import Verdict, build_verdict, roles, verdict_json
+from commviz.review import wholerun
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.run import Run
@@ -352,6 +353,7 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
     return out
 
 
+    out += [Section(*t) for t in wholerun.tables(review.run_dir, top, fmt_ns)]
 def _headline(review: Review) -> str:
     strag = sum(1 for i in review.instances if i.straggler is not None)
     line = (f"commviz report: {review.run_dir}: {len(review.ranks)} ranks, {review.events} "
@@ -515,3 +517,4 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     target.write_text(text, encoding="utf-8")
     return ReportResult(text=text, out=target, plots=written, review=review,
                         problems=review.problems)
+        written += wholerun.plot_windows(run_dir, plots_dir)

@@ -1,0 +1,199 @@
+"""The report's "over the whole run": the windows a watcher kept, read back after the job.
+
+``commviz watch`` (or ``commviz launch`` with ``live.watch``) appends each window to
+``RUN_DIR/windows.jsonl`` (``commviz.live.series``) while the job runs. The report turns them
+into two tables and a plot:
+
+- where each slowdown began: per late rank and origin, the first window it was named in
+  (the window where the slowdown began), how many windows named it, its median skew and what
+  it cost the others over all of them;
+- who was late where, window by window (runs of windows naming nobody folded into one row);
+- ``plots/windows.png``: per window, the arrival skew (p50) of the origins with the most wait,
+  the windows that named a late rank marked with the rank, and the wait per group.
+
+A run no watcher watched has no such file and no such section. Times are the calls' CPU times.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from commviz.errors import SourceError
+from commviz.live import series
+
+WINDOWS_PNG = "windows.png"
+ORIGINS_DRAWN = 6
+
+
+class Table(NamedTuple):
+    """A section as ``commviz.review.report.Section`` takes it (the report imports this
+    module, so it gets the tables and its own ``fmt_ns`` here, not the other way)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+Fmt = Callable[[int | float | None], str]
+
+
+@dataclass
+class Slowdown:
+    """One rank late to one origin of one group, over the windows that named it."""
+
+    rank: int
+    origin: str
+    group_label: str
+    began: int                        # the first window that named it
+    began_s: tuple[float, float]      # its start and end, seconds after the first window began
+    windows: list[int] = field(default_factory=list)
+    skews: list[int] = field(default_factory=list)
+    cost_ns: int = 0
+
+
+@dataclass
+class WholeRun:
+    path: Path
+    windows: list[series.WindowFile]
+    notes: list[str]
+
+    @property
+    def t0(self) -> int:
+        return self.windows[0]["start_ns"]
+
+    def slowdowns(self) -> list[Slowdown]:
+        found: dict[tuple[int, str, str], Slowdown] = {}
+        for w in self.windows:
+            for s in w["stragglers"]:
+                key = (s["rank"], s["group"], s["origin"])
+                if key not in found:
+                    found[key] = Slowdown(s["rank"], s["origin"], s["group_label"], w["index"],
+                                          ((w["start_ns"] - self.t0) / 1e9,
+                                           (w["end_ns"] - self.t0) / 1e9))
+                d = found[key]
+                d.windows.append(w["index"])
+                d.skews.append(s["skew_ns"])
+                d.cost_ns += s["cost_ns"]
+        return sorted(found.values(), key=lambda d: (d.began, -d.cost_ns))
+
+
+def read_whole_run(run_dir: Path) -> WholeRun | None:
+    """The windows of the watcher that wrote most (None: no watcher kept any)."""
+    path = series.path_of(run_dir)
+    if not path.is_file():
+        return None
+    lines, notes = series.read(path)
+    windows = series.one_watcher(lines)
+    return WholeRun(path, windows, notes) if windows else None
+
+
+def _late(w: series.WindowFile, fmt_ns: Fmt) -> str:
+    return "; ".join(f"rank {s['rank']} at {s['origin']} in {s['group_label']} "
+                     f"({fmt_ns(s['skew_ns'])}, cost {fmt_ns(s['cost_ns'])})"
+                     for s in w["stragglers"])
+
+
+def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
+    """The two tables (none without a kept series; one line when it cannot be read)."""
+    try:
+        whole = read_whole_run(run_dir)
+    except SourceError as exc:
+        return [Table("Over the whole run", ["problem"], [[str(exc)]])]
+    if whole is None:
+        return []
+    n = len(whole.windows)
+    span = (whole.windows[-1]["end_ns"] - whole.t0) / 1e9
+    note = (f"{n} windows over {span:.0f} s kept by the watcher in {whole.path.name}; CPU times "
+            "of the calls; a late rank is late in most of an origin's instances of a window")
+    downs = whole.slowdowns()
+    began = Table(
+        "Over the whole run: where each slowdown began",
+        ["late rank", "origin", "group", "began in window", "window's span", "windows late",
+         "skew (median)", "cost the others"],
+        [[str(d.rank), d.origin, d.group_label, f"#{d.began}",
+          f"+{d.began_s[0]:.1f} to +{d.began_s[1]:.1f} s",
+          f"{len(d.windows)} of {n}", fmt_ns(statistics.median(d.skews)), fmt_ns(d.cost_ns)]
+         for d in downs[:top]] or [["none", "-", "-", "-", "-", f"0 of {n}", "-", "-"]],
+        " ".join([note, *whole.notes]))
+    rows: list[list[str]] = []
+    quiet: list[series.WindowFile] = []
+
+    def flush_quiet() -> None:
+        if quiet:
+            first, last = quiet[0], quiet[-1]
+            label = f"#{first['index']}" + (f"-#{last['index']}" if last is not first else "")
+            rows.append([label, f"+{(first['start_ns'] - whole.t0) / 1e9:.1f} s", "nobody"])
+            quiet.clear()
+    for w in whole.windows:
+        if not w["stragglers"]:
+            quiet.append(w)
+            continue
+        flush_quiet()
+        rows.append([f"#{w['index']}", f"+{(w['start_ns'] - whole.t0) / 1e9:.1f} s",
+                     _late(w, fmt_ns)])
+    flush_quiet()
+    per_window = Table("Over the whole run: who was late where, window by window",
+                         ["window", "from", "late ranks (skew, what they cost the others)"],
+                         rows[:top * 2])
+    return [began, per_window]
+
+
+def plot_windows(run_dir: Path, plots_dir: Path) -> list[Path]:
+    """``plots/windows.png`` (nothing without a kept series)."""
+    from matplotlib.figure import Figure      # only a report that draws pays for it
+
+    from commviz.review.plots import _save
+
+    try:
+        whole = read_whole_run(run_dir)
+    except SourceError:
+        return []
+    if whole is None:
+        return []
+    t = {w["index"]: ((w["end_ns"] - whole.t0) / 1e9) for w in whole.windows}
+    wait: dict[str | None, float] = {}
+    for w in whole.windows:
+        for r in w["origins"]:
+            wait[r["origin"]] = wait.get(r["origin"], 0) + r["window"]["wait_ns"]
+    drawn = sorted(wait, key=lambda o: -wait[o])[:ORIGINS_DRAWN]
+    fig = Figure(figsize=(10, 6.5))
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    for origin in drawn:
+        xs, ys = [], []
+        for w in whole.windows:
+            got = [r["window"]["skew_p50_ns"] for r in w["origins"] if r["origin"] == origin
+                   and r["window"]["skew_p50_ns"] is not None]
+            if got:
+                xs.append(t[w["index"]])
+                ys.append(max(got) / 1e6)
+        ax.plot(xs, ys, marker=".", label=origin)
+    for w in whole.windows:
+        for s in w["stragglers"]:
+            ax.scatter([t[w["index"]]], [s["skew_ns"] / 1e6], s=90, facecolors="none",
+                       edgecolors="red", linewidths=1.5, zorder=3)
+            ax.annotate(f"rank {s['rank']}", (t[w["index"]], s["skew_ns"] / 1e6),
+                        textcoords="offset points", xytext=(4, 6), fontsize=7, color="red")
+    downs = whole.slowdowns()
+    for d in downs:
+        ax.axvspan(*d.began_s, color="red", alpha=0.08, linewidth=0)
+    ax.set_ylabel("arrival skew p50 per window (ms)")
+    ax.set_title("Over the whole run: arrival skew per origin; late ranks circled, "
+                 "the window a slowdown began shaded (CPU times)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for w in whole.windows:
+        for r in w["groups"]:
+            xs, ys = groups.setdefault(r["label"], ([], []))
+            xs.append(t[w["index"]])
+            ys.append(r["window"]["wait_ns"] / 1e6)
+    for label, (xs, ys) in sorted(groups.items(), key=lambda kv: -sum(kv[1][1]))[:ORIGINS_DRAWN]:
+        ax2.plot(xs, ys, marker=".", label=label)
+    ax2.set_ylabel("wait per window (ms)")
+    ax2.set_xlabel("seconds since the first window began (each point: a window's end)")
+    ax2.legend(fontsize=7, loc="upper left")
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    return [_save(fig, plots_dir / WINDOWS_PNG)]
