@@ -14,7 +14,8 @@ launch exit 1 naming the rank and why, after merging what the other ranks record
 While torchrun runs, the launch watches for a hang (``commviz.launch.watch``) and answers
 ``commviz status`` run on another node with its own ranks' stacks (``commviz.launch.answer``).
 With ``live.exporter`` set it serves the job's metrics to Prometheus meanwhile, from a process of
-its own (``commviz.launch.exporting``).
+its own (``commviz.launch.exporting``); with ``live.watch`` it says each window of ``commviz
+watch`` (``commviz.live.watch``) and keeps the windows in the run dir for the report.
 
 Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
 (``configs/default.yaml`` is the same text for people browsing the repo; a test keeps the two
@@ -38,6 +39,7 @@ from commviz.gathered import SUMMARY_NAME, Mode, load_summary
 from commviz.launch import config as C
 from commviz.launch import exporting, groups, outcome, placement, rendezvous, slurm, torchrun
 from commviz.launch.answer import StackAnswers
+from commviz.live.watch import WatchThread
 from commviz.launch.echo import Echo
 from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
 from commviz.launch.schema import Config
@@ -422,6 +424,11 @@ def handle(args: argparse.Namespace) -> int:
     # only other nodes need asking through the run dir: on one node status signals the ranks
     answers = StackAnswers(run_dir, node_rank, launch_id, say) if multi else None
     if answers is not None:
+    seer = WatchThread(run_dir, cfg.live.watch_interval_s, say, (lambda: [
+        p.rank for p in placement.of_launch(log_dir(run_dir), launch_id)]) if multi else None
+                       ) if cfg.live.watch else None
+    if seer is not None:
+        seer.start()
         answers.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
@@ -437,6 +444,8 @@ def handle(args: argparse.Namespace) -> int:
         log.close()
     log_text = log.text()
     if log.error is not None:
+        if seer is not None:
+            seer.stop()
         out.write(f"launch.log: {log.error}; torchrun's output was kept in memory\n")
     placed = placement.of_launch(log_dir(run_dir), launch_id)
     if multi:

@@ -223,6 +223,13 @@ class Live(Strict):
                                  "exporter`, one per node, docs/prometheus.md): PORT on "
                                  "127.0.0.1, or HOST:PORT; null: none")
 
+    watch: bool = Field(False, description="show `commviz watch` while the job runs: every "
+                        "`watch_interval_s` the launch says per window the busiest group's skew, "
+                        "bandwidth and wait and the late ranks with the origin they were late to "
+                        "(CPU times), and keeps the windows in RUN_DIR/windows.jsonl for the "
+                        "report's \"over the whole run\" (docs/watch.md)")
+    watch_interval_s: float = Field(5.0, gt=0, description="seconds a watch window lasts")
+
     @field_validator("exporter", mode="before")
     @classmethod
     def _address(cls, v: object) -> object:

@@ -447,7 +447,7 @@ class Windows:
         rows = {by_origin: self._rows(inst, here, seen, by_origin) for by_origin in (False, True)}
         window = Window(self.index, start_ns, end_ns, seen, rows[False], rows[True], late,
                         incomplete, {}, [])
-        self.index += 1
+        self.index += bool(len(here))         # windows are numbered as they hold instances
         return window
 
     def _rows(self, inst: Instances, here: Instances, seen: list[int],
