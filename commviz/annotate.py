@@ -23,72 +23,86 @@ _EXTRA_KEYS = {
     "root": md.ROOT, "src": md.SRC, "dst": md.DST, "peer": md.PEER, "reduce_op": md.REDUCE_OP,
     "async_op": md.ASYNC, "in_split": md.IN_SPLIT, "out_split": md.OUT_SPLIT, "kind": md.KIND,
 }
+_P2P = frozenset({"send", "recv", "isend", "irecv"})
+_Tensor = torch.Tensor
 
 
 def _nelems(tensors: torch.Tensor | Iterable[torch.Tensor] | None) -> tuple[int, torch.Tensor | None]:
     if tensors is None:
         return 0, None
-    if isinstance(tensors, torch.Tensor):
+    if isinstance(tensors, _Tensor):
         return tensors.numel(), tensors
     items: Sequence[torch.Tensor] = list(tensors)
     return sum(t.numel() for t in items), (items[0] if items else None)
 
 
-class annotate_collective:  # noqa: N801 - used like a function, as torch.profiler.record_function is
+def _mapped(name: str, extra: dict[str, Any]) -> tuple[str, str, str, bool, dict[str, Any]]:
+    """The block's kind, split sizes, async flag and other extras under commviz's keys."""
+    mapped: dict[str, Any] = {}
+    for key, value in extra.items():
+        target = _EXTRA_KEYS.get(key, key)
+        if target == md.REDUCE_OP and not isinstance(value, str):
+            value = md.reduce_op_name(value)
+        if target in (md.IN_SPLIT, md.OUT_SPLIT) and not isinstance(value, str):
+            value = str(list(value))
+        mapped[target] = value
+    kind = mapped.pop(md.KIND, "p2p" if name in _P2P else "collective")
+    return (kind, mapped.pop(md.IN_SPLIT, "[]"), mapped.pop(md.OUT_SPLIT, "[]"),
+            bool(mapped.pop(md.ASYNC, False)), mapped)
+
+
+class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as record_function is
     """Annotate a collective (or any communication) issued inside the ``with`` block.
 
     ``name`` is a torch.distributed function name ("all_reduce") or any label; ``input`` and
     ``output`` are tensors or lists of tensors; ``group`` is the process group (``None``: world).
     Keyword extras ``root``, ``src``, ``dst``, ``peer``, ``reduce_op``, ``async_op``,
     ``in_split``, ``out_split`` map onto commviz's keys; any other extra is kept as given.
-    The ``with`` statement yields the metadata dict.
+    The ``with`` statement yields the metadata dict. The block is its own ``calls.Claim``
+    (one object a block: it costs less than ``torch.profiler.record_function``).
     """
 
-    __slots__ = ("_args", "_call")
+    __slots__ = ("_name", "_input", "_output", "_group", "_extra")
 
     def __init__(self, name: str, input: Any, output: Any, group: Any = None,
                  **extra: Any) -> None:
-        self._args = (name, input, output, group, extra)
-        self._call: list[Any] | None = None
+        self._name, self._input, self._output, self._group, self._extra = (
+            name, input, output, group, extra)
+        self.rec: list[Any] | None = None
+        self.open = False
 
     def __enter__(self) -> dict[str, Any]:
-        name, inp, out, group, extra = self._args
-        in_n, tensor = _nelems(inp)
-        out_n, out_tensor = _nelems(out)
-        mapped: dict[str, Any] = {}
-        for key, value in extra.items():
-            target = _EXTRA_KEYS.get(key, key)
-            if target == md.REDUCE_OP and not isinstance(value, str):
-                value = md.reduce_op_name(value)
-            if target in (md.IN_SPLIT, md.OUT_SPLIT) and not isinstance(value, str):
-                value = str(list(value))
-            mapped[target] = value
-        kind = mapped.pop(md.KIND, "p2p" if name in ("send", "recv", "isend", "irecv") else "collective")
-        in_split = mapped.pop(md.IN_SPLIT, "[]")
-        out_split = mapped.pop(md.OUT_SPLIT, "[]")
-        async_op = bool(mapped.pop(md.ASYNC, False))
-        info = md.group_info(group)
+        name, inp, out = self._name, self._input, self._output
+        in_n, tensor = (inp.numel(), inp) if isinstance(inp, _Tensor) else _nelems(inp)
+        out_n, out_tensor = (out.numel(), out) if isinstance(out, _Tensor) else _nelems(out)
+        if self._extra:
+            kind, in_split, out_split, async_op, mapped = _mapped(name, self._extra)
+        else:
+            kind, in_split, out_split, async_op, mapped = (
+                "p2p" if name in _P2P else "collective", "[]", "[]", False, None)
+        info = md.group_info(self._group)
         if not info.member:               # torch skips calls on groups this rank is not in
-            calls.SCOPE.push(calls.Claim(None))
+            calls.SCOPE.push(self)
             return {}
         first = tensor if tensor is not None else out_tensor
         if first is None:
             dtype, esize, device = "Byte", 0, "cpu"
         else:
             dtype, esize = md.dtype_info(first.dtype)
-            device = "cuda" if first.is_cuda else first.device.type
-        collective = kind == "collective"
+            device = "cpu" if first.is_cpu else "cuda" if first.is_cuda else first.device.type
         # the number torch gives the next collective on the group; taken only if one runs
-        self._call = calls.open_record(
+        rec = self.rec = calls.open_record(
             name, kind, info, in_n, out_n, dtype, esize, device, in_split, out_split, async_op,
-            mapped, calls.callsite(), info.last_seq + 1 if collective else None, want_meta=True)
-        calls.SCOPE.push(calls.Claim(self._call))
-        return self._call[md.R_META]
+            mapped, calls.callsite(), info.last_seq + 1 if kind == "collective" else None,
+            want_meta=True)
+        self.open = True
+        calls.SCOPE.push(self)
+        return rec[md.R_META]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        claim = calls.SCOPE.pop()
-        if claim is not None:
-            claim.close()
-        if self._call is not None:
-            calls.finish_record(self._call, None if exc is None else repr(exc))
-        self._call = None
+        calls.SCOPE.pop()
+        rec = self.rec
+        if rec is not None:
+            self.close()
+            calls.finish_record(rec, None if exc is None else repr(exc))
+        self.rec, self.open = None, False

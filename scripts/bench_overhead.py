@@ -17,6 +17,10 @@ call. The variants run in child processes, one per *side*, each set up once:
                             installed: what the block itself costs
            annotate, on     the same block, recording on (against annotate block: what
                             recording the collective inside a block adds)
+           record_function, profiled   record_function's call while the profiler runs
+           annotate block, profiled    the annotate block's call while the profiler runs
+           annotate, profiled, on      the same, recording on (against annotate block,
+                            profiled): each against profiler, the blocks' own cost there
   fr       one rank, torch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE=2000``, torch's default):
            Flight Recorder  plain call (against plain: what Flight Recorder costs)
            FR + on          recording on as well (against Flight Recorder)
@@ -24,6 +28,18 @@ call. The variants run in child processes, one per *side*, each set up once:
            per point-to-point call, each exchange being one send and one receive:
            send/recv, isend/irecv (waited), batch_isend_irecv (one isend, one irecv), each
            plain and ``, on`` (against plain)
+  gpu2     two ranks on two GPUs (``--device cuda``; the peer mirrors each call), NCCL with
+           commviz's NCCL profiler plugin loaded (``commviz.record.nccl_plugin``):
+           2 GPUs                 plain one-element all_reduce, GPU timing off
+           2 GPUs, on             recording on (against 2 GPUs)
+           2 GPUs, on + gputime   recording on and the plugin timing every op on the GPU
+                                  (against 2 GPUs, on: what GPU times add to recording)
+           2 GPUs, torch timing   plain call on a group made with torch's
+                                  ``TORCH_NCCL_ENABLE_TIMING=1`` (against 2 GPUs: what torch's
+                                  own GPU timing costs, a CUDA event pair per call)
+  gpu2/4   the same, the plugin timing one call in four (``COMMVIZ_GPUTIME_EVERY=4``):
+           2 GPUs/4, on             recording on (against 2 GPUs)
+           2 GPUs/4, on + gputime   and the sampled GPU times (against 2 GPUs/4, on)
 ``--arrival unboxed`` makes the one-rank calls in ``torch.inference_mode`` on an inference
 tensor: c10d's op then reaches commviz's kernel unboxed, the way functional collectives and
 compiled code reach it (``boxed``, the default, is how torch.distributed's functions, DDP and
@@ -33,7 +49,9 @@ What a variant adds (median) is the median over rounds of its time minus its bas
 same round (the order of the variants rotates each round), so a host's slow drift cancels out,
 with a bootstrap 95% interval of that median; (min) compares the best rounds. Targets (thread
 CPU, median): recording on adds < 5 us and no more than Flight Recorder does; off < 0.5 us;
-under a running profiler, inside an annotate_collective block and per p2p call: <= 2 us.
+under a running profiler, inside an annotate_collective block and per p2p call: <= 2 us; an
+annotate_collective block itself no more than a ``record_function`` block, with a profiler
+running and without.
 
 A host's noise (a few tenths of a microsecond on these medians) hides small costs, so
 ``--instructions`` (CPU only, needs valgrind) also counts the instructions each variant executes
@@ -75,9 +93,12 @@ class Side:
 
     world: int
     flight_recorder: str
+    gputime: bool = False   # commviz's NCCL profiler plugin loaded (NCCL, one GPU a rank)
+    every: int = 1          # the plugin times one call in ``every`` (COMMVIZ_GPUTIME_EVERY)
 
 
-SIDES = {"one": Side(1, FR_OFF), "fr": Side(1, FR_ON), "p2p": Side(2, FR_OFF)}
+SIDES = {"one": Side(1, FR_OFF), "fr": Side(1, FR_ON), "p2p": Side(2, FR_OFF),
+         "gpu2": Side(2, FR_OFF, gputime=True), "gpu2/4": Side(2, FR_OFF, gputime=True, every=4)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,7 @@ class Variant:
     call: str               # a name of CALLS
     base: str | None = "plain"
     profiled: bool = False  # torch.profiler running around the batch
+    gputime: bool = False   # the NCCL plugin times each op on the GPU (gpu2 side)
 
 
 # variant -> its setting (the order is the table's)
@@ -105,6 +127,12 @@ VARIANTS: dict[str, Variant] = {
     "profiler, on": Variant("one", True, True, "all_reduce", "profiler", profiled=True),
     "annotate block": Variant("one", False, True, "annotated"),
     "annotate, on": Variant("one", True, True, "annotated", "annotate block"),
+    "record_function, profiled": Variant("one", False, True, "record_function", "profiler",
+                                         profiled=True),
+    "annotate block, profiled": Variant("one", False, True, "annotated", "profiler",
+                                        profiled=True),
+    "annotate, profiled, on": Variant("one", True, True, "annotated", "annotate block, profiled",
+                                      profiled=True),
     "Flight Recorder": Variant("fr", False, True, "all_reduce"),
     "FR + on": Variant("fr", True, True, "all_reduce", "Flight Recorder"),
     "send/recv": Variant("p2p", False, True, "send_recv", None),
@@ -113,20 +141,39 @@ VARIANTS: dict[str, Variant] = {
     "isend/irecv, on": Variant("p2p", True, True, "isend_irecv", "isend/irecv"),
     "batch_isend_irecv": Variant("p2p", False, True, "batch", None),
     "batch_isend_irecv, on": Variant("p2p", True, True, "batch", "batch_isend_irecv"),
+    "2 GPUs": Variant("gpu2", False, True, "all_reduce", None),
+    "2 GPUs, on": Variant("gpu2", True, True, "all_reduce", "2 GPUs"),
+    "2 GPUs, on + gputime": Variant("gpu2", True, True, "all_reduce", "2 GPUs, on",
+                                    gputime=True),
+    "2 GPUs, torch timing": Variant("gpu2", False, True, "timed_all_reduce", "2 GPUs"),
+    "2 GPUs/4, on": Variant("gpu2/4", True, True, "all_reduce", "2 GPUs"),
+    "2 GPUs/4, on + gputime": Variant("gpu2/4", True, True, "all_reduce", "2 GPUs/4, on",
+                                      gputime=True),
 }
 # c10d calls per call of CALLS[name] (a p2p exchange sends once and receives once)
 OPS_PER_CALL = {"send_recv": 2, "isend_irecv": 2, "batch": 2}
 # Added cost (median thread CPU, us) each target allows: (variant, against, limit); a limit
 # named by a variant is what that variant adds over its own base
-TARGETS: list[tuple[str, str, float | str]] = [
+TARGETS: list[tuple[str, str, float | str | tuple[str, float]]] = [
     ("recording on", "plain", 5.0),
     ("recording on", "plain", "Flight Recorder"),
     ("recording off", "plain", 0.5),
     ("profiler, on", "profiler", 2.0),
     ("annotate, on", "annotate block", 2.0),
+    # an annotate_collective block costs no more than torch's record_function: without the
+    # kernel and with it, without a profiler and under one
+    ("annotate block", "plain", "record_function"),
+    ("annotate, on", "recording on", "record_function"),
+    ("annotate block, profiled", "profiler", "record_function, profiled"),
+    ("annotate, profiled, on", "profiler, on", "record_function, profiled"),
     ("send/recv, on", "send/recv", 2.0),
     ("isend/irecv, on", "isend/irecv", 2.0),
     ("batch_isend_irecv, on", "batch_isend_irecv", 2.0),
+    # GPU time of every NCCL op: <= 1 us over recording alone, <= a fifth of torch's timing
+    ("2 GPUs, on + gputime", "2 GPUs, on", 1.0),
+    ("2 GPUs, on + gputime", "2 GPUs, on", ("2 GPUs, torch timing", 0.2)),
+    ("2 GPUs/4, on + gputime", "2 GPUs/4, on", 1.0),
+    ("2 GPUs/4, on + gputime", "2 GPUs/4, on", ("2 GPUs, torch timing", 0.2)),
 ]
 
 
@@ -193,6 +240,11 @@ class Child:
                               world_size=side.world)
         self.tensor = torch.ones(1, device=device)
         self.calls = _calls(1 - self.rank if side.world == 2 else None, mirror=self.rank == 1)
+        if side.gputime:                 # a second group, made with torch's own GPU timing
+            os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+            timed = td.new_group(list(range(side.world)))
+            del os.environ["TORCH_NCCL_ENABLE_TIMING"]
+            self.calls["timed_all_reduce"] = lambda t: td.all_reduce(t, group=timed)
         if self.rank == 0:
             import commviz
 
@@ -200,7 +252,12 @@ class Child:
                           flush_interval=None)
 
     def select(self, variant: Variant) -> None:
-        """commviz's kernel in or out, recording on or off (the measured rank only)."""
+        """commviz's kernel in or out, recording on or off (the measured rank only); the NCCL
+        plugin's GPU timing on or off (every rank: NCCL's kernels stamp on both)."""
+        if SIDES[self.args.child].gputime:
+            from commviz.record import nccl_plugin
+
+            nccl_plugin.enable(variant.gputime)
         if self.rank != 0:
             return
         import commviz
@@ -293,6 +350,15 @@ class Proc:
                    f"--callgrind-out-file={callgrind}", *cmd]
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TORCH_FR_BUFFER_SIZE=SIDES[side].flight_recorder)
+        if SIDES[side].gputime:          # NCCL loads the plugin at its first communicator
+            from commviz.record import nccl_plugin
+
+            env[nccl_plugin.PLUGIN_ENV] = str(nccl_plugin.build())
+            env[nccl_plugin.EVERY] = str(SIDES[side].every)
+            env[nccl_plugin.FILE_ENV] = os.path.join(
+                tempfile.gettempdir(), f"commviz-bench-{os.getpid()}-{side[-1]}-{rank}.gputime")
+        else:                            # commviz.start would time NCCL ops: recording alone
+            env["COMMVIZ_GPUTIME"] = "off"
         if args.device == "cuda":        # NCCL's own recorder in torch 2.11
             env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = SIDES[side].flight_recorder
         self.name = f"{side} rank {rank}"
@@ -373,15 +439,20 @@ def _median_interval(diffs: list[float], resamples: int = 2000) -> tuple[float, 
 
 
 def _sides(args: argparse.Namespace) -> list[str]:
-    """The sides this run can have: p2p needs two devices on CUDA."""
+    """The sides this run can have: p2p needs two devices on CUDA, gpu2 two GPUs."""
     names = list(SIDES)
-    if args.device == "cuda":
+    if args.device != "cuda":
+        names.remove("gpu2")
+        names.remove("gpu2/4")
+    else:
         import torch
 
         if torch.cuda.device_count() < 2:
-            print("(p2p variants skipped: they need 2 GPUs, this host has "
+            print("(p2p and 2-GPU variants skipped: they need 2 GPUs, this host has "
                   f"{torch.cuda.device_count()})")
             names.remove("p2p")
+            names.remove("gpu2")
+            names.remove("gpu2/4")
     return names
 
 
@@ -411,11 +482,12 @@ def timed(args: argparse.Namespace, names: list[str]) -> None:
     def best(name: str, clock: int) -> float:
         return min(r[clock] for r in results[name]) / 1000
 
-    print(f"{'variant':<22}{'base':<18}{'wall med':>9}{'added':>8}{'cpu med':>9}{'added':>8}"
-          f"{'95% interval':>18}{'cpu min':>9}{'added':>8}")
+    wide = max(map(len, variants)) + 2
+    print(f"{'variant':<{wide}}{'base':<{wide}}{'wall med':>9}{'added':>8}{'cpu med':>9}"
+          f"{'added':>8}{'95% interval':>18}{'cpu min':>9}{'added':>8}")
     for name in variants:
         base = VARIANTS[name].base
-        row = f"{name:<22}{base or '':<18}"
+        row = f"{name:<{wide}}{base or '':<{wide}}"
         for clock in (0, 1):
             row += f"{statistics.median(r[clock] for r in results[name]) / 1000:>9.2f}"
             row += f"{statistics.median(diffs(name, base, clock)):>+8.2f}" if base else " " * 8
@@ -432,11 +504,12 @@ def timed(args: argparse.Namespace, names: list[str]) -> None:
         if name not in results or base not in results:
             continue
         got = statistics.median(diffs(name, base, 1))
-        if isinstance(limit, str):
-            if limit not in results:
+        if isinstance(limit, (str, tuple)):
+            other, part = (limit, 1.0) if isinstance(limit, str) else limit
+            if other not in results:
                 continue
-            bound = statistics.median(diffs(limit, VARIANTS[limit].base or "plain", 1))
-            what = f"<= {limit}'s {bound:+.2f}"
+            bound = part * statistics.median(diffs(other, VARIANTS[other].base or "plain", 1))
+            what = f"<= {'' if part == 1 else f'{part:g} x '}{other}'s {bound:+.2f}"
         else:
             bound, what = limit, f"<= {limit:g}"
         print(f"target: {name} adds {got:+.2f} us thread cpu over {base} ({what}: "
@@ -513,7 +586,7 @@ def instructions(args: argparse.Namespace, names: list[str]) -> None:
             if base:
                 added = mean(name, which) - mean(base, which)
                 extra = f"  adds {added:+,.0f} over {base} ({added / mean(base, which):+.2%})"
-            print(f"  {name:<22}{' / '.join(f'{g[which]:,.0f}' for g in got)}{extra}")
+            print(f"  {name:<27}{' / '.join(f'{g[which]:,.0f}' for g in got)}{extra}")
         if "annotate, on" in counts:
             added = mean("annotate, on", which) - mean("annotate block", which)
             print(f"  annotate, on over annotate block: {added:+,.0f}")
@@ -541,7 +614,11 @@ def main() -> None:
     if args.instructions and args.device != "cpu":
         raise SystemExit("bench_overhead: --instructions counts the CPU (gloo) path only")
     names = [n for n in _sides(args) if n in args.sides.split(",")]
-    if "one" not in names:
+    if not names:
+        raise SystemExit(f"bench_overhead: none of {args.sides} runs here (2-GPU sides: "
+                         "--device cuda on 2 GPUs)")
+    if "one" not in names and any(v.base == "plain" and v.side in names
+                                  for v in VARIANTS.values()):
         raise SystemExit("bench_overhead: the one side's plain call is every side's yardstick")
     timed(args, names)
     if args.instructions:

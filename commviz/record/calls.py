@@ -29,7 +29,7 @@ import sysconfig
 import threading
 import time
 from types import CodeType, FrameType
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import typing_extensions
@@ -211,6 +211,62 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
 
 # -- open and finish ---------------------------------------------------------------------------
 
+class _Expanded(NamedTuple):
+    """An annotation shape's metadata at its start, expanded once (``md.expand`` and the
+    range's filter cost more than the rest of a block); a block copies it and sets its number."""
+
+    fields: list[Any]            # the compact record's fields before R_SEQ
+    extra: dict[str, Any] | None
+    numbered: bool               # whether the record had a sequence number (then a key)
+    meta: dict[str, Any]
+    args: dict[str, Any]         # the profiler range's: no None values, no graph nodes
+    name: str                    # the range's
+
+
+_expanded: dict[tuple[str | None, int | None], _Expanded] = {}
+_EXPANDED_LIMIT = 4096           # shapes remembered before starting afresh
+
+
+def _range_args(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None}
+
+
+def _expand(rec: list[Any]) -> _Expanded:
+    """The expansion of an uncaptured annotation's shape, from the cache where it has it."""
+    site, fields, extra = (rec[md.R_FILE], rec[md.R_LINE]), rec[:md.R_SEQ], rec[md.R_EXTRA]
+    numbered = rec[md.R_SEQ] is not None
+    got = _expanded.get(site)
+    if (got is not None and got.numbered is numbered and got.fields == fields
+            and (got.extra is extra or got.extra == extra)):
+        return got
+    meta = md.expand(rec)
+    got = _Expanded(fields, extra, numbered, meta, _range_args(meta), "commviz::" + rec[md.R_OP])
+    if len(_expanded) >= _EXPANDED_LIMIT:
+        _expanded.clear()
+    _expanded[site] = got
+    return got
+
+
+def _annotation(rec: list[Any]) -> dict[str, Any]:
+    """An annotation's metadata dict, and while a profiler runs its range, opened. A captured
+    one is expanded on its own (its graph and ordinal are its own)."""
+    shape = _expand(rec) if rec[md.R_GRAPH] is None else None
+    meta = rec[_META] = md.expand(rec) if shape is None else shape.meta.copy()
+    seq = rec[md.R_SEQ]
+    if seq is not None:
+        meta[md.SEQ] = seq
+    if _profiler_enabled():
+        if shape is None:
+            args, name = _range_args(meta), "commviz::" + rec[md.R_OP]
+        else:
+            args, name = shape.args.copy(), shape.name
+            if seq is not None:
+                args[md.SEQ] = seq
+        rng = rec[_RANGE] = _RecordFunctionFast(name, [], args)
+        rng.__enter__()
+    return meta
+
+
 def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, dtype: str,
                 esize: int, device: str, in_split: str, out_split: str, async_op: bool,
                 extra: dict[str, Any] | None, site: tuple[str | None, int | None],
@@ -228,14 +284,7 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
         # a synchronous call costs least (its nodes are worked out after capture); work the
         # stream does not wait for and user code are walked
         rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta)
-    meta = None
-    if want_meta:
-        meta = rec[_META] = md.expand(rec)
-        if _profiler_enabled():
-            rng = rec[_RANGE] = _RecordFunctionFast(
-                "commviz::" + op, [],
-                {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None})
-            rng.__enter__()
+    meta = _annotation(rec) if want_meta else None
     recorder = _rec.RECORDER
     if recorder.enabled:           # journaled as the compact record: its shape, once per site
         recorder.append(rec if meta is None else meta, journaled=rec)
