@@ -339,3 +339,19 @@ def test_a_bad_exporter_address_is_one_error_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"live\.exporter: 'node0:port' is not an address"):
         C.load(None, ("live.exporter=node0:port",))
+
+
+def test_a_corrupt_journal_is_one_line_and_the_endpoint_stays(run_dir: Path):
+    """A journal that cannot be one (bytes no rank writes) is named once on stderr, with its
+    file; /metrics goes on answering."""
+    bad = run_dir / "commviz_rank0.1.journal"
+    bad.write_bytes(b"\x07\x00\x00\x00cnot a commviz journal")
+    exporter = Exporter(run_dir, free_port())
+    try:
+        first = exporter.samples()
+        time.sleep(1.5)                                  # three more reads of the same file
+        assert [s.name for s in exporter.samples()] == [s.name for s in first]
+    finally:
+        said = exporter.stop()
+    lines = [line for line in said.splitlines() if line.startswith("commviz exporter:")]
+    assert len(lines) == 1 and str(bad) in lines[0], said
