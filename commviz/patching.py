@@ -48,5 +48,20 @@ def start(run_dir: str | os.PathLike[str] | None = None, *, capacity: int | None
     in (None: never). Call ``flush()`` yourself before ``os._exit``.
     """
     patch()
-    return recorder.arm(run_dir, capacity=capacity, enabled=enabled,
-                        handle_signals=handle_signals, flush_interval=flush_interval)
+    armed = recorder.arm(run_dir, capacity=capacity, enabled=enabled,
+                         handle_signals=handle_signals, flush_interval=flush_interval)
+    if armed.run_dir is not None:
+        _arm_gputime(armed.run_dir)
+    return armed
+
+
+def _arm_gputime(run_dir: Any) -> None:
+    """GPU times of NCCL ops (``commviz.record.nccl_plugin``), where NCCL can run."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available():
+        from commviz.record import nccl_plugin
+
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+        nccl_plugin.arm(run_dir, rank)
