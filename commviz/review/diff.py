@@ -28,8 +28,8 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -107,7 +107,9 @@ class RunSide:
     problems: list[str] = field(default_factory=list)
 
 
-class Change(str, Enum):
+class Change(md.StrEnum):
+    """What happened to a key between A and B."""
+
     REGRESSION = "regression"
     IMPROVEMENT = "improvement"
     UNCHANGED = "unchanged"
@@ -329,8 +331,8 @@ def _late(k: np.ndarray, late: np.ndarray, wait: np.ndarray, per: int
     return out
 
 
-def _shown(k: np.ndarray, values: np.ndarray, K: int, show, skip: int | None = None
-           ) -> list[list]:
+def _shown(k: np.ndarray, values: np.ndarray, K: int, show: Callable[[int], object],
+           skip: int | None = None) -> list[list]:
     """Per key its most frequent values (at most ``SHOWN``), as ``show`` names them."""
     values = np.asarray(values, dtype=np.int64)
     m = values != skip if skip is not None else np.ones(len(values), bool)

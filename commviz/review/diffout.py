@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -44,8 +44,9 @@ def why(row: Row) -> str:
     """What the change is made of: "+3.1 ms transfer, +25 ms waiting for rank 1"."""
     if row.change in (Change.ONLY_A, Change.ONLY_B):
         return "only in A" if row.change is Change.ONLY_A else "only in B"
-    parts = []
+    parts: list[str] = []
     for delta, what in ((row.delta_comm_ns, "transfer"), (row.delta_wait_ns, "waiting")):
+        # a part of under 5 % of the change is left unsaid, unless nothing else would be
         if abs(delta) >= 0.05 * max(abs(row.delta_ns), 1.0) or not parts and what == "waiting":
             text = f"{'+' if delta >= 0 else '-'}{fmt_ns(abs(delta))} {what}"
             if what == "waiting" and row.late_ranks:
@@ -59,7 +60,7 @@ def _pair(a: Any, b: Any) -> str:
     return f"{a} → {b}" if a != b else str(a)
 
 
-def _side(s: Side | None, pick) -> str:
+def _side(s: Side | None, pick: Callable[[Side], str]) -> str:
     return "-" if s is None else pick(s)
 
 
