@@ -97,7 +97,7 @@ def _table(title: str, rows: list[Row], by_origin: bool) -> Table:
     if by_origin:
         table.add_column("origin")
     for head in ("ranks", "calls", "comm", "busbw GB/s (run)", "skew p50 (run)",
-                 "skew p99 (run)", "wait (per instance run)"):
+                 "skew p99 (run)", "wait (per instance: window vs run)"):
         table.add_column(head, justify="right")
     for r in rows[:ROWS_SHOWN]:
         w, run = r.window, r.run
@@ -212,7 +212,13 @@ def handler(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
             sys.stdout.buffer.write(orjson.dumps(series.to_file(watcher.step())) + b"\n")
             sys.stdout.flush()
-    with Live(console=Console(), auto_refresh=False) as live:
+    console = Console()
+    if not console.is_terminal:                  # a pipe or a file: each window in turn
+        while True:
+            time.sleep(args.interval)
+            console.print(render(run_dir, watcher.step()))
+            console.file.flush()
+    with Live(console=console, auto_refresh=False) as live:
         while True:
             time.sleep(args.interval)
             live.update(render(run_dir, watcher.step()), refresh=True)
