@@ -101,7 +101,11 @@ def _handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
 
 
 class _Server(HTTPServer):
-    address_family = socket.AF_INET
+    """One request at a time, on IPv4 or IPv6 as the host is written."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, handler)
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass                                 # a client gone mid-answer is its own business
@@ -120,11 +124,8 @@ def serve(run_dir: Path, address: str, interval: float = INTERVAL_S,
     os.nice(NICENESS)
     exporter = Exporter(run_dir, interval, ranks, local, origins, series)
     exporter.refresh()
-    server_class = _Server
-    if ":" in host:
-        server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
     try:
-        server = server_class((host, port), _handler(exporter))
+        server = _Server((host, port), _handler(exporter))
     except OSError as exc:
         raise ConfigError("--address", f"cannot serve on {address}: {exc.strerror or exc}"
                           ) from None

@@ -24,7 +24,6 @@ from typing import Iterator, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from commviz import metadata as md
 from commviz.live.tail import Call
 
 OTHER = "other"               # an origin past the cap; every label of the overflow set
@@ -76,7 +75,7 @@ class _Series:
 
 @dataclass(slots=True)
 class _Rank:
-    origins: dict[str, str] = field(default_factory=dict)    # origin -> its label value
+    origins: set[str] = field(default_factory=set)     # the origins with a label of their own
     series: dict[Labels, _Series] = field(default_factory=dict)
     missed: int = 0
 
@@ -91,8 +90,6 @@ class Counts:
 
     def add(self, call: Call) -> None:
         shape = call.shape
-        if shape.group_desc == md.SIDE_GROUP_DESC:     # commviz's own group, not the job's
-            return
         rank = self._ranks.setdefault(call.rank, _Rank())
         labels = self._labels(rank, call)
         series = rank.series.get(labels)
@@ -116,11 +113,12 @@ class Counts:
     def _labels(self, rank: _Rank, call: Call) -> Labels:
         shape = call.shape
         origin = shape.origin or UNKNOWN
-        label = rank.origins.get(origin)
-        if label is None:
-            label = origin if len(rank.origins) < self.max_origins else OTHER
-            rank.origins[origin] = label
-        return Labels(shape.group, shape.op, size_label(shape.size_bytes or 0), label,
+        if origin not in rank.origins:
+            if len(rank.origins) >= self.max_origins:
+                origin = OTHER
+            else:
+                rank.origins.add(origin)
+        return Labels(shape.group, shape.op, size_label(shape.size_bytes or 0), origin,
                       str(call.rank))
 
     def collect(self) -> Iterator[Metric]:
