@@ -376,7 +376,8 @@ def compare(a: RunSide, b: RunSide, by: str, rule: NoiseRule = NoiseRule()) -> D
             row.change = Change.REGRESSION
         elif row.delta_ns < -row.noise_ns:
             row.change = Change.IMPROVEMENT
-        row.late_ranks = late_ranks(sa, sb, row.delta_wait_ns)
+        if row.delta_wait_ns >= rule.min_ns:      # less added waiting is jitter: no one named
+            row.late_ranks = late_ranks(sa, sb, row.delta_wait_ns)
         rows.append(row)
 
     def order(r: Row) -> tuple:
