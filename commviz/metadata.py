@@ -95,9 +95,14 @@ DDP_BUCKET_BYTES = "commviz.ddp_bucket_bytes"      # its gradient bytes
 DDP_BUCKET_NUMEL = "commviz.ddp_bucket_numel"      # its elements (no hook: the call's)
 DDP_BUCKET_FIRST = "commviz.ddp_bucket_first"      # its first parameter's name
 DDP_BUCKET_LAST = "commviz.ddp_bucket_last"        # its last parameter's name
+ZERO_BUCKET = "commviz.zero_bucket"      # DeepSpeed ZeRO: the gradient bucket, in its backward
+ZERO_PARAMS = "commviz.zero_params"      # the parameters its bucket (or all-gather) holds
+ZERO_BUCKET_FIRST = "commviz.zero_bucket_first"    # its first parameter's name
+ZERO_BUCKET_LAST = "commviz.zero_bucket_last"      # its last parameter's name
 ORIGIN_KEYS = (ORIGIN, ORIGIN_KIND, ORIGIN_UNIT, ORIGIN_PHASE, ORIGIN_MICROBATCH,
                BACKWARD_CALLSITE, COMPILED_AT, DDP_BUCKET, DDP_BUCKET_PARAMS, DDP_BUCKET_BYTES,
-               DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST)
+               DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST, ZERO_BUCKET, ZERO_PARAMS,
+               ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST)
 
 
 class OriginKind(StrEnum):
@@ -109,6 +114,7 @@ class OriginKind(StrEnum):
     DTENSOR = "DTensor"
     PIPELINE = "pipelining"
     COMPILED = "compiled"
+    DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origin_deepspeed.py)
     BACKWARD = "backward"      # an autograd thread's call: the line that called backward()
     UNKNOWN = "unknown"        # no Python caller and no framework range
 

@@ -443,6 +443,9 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     frames = read(frame, own)
     names = ranges(origin_id)
     origin = _fsdp(names, op)
+    if origin is None and "deepspeed" in sys.modules:   # its units, from its frames
+        from commviz.record import origin_deepspeed
+        origin = origin_deepspeed.origin(frame, op, count)
     if origin is None and (frames.stage is not None or any(
             n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
         origin = _pipeline(names, frames, op, kind)
