@@ -15,10 +15,12 @@ rank and per step, so runs of other rank and step counts compare:
 
 Groups are matched across runs by what they are, not by torch's numbers (which follow the
 order groups were made in): their description ("tp"), the world, or for a group made without
-one its rank pattern ("2-rank groups, stride 2"). A key's change is a regression only outside
-the noise (``NoiseRule``): the spread of its per-step times within each run (standard errors
-of the two means), a share of its time in A, and a floor; each regression is split into more
-transfer time and more waiting, naming the late rank(s) the new waiting was for.
+one its rank pattern ("8-rank groups" of contiguous ranks, "groups of stride 8"). A group's
+first collective (its warm-up: the ranks' start-up, ``merge.instances.WARMUP``) is left out.
+A key's change is a regression only outside the noise (``NoiseRule``): the spread of its
+per-step times within each run (standard errors of the two means), a share of its time in A,
+and a floor; each regression is split into more transfer time and more waiting, naming the
+late rank(s) the new waiting was for.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class RunSide:
     ranks: int
     steps: list[int]                    # the profiler steps compared (empty: the whole run)
     instances: int                      # instances compared
-    outside: int                        # instances outside every profiler step, left out
+    outside: int                        # instances left out: outside the steps, or warm-ups
     keys: dict[str, Side]
     problems: list[str] = field(default_factory=list)
 
@@ -188,19 +190,21 @@ def read_fold(run_dir: str | os.PathLike[str]) -> tuple[Fold, list[str]]:
 
 def group_kind(pg: str, info: PgInfo | None) -> str:
     """A group as it is matched across runs: its description, "world", or for a group made
-    without one its rank pattern ("2-rank groups", "2-rank groups, stride 2")."""
+    without one its rank pattern: "8-rank groups" (contiguous), "groups of stride 8"."""
     desc = info.desc if info is not None else None
     if desc == DEFAULT_PG or pg == "0" and not desc:
         return WORLD
     if desc and desc != md.UNDESCRIBED:
         return str(desc)
     ranks = md.group_ranks(info.ranks if info is not None else None)
-    if len(ranks) < 2:
-        return f"{len(ranks)}-rank groups" if ranks else f"group {md.pg_shown(pg)}"
-    steps = set(np.diff(ranks).tolist())
-    stride = f", stride {steps.pop()}" if len(steps) == 1 and 1 not in steps else ""
-    return f"{len(ranks)}-rank groups{stride}" if len(steps) <= 1 else \
-        f"{len(ranks)}-rank groups, ranks {md.ranks_text(ranks)}"
+    if not ranks:
+        return f"group {md.pg_shown(pg)}"
+    gaps = set(np.diff(ranks).tolist())
+    if gaps <= {1}:                    # contiguous: its size says what it is (a TP group)
+        return f"{len(ranks)}-rank groups"
+    if len(gaps) == 1:                 # strided: its stride does (DP across TP), whatever the size
+        return f"groups of stride {gaps.pop()}"
+    return f"{len(ranks)}-rank groups, ranks {md.ranks_text(ranks)}"
 
 
 def _labels(fold: Fold, by: str) -> tuple[np.ndarray, list[str]]:
@@ -257,11 +261,12 @@ def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSid
     numbers = sorted({s.n for steps in fold.steps.values() for s in steps})
     key, labels = _labels(fold, by)
     count = fold.count.astype(np.int64)
+    # a group's first collective is its warm-up: its waits are the ranks' start-up
     if numbers:
-        keep = np.flatnonzero(fold.step >= 0)
+        keep = np.flatnonzero((fold.step >= 0) & ~fold.warmup)
         step = np.searchsorted(np.asarray(numbers), fold.step[keep])
     else:
-        keep = np.arange(len(fold))
+        keep = np.flatnonzero(~fold.warmup)
         step = np.zeros(len(keep), dtype=np.int64)
     n_steps = max(len(numbers), 1)
     untimed = (fold.flags[keep] & int(Flag.LAUNCH_ONLY | Flag.FAILED)) != 0

@@ -36,7 +36,8 @@ TITLES = {Change.REGRESSION: "Regressions (worst first)", Change.IMPROVEMENT: "I
 def _run_text(run: RunSide) -> str:
     steps = (f"{len(run.steps)} profiler steps (#{md.ranks_text(run.steps)})" if run.steps
              else "no profiler steps (compared whole)")
-    outside = f", {run.outside} collectives outside the steps left out" if run.outside else ""
+    outside = (f", {run.outside} collectives left out (outside the steps, or a group's first)"
+               if run.outside else "")
     return f"{run.run_dir} · {run.ranks} ranks · {steps}{outside}"
 
 
@@ -80,7 +81,8 @@ def cells(row: Row) -> list[str]:
               _side(b, lambda s: f"{s.calls_per_step:.3g}")),
         f"{_side(a, lambda s: fmt_ns(s.comm_ns))} → {_side(b, lambda s: fmt_ns(s.comm_ns))}",
         f"{_side(a, lambda s: fmt_ns(s.wait_ns))} → {_side(b, lambda s: fmt_ns(s.wait_ns))}",
-        _pair(_side(a, lambda s: fmt_gbps(s.busbw_gbps)), _side(b, lambda s: fmt_gbps(s.busbw_gbps))),
+        _pair(_side(a, lambda s: fmt_gbps(s.busbw_gbps)),
+              _side(b, lambda s: fmt_gbps(s.busbw_gbps))),
         _pair(_side(a, lambda s: f"{fmt_ns(s.skew_p50_ns)} / {fmt_ns(s.skew_p99_ns)}"),
               _side(b, lambda s: f"{fmt_ns(s.skew_p50_ns)} / {fmt_ns(s.skew_p99_ns)}")),
         _pair(_side(a, _late_text), _side(b, _late_text)),

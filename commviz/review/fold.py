@@ -307,7 +307,7 @@ class Fold:
     # -- after the last table -------------------------------------------------------------------
     def finish(self, *, alike: bool) -> None:
         """Per instance: count, first/last start, last end, late rank, flags, size, step (-1:
-        outside every step), wait, straggler, the typical rank's start and end, the tolerance;
+        outside every step), wait, warm-up, straggler, the typical rank's start and end, the tolerance;
         the desyncs and the kept ranks; with
         ``alike``, the folded (alike) ranks' times per instance. The rows are let go.
 
@@ -390,7 +390,8 @@ class Fold:
         pg = _column(self.pg, np.int32)
         order = _sort(np.arange(n), self.first_start, pg)
         untimed = int(Flag.LAUNCH_ONLY | Flag.PIPELINE)
-        timed_all = (self.count > 1) & ((self.flags & untimed) == 0) & ~self._warmup()
+        self.warmup = self._warmup()
+        timed_all = (self.count > 1) & ((self.flags & untimed) == 0) & ~self.warmup
         skew_all = self.last_start - self.first_start
         self.by_pg: dict[str, np.ndarray] = {}
         for idx in _runs(order, pg[order]):
