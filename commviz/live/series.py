@@ -120,7 +120,8 @@ def to_file(w: Window) -> WindowFile:
         schema=SCHEMA, version=VERSION, watcher=watcher_name(), index=w.index,
         start_ns=w.start_ns, end_ns=w.end_ns, times="cpu", ranks=w.ranks,
         groups=_rows(w.groups, keep), origins=_rows(w.origins, keep),
-        stragglers=[StragglerFile(**s._asdict()) for s in w.stragglers],  # type: ignore[typeddict-item]
+        stragglers=[StragglerFile(**s._asdict())  # type: ignore[typeddict-item]
+                    for s in w.stragglers],
         incomplete=w.incomplete, missed=sorted(w.missed.items()), problems=w.problems)
 
 

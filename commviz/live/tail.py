@@ -129,7 +129,6 @@ class _Generation:
     shapes: dict[Any, Shape] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     header: dict = field(default_factory=dict)
-    alive_ns: int = 0
     pending: list[tuple[int, Any, int]] = field(default_factory=list)   # (offset, shape, seq)
     npending: list[tuple[int, int]] = field(default_factory=list)       # (offset, shape index)
 
@@ -177,10 +176,9 @@ class _Generation:
                 if sid not in self.objects:
                     raise _Corrupt(f"call entry at byte {at} names shape {sid}, never declared")
                 self.pending.append((at, sid, seq))
-            elif kind == jn.T_ALIVE:
+            elif kind == jn.T_ALIVE:                  # the ticker's stamp: nothing to read here
                 if length != jn.ALIVE.size:
                     raise _Corrupt(f"alive entry at byte {at} is {length} bytes")
-                self.alive_ns = max(self.alive_ns, jn.ALIVE.unpack_from(data, off + jn.HEAD.size)[0])
             else:
                 self._json_entry(kind, data[off + jn.HEAD.size:end], at)
             off = end

@@ -184,8 +184,8 @@ def summary_lines(w: Window) -> list[str]:
     top = w.groups[0]
     f = top.window
     return [f"{top.label} ({top.seen}/{top.size} ranks): {f.calls} calls, skew p50 "
-            f"{fmt_ns(f.skew_p50_ns)} p99 {fmt_ns(f.skew_p99_ns)} (run {fmt_ns(top.run.skew_p50_ns)}"
-            f"), busbw {fmt_gbps(f.busbw_gbps)} GB/s, wait {fmt_ns(f.wait_ns)}; CPU times",
+            f"{fmt_ns(f.skew_p50_ns)} p99 {fmt_ns(f.skew_p99_ns)} (run "
+            f"{fmt_ns(top.run.skew_p50_ns)}), busbw {fmt_gbps(f.busbw_gbps)} GB/s, wait {fmt_ns(f.wait_ns)}; CPU times",
             *straggler_lines(w)]
 
 
