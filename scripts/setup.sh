@@ -19,6 +19,19 @@ if ! .venv/bin/python -c "import commviz, perfetto, yaml, pydantic, rich, orjson
   pip install -e ".[test]"
   touch .venv/.commviz-installed
 fi
+# torchtitan, whose own Trainer tests/test_torchtitan.py runs: with --no-deps (its requirements
+# would bring wandb and more) and only what its Trainer imports, pinned as tested; torch stays
+# the build above. About 300 MB (triton) and 30 s once; a look at the versions when present.
+TITAN="torchtitan==0.3.0 spmd_types==0.2.3 triton==3.9.0"
+TITAN_DEPS="tyro==1.0.17 torchdata==0.11.0 tokenizers==0.23.3 tensorboard==2.21.0 datasets==4.7.0"
+if ! .venv/bin/python -c "
+import sys
+from importlib.metadata import version
+sys.exit(any(version(p) != v for p, v in (a.split('==') for a in sys.argv[1:])))
+" $TITAN $TITAN_DEPS 2>/dev/null; then
+  pip install --no-deps $TITAN
+  pip install $TITAN_DEPS "torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+fi
 # The Prometheus server tests/test_prometheus.py scrapes a live job with (Debian's package),
 # where it is missing and we may install it. Its service must not start (a container's
 # policy-rc.d already says so; elsewhere one is put in place for the install only): the

@@ -69,8 +69,10 @@ def _norm(name: str) -> str:
 
 # gloo runs reduce_scatter_tensor as an all_reduce of the whole input (ProcessGroupGloo's
 # _reduce_scatter_base), and Flight Recorder records that all_reduce: same number, same input,
-# output the size of the input. (op commviz records, name Flight Recorder gives it)
-BACKEND_ALIASES = {("reduce_scatter_tensor", "allreduce")}
+# output the size of the input; its coalesced form too (functional reduce_scatter on gloo, as
+# DTensor issues it: seen on torch 2.13). (op commviz records, name Flight Recorder gives it)
+BACKEND_ALIASES = {("reduce_scatter_tensor", "allreduce"),
+                   ("reduce_scatter_tensor_coalesced", "allreduce")}
 # NCCL's Flight Recorder names the tensor collectives after c10d's base ops
 NAME_ALIASES = {("all_gather_into_tensor", "allgatherbase"),
                 ("reduce_scatter_tensor", "reducescatterbase")}

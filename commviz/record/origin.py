@@ -57,6 +57,11 @@ def prefixes() -> tuple[str, ...]:
     return () if os.environ.get("COMMVIZ_ORIGIN_RANGES", "on") == "off" else PREFIXES
 
 
+# What a pipelining schedule does before its first step, by the function that does it: torch
+# 2.11 infers a stage's shapes (``_shape_inference``), torch 2.13 warms its p2p up (a vote) and
+# infers forward and backward metadata
+SETUP = {"_shape_inference": "shape inference", "_prepare_forward_infra": "shape inference",
+         "_prepare_backward_infra": "shape inference", "_warmup_p2p": "p2p warm-up"}
 _FSDP_RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")
 _SEP = os.sep
 
@@ -98,10 +103,12 @@ def _torch_path(*parts: str) -> str:
 
 
 class _Places(NamedTuple):
-    """torch's files whose frames say what a call serves."""
+    """torch's files (and functions) whose frames say what a call serves."""
 
     engine: str          # autograd's _engine_run_backward: a backward pass
     redistribute: str    # DTensor's redistribute_local_tensor
+    redistributing: tuple[CodeType, CodeType]   # DTensor's Redistribute.forward, .backward
+    fsdp_param: str      # FSDP2's FSDPParam (a gradient made local: _get_grad_inner_tensor)
     schedules: str       # pipelining's schedules
     stage: str           # pipelining's stages
     compilers: tuple[str, ...]   # dynamo, AOTAutograd, inductor: compiled code runs here
@@ -114,9 +121,13 @@ _places: _Places | None = None
 def _where() -> _Places:
     global _places
     if _places is None:
+        from torch.distributed.tensor._redistribute import Redistribute
+
         _places = _Places(
             _torch_path("autograd", "graph.py"),
             _torch_path("distributed", "tensor", "_redistribute.py"),
+            (Redistribute.forward.__code__, Redistribute.backward.__code__),
+            _torch_path("distributed", "fsdp", "_fully_shard", "_fsdp_param.py"),
             _torch_path("distributed", "pipelining", "schedules.py"),
             _torch_path("distributed", "pipelining", "stage.py"),
             tuple(_torch_path(d) + _SEP for d in ("_dynamo", "_functorch", "_inductor")),
@@ -133,8 +144,12 @@ class Frames(NamedTuple):
     backward: str | None            # "file:line" of the user's backward() call
     compiled: FrameType | None      # the compiled function's frame, under compiled code
     redistribute: FrameType | None  # DTensor's redistribute_local_tensor
+    node: Any                       # its Redistribute's autograd node (``ctx``), if any
+    made: bool                      # ``node`` is being made (forward), not run (backward)
+    owner: Any                      # the module whose parameter's gradient FSDP makes local
     modules: tuple[Any, ...]        # nn.Modules being called, innermost first
     stage: Any                      # the pipeline stage whose schedule or setup is running
+    setup: str | None               # the schedule's set-up before its first step (``SETUP``)
     batch: str | None               # pipelining's batch label (``desc``: "fwd_send", ...)
     bucket: Any                     # the DDP comm hook's GradBucket
     from_cpp: bool                  # no Python between the engine (or nothing) and the call
@@ -147,10 +162,11 @@ def _site(frame: FrameType) -> str:
 def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     """Walk the frames from ``frame`` (the caller of the c10d op) outwards."""
     places = _where()
-    user = compiled = redistribute = stage = None
+    user = compiled = redistribute = stage = node = owner = None
     backward = batch = bucket = None
     modules: list[Any] = []
-    seen_compiler = False
+    setup = None
+    seen_compiler = made = False
     from_cpp = frame is None or (frame.f_code.co_name == "_engine_run_backward"
                                  and frame.f_code.co_filename == places.engine)
     if frame is None:
@@ -169,23 +185,37 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
         elif file == places.engine and name == "_engine_run_backward":
             if backward is None:
                 backward = _user_site(frame.f_back, own)
-        elif file == places.redistribute and name == "redistribute_local_tensor":
-            redistribute = redistribute or frame
+        elif file == places.redistribute:
+            if name == "redistribute_local_tensor":
+                redistribute = redistribute or frame
+            elif code in places.redistributing and node is None:
+                node, made = frame.f_locals.get("ctx"), code is places.redistributing[0]
+        elif file == places.fsdp_param and name == "_get_grad_inner_tensor" and owner is None:
+            owner = getattr(getattr(frame.f_locals.get("self"), "_module_info", None), "module",
+                            None)
         elif file == places.module and name == "_call_impl":
             mod = frame.f_locals.get("self")
             if mod is not None:
                 modules.append(mod)
-        elif file == places.schedules and name in ("_batch_p2p", "_sorted_batch_p2p"):
-            batch = batch or frame.f_locals.get("desc")
-        elif file == places.schedules and name == "_step_microbatches" and stage is None:
-            stage = getattr(frame.f_locals.get("self"), "_stage", None)
-        elif file == places.stage and name == "_shape_inference" and stage is None:
-            stage = frame.f_locals.get("self")
+        elif file == places.schedules:
+            if name in ("_batch_p2p", "_sorted_batch_p2p"):
+                batch = batch or frame.f_locals.get("desc")
+            elif name == "_step_microbatches" and stage is None:
+                stage = getattr(frame.f_locals.get("self"), "_stage", None)
+            setup = setup or SETUP.get(name)
+        elif file == places.stage:
+            if stage is None:
+                stage = _stage(frame.f_locals.get("self"))
+            setup = setup or SETUP.get(name)
         elif file.startswith(places.compilers):
             seen_compiler = True
         frame = frame.f_back
-    return Frames(user, backward, compiled, redistribute, tuple(modules), stage, batch, bucket,
-                  from_cpp)
+    return Frames(user, backward, compiled, redistribute, node, made, owner, tuple(modules),
+                  stage, setup, batch, bucket, from_cpp)
+
+
+def _stage(obj: Any) -> Any:
+    return obj if hasattr(obj, "stage_index") else None
 
 
 def _user_site(frame: FrameType | None, own: Callable[[CodeType], bool]) -> str | None:
@@ -216,19 +246,36 @@ def _grad_bucket(value: Any) -> Any:
 
 # -- names of things ---------------------------------------------------------------------------
 
-_module_names: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+# the segments torch's wrappers add to a module's name (activation checkpointing, compile,
+# FSDP1): not the user's
+_WRAPPERS = re.compile(r"(?:^|\.)(?:_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)"
+                       r"(?=\.|$)")
+# every module seen so far, by the name the outermost module called around it gives it
+_module_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def as_written(name: str) -> str:
+    """A module's name as the user wrote it: ``layers.0._checkpoint_wrapped_module.attention``
+    is ``layers.0.attention``."""
+    return _WRAPPERS.sub("", name).lstrip(".") if "_" in name else name
 
 
 def module_name(modules: tuple[Any, ...]) -> str | None:
-    """The fully qualified name of the innermost module being called, in the outermost one
-    (``named_modules()``'s names); None outside any module call."""
-    if not modules:
-        return None
-    root = modules[-1]
-    names = _module_names.get(root)
-    if names is None or id(modules[0]) not in names:
-        names = _module_names[root] = {id(m): n for n, m in root.named_modules()}
-    return names.get(id(modules[0]), type(modules[0]).__name__)
+    """The fully qualified name of the innermost module being called (``named_modules()``'s
+    name in the outermost one, wrappers left out); None outside any module call. A module
+    called without its model around it (a block recomputed by activation checkpointing) keeps
+    the name its model gave it."""
+    return _named(modules[0], modules[-1]) if modules else None
+
+
+def _named(module: Any, root: Any) -> str:
+    name = _module_names.get(module)
+    if name is None or root not in _module_names:
+        prefix = _module_names.get(root, "")
+        for sub, m in root.named_modules():
+            _module_names[m] = as_written(f"{prefix}.{sub}" if prefix and sub else prefix or sub)
+        name = _module_names.get(module)
+    return type(module).__name__ if name is None else name
 
 
 _param_names: dict[int, str] = {}
@@ -296,14 +343,23 @@ def _fsdp(names: list[str], op: str) -> Origin | None:
     else:
         label, fqn, target = parsed[-1]
         phase = label.replace("_", " ")
-    unit = fqn if fqn is not None else (target or "")
+    unit = as_written(fqn if fqn is not None else (target or ""))
     return Origin(f"FSDP {phase} ({unit or '<root>'})", md.OriginKind.FSDP, unit, phase)
 
 
 def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | None:
+    """A schedule's transfer: its set-up's, or a p2p op of an action (a ``PP:`` range as
+    torch 2.11 and 2.13 name them, ``PP:0SEND_F0`` or ``PP:3F0``; GPipe's ``Forward 1``; or
+    1F1B's batch, ``desc``). A collective a stage's module or loss issues, in an action or
+    in the set-up, is named by what issued it."""
     from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
+    if kind != "p2p":
+        return None
     stage = getattr(frames.stage, "stage_index", None)
+    if frames.setup is not None and stage is not None:    # once: no later call takes it over
+        return Origin(f"{PP}{stage} {frames.setup}", md.OriginKind.PIPELINE, f"stage {stage}",
+                      frames.setup, refresh=Refresh.ALL)
     action = None
     for name in reversed(names):
         if name.startswith(PP):
@@ -312,14 +368,12 @@ def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | 
             except (RuntimeError, ValueError, KeyError):
                 continue
             break
-        if name.startswith((FORWARD, BACKWARD)) and name.split(" ")[-1].isdigit() and                 stage is not None:
+        if name.startswith((FORWARD, BACKWARD)) and name.split(" ")[-1].isdigit() \
+                and stage is not None:
             forward = name.startswith(FORWARD)
-            if kind == "p2p":
-                sent = op in ("send", "isend")
-                ctype = _ComputationType.from_str(("SEND_" if sent else "RECV_") +
-                                                  ("F" if forward else "B"))
-            else:
-                ctype = _ComputationType.FORWARD if forward else _ComputationType.FULL_BACKWARD
+            sent = op in ("send", "isend")
+            ctype = _ComputationType.from_str(("SEND_" if sent else "RECV_") +
+                                              ("F" if forward else "B"))
             action = _Action(stage, ctype, int(name.split(" ")[-1]))
             break
     if action is not None:
@@ -328,15 +382,39 @@ def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | 
                       action.computation_type.value,
                       ((md.ORIGIN_MICROBATCH, action.microbatch_index),)
                       if action.microbatch_index is not None else ())
-    if stage is None:
+    if stage is None or frames.batch is None:
         return None
-    if frames.batch is not None and kind == "p2p":
-        phase = _batch_phase(frames.batch, op in ("send", "isend"))
-        if phase is not None:       # the micro-batch is per call (``MicroBatches``)
-            return Origin(f"{PP}{stage}{phase} ({frames.batch})", md.OriginKind.PIPELINE,
-                          f"stage {stage}", phase, refresh=Refresh.MICROBATCH)
-    phase = "shape inference" if frames.batch is None else frames.batch
-    return Origin(f"{PP}{stage} {phase}", md.OriginKind.PIPELINE, f"stage {stage}", phase)
+    phase = _batch_phase(frames.batch, op in ("send", "isend"))
+    if phase is not None:       # the micro-batch is per call (``MicroBatches``)
+        return Origin(f"{PP}{stage}{phase} ({frames.batch})", md.OriginKind.PIPELINE,
+                      f"stage {stage}", phase, refresh=Refresh.MICROBATCH)
+    return Origin(f"{PP}{stage} {frames.batch}", md.OriginKind.PIPELINE, f"stage {stage}",
+                  frames.batch)
+
+
+# the module each DTensor Redistribute node was made in (forward): its backward runs with no
+# module called around it
+_node_units: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def _dtensor(frames: Frames) -> Origin:
+    """A DTensor redistribute's origin: its placements and the module it serves: the module
+    being called (forward, activation checkpointing's recompute), the one its autograd node
+    was made in (backward), or the one whose parameter's gradient FSDP makes local."""
+    loc = frames.redistribute.f_locals
+    moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
+    unit = module_name(frames.modules)
+    if frames.node is not None:
+        if not frames.made:
+            unit = unit or _node_units.get(frames.node)
+        elif unit is not None:
+            _node_units[frames.node] = unit
+    if unit is None and frames.owner is not None:
+        unit = _module_names.get(frames.owner) or type(frames.owner).__name__
+    # per call where the unit is (layers called in a loop share call site and sizes)
+    per_call = unit is not None or frames.node is not None
+    return Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
+                  unit, moved, refresh=Refresh.ALL if per_call else Refresh.NOTHING)
 
 
 def _batch_phase(desc: str | None, sent: bool) -> str | None:
@@ -442,7 +520,10 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     (``count``: False where the call is only being looked at, not recorded)."""
     frames = read(frame, own)
     names = ranges(origin_id)
-    origin = _fsdp(names, op)
+    # DTensor first: its redistribute names the module even inside FSDP's or a schedule's range
+    origin = None if frames.redistribute is None else _dtensor(frames)
+    if origin is None:
+        origin = _fsdp(names, op)
     if origin is None and "deepspeed" in sys.modules:   # its units, from its frames
         from commviz.record import origin_deepspeed
         origin = origin_deepspeed.origin(frame, op, count)
@@ -461,12 +542,6 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
             else:
                 origin = _bucket(index, nbytes, ddp_buckets.lookup(index, nbytes),
                                  [(md.DDP_BUCKET_NUMEL, numel)])
-    if origin is None and frames.redistribute is not None:
-        loc = frames.redistribute.f_locals
-        moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
-        unit = module_name(frames.modules)
-        origin = Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
-                        unit, moved, refresh=Refresh.NOTHING if unit is None else Refresh.ALL)
     if origin is None and any(n == DDP_FORWARD for n in names):
         origin = Origin("DDP forward", md.OriginKind.DDP, None, "forward")
     if origin is None and frames.compiled is not None:
