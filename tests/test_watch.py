@@ -200,3 +200,33 @@ def test_watch_names_nobody_in_a_healthy_run(tmp_path):
     kept = [json.loads(line) for line in (run_dir / "windows.jsonl").read_text().splitlines()]
     assert kept and [w["stragglers"] for w in kept if w["stragglers"]] == []
     assert sum(o["groups"][0]["window"]["instances"] for o in seen if o["groups"]) > 0
+
+
+@pytest.mark.slow
+def test_launch_shows_the_watch_and_keeps_its_windows(tmp_path):
+    """``commviz launch`` with ``live.watch``: the late rank and its line said while torchrun
+    runs, and every instance of the job in the windows it kept (a last look once the job
+    ended reads the journals' last calls through the files still open)."""
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [*COMMVIZ, "launch", str(REPO / "tests" / "jobs" / "late_allreduce.yaml"),
+         "--set", f"output.dir={tmp_path}", "--set", "output.run_name=run",
+         "--set", f"workload.args.out={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    late = json.loads((run_dir / "late.json").read_text())
+    line = f"{Path(late['file']).name}:{late['line']}"
+    assert f"LATE: rank {late['rank']} to {line} in default_pg" in out, out
+    from commviz.live import series
+
+    kept, notes = series.read(run_dir / "windows.jsonl")
+    assert not notes
+    assert all(not w["stragglers"] for w in kept if w["end_ns"] < late["time_ns"])
+    first = next(w for w in kept if w["stragglers"])
+    assert first["end_ns"] - late["time_ns"] <= 2 * 1e9              # live.watch_interval_s: 1
+    assert {(s["rank"], s["origin"]) for w in kept for s in w["stragglers"]} == {
+        (late["rank"], line)}
+    world = sum(r["window"]["instances"] for w in kept for r in w["groups"]
+                if r["label"] == "default_pg")
+    assert world == 120 * CALLS_PER_STEP                    # steps x the program's all_reduces

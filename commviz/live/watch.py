@@ -158,8 +158,10 @@ class WatchThread(threading.Thread):
         self._told: set[str] = set()
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
+        stopping = False
+        while not stopping:
+            stopping = self._stop_event.wait(self.interval)
+            try:            # once more when stopped: the job's last calls, in the files still open
                 w = self.watcher.step()
             except (CommvizError, OSError) as exc:
                 self._once(f"commviz watch: {exc}")
