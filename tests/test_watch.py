@@ -230,3 +230,9 @@ def test_launch_shows_the_watch_and_keeps_its_windows(tmp_path):
     world = sum(r["window"]["instances"] for w in kept for r in w["groups"]
                 if r["label"] == "default_pg")
     assert world == 120 * CALLS_PER_STEP                    # steps x the program's all_reduces
+    report = subprocess.run([*COMMVIZ, "report", str(run_dir), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert report.returncode in (0, 1), report.stderr
+    (down,) = json.loads((run_dir / "report.json").read_text())["whole_run"]["slowdowns"]
+    assert (down["rank"], down["origin"], down["began_window"]) == (
+        late["rank"], line, first["index"])

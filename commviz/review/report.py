@@ -484,6 +484,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
 def render(review: Review, fmt: str, *, top: int = TOP, plots: list[Path] | None = None,
            base: Path | None = None) -> str:
     if fmt == "table":
+            "whole_run": wholerun.to_json(review.run_dir),
         return render_table(review, top)
     if fmt == "markdown":
         return render_markdown(review, top, plots, base)

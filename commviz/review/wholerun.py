@@ -142,6 +142,24 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
     return [began, per_window]
 
 
+def to_json(run_dir: Path) -> dict | None:
+    """The report's JSON of it: the windows kept, each slowdown, what was skipped (None: no
+    watcher kept windows; ``{"problem": ...}``: they cannot be read)."""
+    try:
+        whole = read_whole_run(run_dir)
+    except SourceError as exc:
+        return {"problem": str(exc)}
+    if whole is None:
+        return None
+    return {"windows": len(whole.windows), "times": "cpu", "notes": whole.notes,
+            "slowdowns": [{"rank": d.rank, "origin": d.origin, "group": d.group_label,
+                           "began_window": d.began, "began_s": list(d.began_s),
+                           "windows": d.windows, "skew_ns": int(statistics.median(d.skews)),
+                           "cost_ns": d.cost_ns} for d in whole.slowdowns()],
+            "late": [{"window": w["index"], "start_ns": w["start_ns"], "end_ns": w["end_ns"],
+                      "stragglers": w["stragglers"]} for w in whole.windows if w["stragglers"]]}
+
+
 def plot_windows(run_dir: Path, plots_dir: Path) -> list[Path]:
     """``plots/windows.png`` (nothing without a kept series)."""
     from matplotlib.figure import Figure      # only a report that draws pays for it
@@ -180,6 +198,7 @@ def plot_windows(run_dir: Path, plots_dir: Path) -> list[Path]:
     downs = whole.slowdowns()
     for d in downs:
         ax.axvspan(*d.began_s, color="red", alpha=0.08, linewidth=0)
+    ax.margins(y=0.15)                      # room for the ranks' names above the circles
     ax.set_ylabel("arrival skew p50 per window (ms)")
     ax.set_title("Over the whole run: arrival skew per origin; late ranks circled, "
                  "the window a slowdown began shaded (CPU times)", fontsize=9)
