@@ -32,6 +32,23 @@ sys.exit(any(version(p) != v for p, v in (a.split('==') for a in sys.argv[1:])))
   pip install --no-deps $TITAN
   pip install $TITAN_DEPS "torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
 fi
+# DeepSpeed, whose engine and ZeRO optimizers tests/test_framework_deepspeed.py runs on CPU:
+# with --no-deps (its requirements name torch) and only the packages it imports, pinned as
+# tested; DS_BUILD_OPS=0 builds none of its C++ ops at install. The CPU accelerator's
+# shared-memory comm op, which DeepSpeed builds at every job's init_distributed until it is
+# cached (about 1 min of CPU), is built here once instead.
+DS="deepspeed==0.19.8 hjson==3.1.0 msgpack==1.2.4 einops==0.8.2 tqdm==4.70.1"
+if ! .venv/bin/python -c "
+import sys
+from importlib.metadata import version
+sys.exit(any(version(p) != v for p, v in (a.split('==') for a in sys.argv[1:])))
+" $DS 2>/dev/null; then
+  DS_BUILD_OPS=0 pip install --no-deps $DS
+fi
+DS_ACCELERATOR=cpu .venv/bin/python -c "
+from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder('ShareMemCommBuilder').load(verbose=False)" >/dev/null 2>&1 \
+  || echo "deepspeed: its CPU comm op not built; tests/test_framework_deepspeed.py builds it"
 # The Prometheus server tests/test_prometheus.py scrapes a live job with (Debian's package),
 # where it is missing and we may install it. Its service must not start (a container's
 # policy-rc.d already says so; elsewhere one is put in place for the install only): the
