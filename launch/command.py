@@ -47,7 +47,7 @@ from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
 from commviz.review.exits import log_dir
-from commviz.trace.run import Run, load_run
+from commviz.trace.run import Run, load_run, skipped_note
 
 CONFIG_NAME = "config.yaml"
 
@@ -120,6 +120,9 @@ def _merge(run_dir: Path, cfg: Config, out: TextIO, run: Run | None
         return None, False
     for problem in result.problems:
         out.write(f"merge: problem: {problem}\n")
+    note = skipped_note(result.skipped)
+    if note:
+        out.write(f"merge: {note}\n")
     return result.out, result.out is not None
 
 

@@ -4,7 +4,9 @@
 ``ncclProfiler_v5`` struct is called through ctypes with NCCL's descriptor layout: ``init`` for
 two communicators, then per op a task event (Coll or P2p) started and stopped on this thread,
 and its kernel-channel events (start stamp, stop stamp through ``recordEventState``, stop) on
-a second thread, as NCCL's proxy thread calls them. The GPU timer is made up: the wall clock
+a second thread, as NCCL's proxy thread calls them. An eager op's task event follows its API
+event (``ncclAllReduce``...); a CUDA graph replay's has none (NCCL starts it from CUDA's
+host-callback thread), and the API event of a call under capture says so. The GPU timer is made up: the wall clock
 less LAG. FED_JSON gets what was fed in (the expected entries), written before the SIGKILL.
 """
 
@@ -19,7 +21,7 @@ import threading
 import time
 
 LAG = 1_000_000_000
-COLL, P2P, KERNEL_CH = 1 << 1, 1 << 2, 1 << 6
+COLL, P2P, KERNEL_CH, GROUP_API, COLL_API, P2P_API = 1 << 1, 1 << 2, 1 << 6, 1 << 8, 1 << 9, 1 << 10
 KERNEL_CH_STOP = 22
 
 
@@ -40,8 +42,19 @@ class _KernelCh(C.Structure):
     _fields_ = [("channelId", C.c_uint8), ("pTimer", C.c_uint64)]
 
 
+class _CollApi(C.Structure):
+    _fields_ = [("func", C.c_char_p), ("count", C.c_size_t), ("datatype", C.c_char_p),
+                ("root", C.c_int), ("stream", C.c_void_p), ("graphCaptured", C.c_bool)]
+
+
+class _P2pApi(C.Structure):
+    _fields_ = [("func", C.c_char_p), ("count", C.c_size_t), ("datatype", C.c_char_p),
+                ("stream", C.c_void_p), ("graphCaptured", C.c_bool)]
+
+
 class _U(C.Union):
-    _fields_ = [("coll", _Coll), ("p2p", _P2p), ("kernelCh", _KernelCh)]
+    _fields_ = [("coll", _Coll), ("p2p", _P2p), ("kernelCh", _KernelCh),
+                ("collApi", _CollApi), ("p2pApi", _P2pApi)]
 
 
 class Descr(C.Structure):
@@ -91,8 +104,19 @@ def main(library: str, fed_path: str) -> None:
     tid = threading.get_native_id()
     ops = []
 
+    def api(comm: int, p2p: bool, func: str, captured: bool) -> None:
+        a = Descr(type=P2P_API if p2p else COLL_API)
+        if p2p:
+            a.p2pApi.func, a.p2pApi.graphCaptured = NAMES[func], captured
+        else:
+            a.collApi.func, a.collApi.graphCaptured = NAMES[func], captured
+        h = C.c_void_p()
+        prof.startEvent(ctx[comm], C.byref(h), C.byref(a))
+
     def enqueue(comm: int, p2p: bool, func: str, dtype: str, count: int, size: int, seq: int,
-                peer: int, channels: int, ending: int) -> None:
+                peer: int, channels: int, ending: int, replay: bool = False) -> None:
+        if not replay:
+            api(comm, p2p, func, False)
         d = Descr(type=P2P if p2p else COLL, rank=comms[comm][0])
         if p2p:
             d.p2p.func, d.p2p.datatype = NAMES[func], NAMES[dtype]
@@ -128,7 +152,7 @@ def main(library: str, fed_path: str) -> None:
         ops.append({"written": written, "before": before, "after": after,
                     "entry": [comm, func, p2p, seq, count * size, peer, tid,
                               min(stamps[0::2]) if stamps else 0, max(stamps[1::2], default=0),
-                              ending, channels, False]})
+                              ending, channels, False, replay]})
 
     for k in range(4):
         enqueue(0xA1A1, False, "AllReduce", "ncclFloat32", 1024, 4, 10 + k, 0, 2, 2)
@@ -136,10 +160,18 @@ def main(library: str, fed_path: str) -> None:
     for k in range(2):
         enqueue(0xB2B2, True, "Send", "ncclBfloat16", 256, 2, k, 3, 1, 1)
     enqueue(0xB2B2, True, "Recv", "ncclFloat32", 64, 4, 2, 2, 1, 1)
+    api(0xA1A1, False, "AllReduce", True)          # captured: its op begins at each replay
+    enqueue(0xA1A1, False, "AllReduce", "ncclFloat32", 16, 4, 20, 0, 1, 1, replay=True)
+    enqueue(0xA1A1, False, "AllReduce", "ncclFloat32", 16, 4, 21, 0, 1, 1, replay=True)
     enqueue(0xA1A1, False, "AllReduce", "ncclFloat32", 8, 4, 14, 0, 2, 1)   # one channel short
+    calls = []                                    # NCCL's mask after each call's group event
+    for _ in range(8):
+        h = C.c_void_p()
+        prof.startEvent(ctx[0xA1A1], C.byref(h), C.byref(Descr(type=GROUP_API)))
+        calls.append(mask.value)
     with open(fed_path, "w") as f:
         json.dump({"comms": {str(c): v for c, v in comms.items()}, "ops": ops, "masks": masks,
-                   "lag": LAG}, f)
+                   "calls": calls, "lag": LAG}, f)
     os.kill(os.getpid(), signal.SIGKILL)          # no finalize, no exit handler
 
 

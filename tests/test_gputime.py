@@ -53,20 +53,23 @@ def _needs_cc() -> None:
 # ---------------------------------------------------------------------------------------------
 # the plugin, driven as NCCL drives it
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def driven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def drive(out: Path, every: int) -> tuple[Path, dict[str, Any]]:
     """The driver's file (the driver SIGKILLed after its last op) and what it fed in."""
     _needs_cc()
     from commviz.record import nccl_plugin
 
     library = nccl_plugin.build()
-    out = tmp_path_factory.mktemp("gputime")
     path, fed = out / "commviz_rank0.gputime", out / "fed.json"
-    env = dict(os.environ, COMMVIZ_GPUTIME_FILE=str(path))
+    env = dict(os.environ, COMMVIZ_GPUTIME_FILE=str(path), COMMVIZ_GPUTIME_EVERY=str(every))
     proc = subprocess.run([sys.executable, str(DRIVER), str(library), str(fed)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     return path, json.loads(fed.read_text())
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    return drive(tmp_path_factory.mktemp("gputime"), 1)
 
 
 def test_reader_gives_back_what_nccl_fed_in(driven: tuple[Path, dict[str, Any]]) -> None:
@@ -77,7 +80,7 @@ def test_reader_gives_back_what_nccl_fed_in(driven: tuple[Path, dict[str, Any]])
     assert {c.comm: (c.rank, c.nranks, c.nnodes, c.name) for c in times.comms.values()} == {
         int(k): tuple(v) for k, v in fed["comms"].items()}
     got = [(o.comm, o.func, o.p2p, o.seq, o.bytes, o.peer, o.tid, o.gpu_start, o.gpu_end,
-            o.channels, o.expected, o.partial) for o in times.ops]
+            o.channels, o.expected, o.partial, o.replay) for o in times.ops]
     want = [tuple(op["entry"]) for op in fed["ops"] if op["written"]]
     assert sorted(got) == sorted(want)
     for op, fed_op in zip(sorted(times.ops, key=lambda o: o.t_enqueue),
@@ -93,8 +96,21 @@ def test_an_op_not_ended_is_not_written_and_the_switch_sets_ncclss_mask(
         driven: tuple[Path, dict[str, Any]]) -> None:
     _, fed = driven
     assert [op["written"] for op in fed["ops"]].count(False) == 1
-    # commviz_gputime_enable(0) cleared NCCL's activation mask, (1) set it again
+    # commviz_gputime_enable(0) cleared NCCL's activation mask, (1) set it again; every call
+    # keeps the whole mask
     assert fed["masks"] == [0x46, 0, 0x46]
+    assert fed["calls"] == [0x46] * 8
+
+
+def test_sampled_one_call_in_four_gets_the_whole_mask(tmp_path: Path) -> None:
+    from commviz.live import gputime
+
+    path, fed = drive(tmp_path, 4)
+    # the group event of call n sets the mask call n + 1 starts with: 0x146 (tasks, kernel
+    # channels, group events) for calls 4 and 8, the group event alone (0x100) for the others
+    assert fed["masks"] == [0x146, 0, 0x146]
+    assert fed["calls"] == [0x100, 0x100, 0x146, 0x100, 0x100, 0x100, 0x146, 0x100]
+    assert gputime.read(path).every == 4
 
 
 def test_a_file_read_as_it_grows_gives_each_op_once(driven: tuple[Path, dict[str, Any]],
@@ -180,11 +196,18 @@ def check_run(run: Path) -> dict[str, Any]:
         (block,) = [i for i, r in enumerate(recs) if r.get(md.OP) == "all_reduce_coalesced"]
         assert got.spans[block].ops == 1
         assert got.unmatched[gputime.STALE] == COALESCED - 1
-        # the graph's replays: NCCL starts their ops from CUDA's host-callback thread, outside
-        # every call: counted, never given to a record (the ops after the flush left out)
-        kept = [o for o in times.ops if o.t_enqueue < truth["flush_ns"]]
-        assert gputime.match(recs, times, kept).unmatched[gputime.OUTSIDE] == \
-            REPLAYS * truth["graph_ops"]
+        # the graph's replays: NCCL starts their ops from CUDA's host-callback thread; each
+        # goes to the captured call, inside its replay's event pair (the ops after the flush,
+        # the closing barrier's, left out)
+        kept = gputime.match(recs, times, [o for o in times.ops
+                                           if o.t_enqueue < truth["flush_ns"]])
+        assert kept.unmatched[gputime.OUTSIDE] == 0
+        (captured,) = [i for i, r in enumerate(recs) if r.get(md.CAPTURED)]
+        replays = kept.replays[captured]
+        assert len(replays) == REPLAYS * truth["graph_ops"]
+        for span, ms in zip(replays, truth["replays_ms"]):
+            assert span.bytes == SMALL * 4
+            assert (span.end_ns - span.start_ns) / 1e6 <= ms * 1.01, (span, ms)
         # sampling one call in EVERY keeps each window's bus bandwidth within 5 %
         steady = [got.spans[i] for i, r in enumerate(recs) if r.get(md.OP) == "all_reduce"
                   and r.get(md.BYTES_IN) == MID * 4]
@@ -196,6 +219,7 @@ def check_run(run: Path) -> dict[str, Any]:
             worst = max(worst, abs(sampled - every) / every)
         assert worst <= 0.05
         out[rank] = {"spans": len(got.spans), "unmatched": dict(got.unmatched),
+                     "replays_us": [(s.end_ns - s.start_ns) / 1e3 for s in replays],
                      "offset_ns": times.offset_ns, "busbw": busbw, "events_bw": events_bw,
                      "sampled_window_worst": worst}
     return out

@@ -12,9 +12,10 @@ enqueued (``commviz.tid``, ``t_begin``..``t_end``). NCCL's own numbers cannot be
 directly: NCCL counts per communicator and per NCCL function (a barrier is an AllReduce, an
 all_to_all a group of Sends and Recvs, a coalesced block several ops), c10d counts per group;
 they serve as checks. One call may own several ops (coalesced, all_to_all): its span runs from
-the first start to the last end. Ops enqueued outside every recorded call (CUDA graph replays,
-whose ops NCCL starts from CUDA's host-callback thread; a coalesced block's ops, enqueued when
-the block ends) are counted by reason, never guessed.
+the first start to the last end. A CUDA graph replay's ops are started by NCCL from CUDA's
+host-callback thread with no API call before them (the plugin flags them): each goes to its
+captured call, in capture order (``_replays``). Ops of no recorded call are counted by reason,
+never guessed.
 
 **Clock.** The GPU timer is not the host's wall clock. NCCL's proxy thread sees each stamp
 shortly after the GPU writes it, so over the ops read so far, ``min(seen - stamp)`` is the
@@ -59,6 +60,7 @@ class GpuOp(NamedTuple):
     channels: int           # channels that reported an end, of
     expected: int           # the channels NCCL gave it
     partial: bool           # not every channel reported: its end is a lower bound
+    replay: bool            # a CUDA graph replay's (NCCL made no API call event for it)
 
 
 class Communicator(NamedTuple):
@@ -148,7 +150,7 @@ class GpuTimes:
          s1) = f
         op = GpuOp(comm, self._names.get(func, f"func {func}"), bool(flags & layout.FLAG_P2P),
                    seq, nbytes, peer, tid, t_enq, g0, g1, s0, s1, channels, expected,
-                   bool(flags & layout.FLAG_PARTIAL))
+                   bool(flags & layout.FLAG_PARTIAL), bool(flags & layout.FLAG_REPLAY))
         candidates = [s1 - g1] + ([s0 - g0] if s0 and g0 != NEVER else [])
         low = min(candidates)
         if self.offset_ns is None or low < self.offset_ns:
@@ -188,10 +190,12 @@ class Matched:
     spans: dict[int, Span]                      # record index -> its GPU time
     unmatched: Counter[str]                     # ops that belong to no record, by reason
     groups: dict[int, str]                      # commHash -> the process group its ops had
+    replays: dict[int, list[Span]]              # captured record -> its replays' GPU times
 
 
-OUTSIDE = "enqueued outside every recorded call on its thread (a CUDA graph replay, a " \
-          "coalesced block's end, a call commviz does not record)"
+OUTSIDE = "enqueued outside every recorded call on its thread (a call commviz does not " \
+          "record; after a graph capture NCCL may enqueue eager ops from CUDA's callback thread)"
+UNCAPTURED = "a CUDA graph replay's op with no captured call of its group and size to give it to"
 NO_TIMES = "no channel reported a start (its kernel did not run, or NCCL lost the stamps)"
 STALE = "stamps of an earlier call's kernel (NCCL 2.28 gives them to all but the last op of a " \
         "coalesced block): the block's span is its last op's, which covers its one kernel"
@@ -218,11 +222,12 @@ def match(records: Sequence[Mapping[str, Any]], times: GpuTimes,
     # a communicator's kernels run one after another: an op ending no later than an op of an
     # earlier call on it carries stamps that are not its own
     done: dict[int, tuple[int | None, int, int]] = {}  # comm -> (call, its end, ends before)
+    replayed: list[GpuOp] = []
     for op in sorted(times.ops if ops is None else ops, key=lambda o: o.t_enqueue):
         if op.gpu_start == NEVER or op.gpu_end == 0:
             unmatched[NO_TIMES] += 1
             continue
-        got = _owner(calls.get(op.tid), op.t_enqueue)
+        got = None if op.replay else _owner(calls.get(op.tid), op.t_enqueue)
         owner, end, before = done.get(op.comm, (None, 0, 0))
         if got is None or got != owner:                 # the first op of a call on this comm
             before, end = max(before, end), 0
@@ -230,6 +235,9 @@ def match(records: Sequence[Mapping[str, Any]], times: GpuTimes,
             unmatched[STALE] += 1
             continue
         done[op.comm] = (got, max(end, op.gpu_end), before)
+        if op.replay:
+            replayed.append(op)
+            continue
         if got is None:
             unmatched[OUTSIDE] += 1
             continue
@@ -240,7 +248,34 @@ def match(records: Sequence[Mapping[str, Any]], times: GpuTimes,
                      sum(o.bytes for o in group), any(o.partial for o in group))
              for i, group in owned.items()}
     groups = {comm: c.most_common(1)[0][0] for comm, c in votes.items()}
-    return Matched(spans, unmatched, groups)
+    return Matched(spans, unmatched, groups, _replays(records, times, replayed, groups,
+                                                      unmatched))
+
+
+def _replays(records: Sequence[Mapping[str, Any]], times: GpuTimes, ops: list[GpuOp],
+             groups: dict[int, str], unmatched: Counter[str]) -> dict[int, list[Span]]:
+    """Each replay's op given to its captured call: a graph replays its communicator's ops in
+    the order they were captured, so the k-th replayed op of a communicator is the next
+    captured call of its group (cyclically) of the op's size."""
+    captured: dict[str, list[int]] = defaultdict(list)
+    for i, rec in sorted(enumerate(records), key=lambda r: r[1].get(md.T_BEGIN) or 0):
+        if rec.get(md.CAPTURED):
+            captured[str(rec.get(md.PG_NAME))].append(i)
+    cursor: dict[int, int] = defaultdict(int)
+    out: dict[int, list[Span]] = defaultdict(list)
+    for op in ops:
+        calls = captured.get(groups.get(op.comm, ""), [])
+        at = cursor[op.comm]
+        hit = next((k for k in range(at, at + len(calls))
+                    if op.bytes in (records[calls[k % len(calls)]].get(md.BYTES_IN),
+                                    records[calls[k % len(calls)]].get(md.BYTES_OUT))), None)
+        if hit is None:
+            unmatched[UNCAPTURED] += 1
+            continue
+        cursor[op.comm] = hit + 1
+        out[calls[hit % len(calls)]].append(Span(times.host(op.gpu_start), times.host(op.gpu_end),
+                                                 1, op.bytes, op.partial))
+    return dict(out)
 
 
 def _owner(calls: tuple[list[int], list[int], list[int]] | None, t: int) -> int | None:

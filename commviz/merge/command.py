@@ -10,6 +10,7 @@ from typing import Any
 from commviz.merge.core import FORMATS, merge_run
 from commviz.merge.keep import keep_of
 from commviz.merge.select import parse_ranks
+from commviz.trace.run import skipped_note
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,9 @@ def handler(args: argparse.Namespace) -> int:
                        keep=keep_of(args.steps, args.window))
     for problem in result.problems:
         print(f"commviz merge: problem: {problem}", file=sys.stderr)
+    note = skipped_note(result.skipped)
+    if note:
+        print(f"commviz merge: {note}", file=sys.stderr)
     s = result.stats
     lanes = ", ".join(f"PG {pg}: {n}" for pg, n in sorted(s["lanes"].items()))
     print(f"merged {s['merged_ranks']} of {s['ranks']} ranks ({_events(s)}, "

@@ -47,6 +47,7 @@ class MergeResult:
     out: Path | None
     problems: list[str]
     stats: dict[str, Any] = field(default_factory=dict)   # totals, per rank and per lane
+    skipped: list[Path] = field(default_factory=list)     # run dir files that are no trace
 
 
 MERGED_NAME = "merged.pftrace"          # a run's merged trace, where the review looks for it
@@ -320,7 +321,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
             _write_ranks(target, run, results, base, plan)
             stats["bytes"] = sum(p.stat().st_size for p in target.glob("trace_rank*.json"))
             stats["seconds"] = round(time.perf_counter() - started, 3)
-            return MergeResult(out=target, problems=problems, stats=stats)
+            return MergeResult(out=target, problems=problems, stats=stats, skipped=run.skipped)
         partial = target.with_name(f".{target.name}.partial")
         try:
             with open(partial, "wb") as f:
@@ -341,7 +342,7 @@ def _merge_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
                        "cross": round(time.perf_counter() - converted, 3)}  # cross piece, copy
     stats["bytes"] = target.stat().st_size
     stats["seconds"] = round(time.perf_counter() - started, 3)
-    return MergeResult(out=target, problems=problems, stats=stats)
+    return MergeResult(out=target, problems=problems, stats=stats, skipped=run.skipped)
 
 
 def _write_ranks(out_dir: Path, run: Run, results: list[RankResult], base_ns: int,

@@ -51,7 +51,7 @@ HEADER = struct.Struct("<24sIIqqi")         # magic (padded), entry size, header
                                             # one call in how many timed (EVERY)
 HEADER_SIZE = 4096
 KIND_OP, KIND_COMM, KIND_NAME = 1, 2, 3
-FLAG_P2P, FLAG_PARTIAL = 1, 2
+FLAG_P2P, FLAG_PARTIAL, FLAG_REPLAY = 1, 2, 4
 OP = struct.Struct("<IBBBBQQQiiqQQqq")      # kind func flags channels expected comm seq bytes
                                             # peer tid t_enqueue gpu_start gpu_end seen_s seen_e
 COMM = struct.Struct("<IiQii56s")           # kind rank comm nranks nnodes name

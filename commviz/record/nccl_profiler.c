@@ -46,7 +46,7 @@
 #define SAMPLED ncclProfileGroupApi
 
 enum { KIND_OP = 1, KIND_COMM = 2, KIND_NAME = 3 };
-enum { FLAG_P2P = 1, FLAG_PARTIAL = 2 };
+enum { FLAG_P2P = 1, FLAG_PARTIAL = 2, FLAG_REPLAY = 4 };
 
 typedef struct {                  /* KIND_OP: one op's GPU time */
   uint32_t kind;
@@ -99,6 +99,9 @@ struct Comm {
   uint64_t hash;
   uint64_t next;                  /* ops begun on this communicator */
   uint64_t p2p;                   /* p2p ops begun */
+  uint64_t api, api_used;         /* eager API calls (ncclAllReduce, ncclSend, ...), and those
+                                     whose op has begun: an op begun with none left is a CUDA
+                                     graph replay's (NCCL makes no API event for those) */
   Op ops[RING];
 };
 
@@ -294,8 +297,20 @@ static ncclResult_t start_event(void* context, void** eHandle, ncclProfilerEvent
       __atomic_store_n(mask_cell, (n + 1) % (uint64_t)every == 0 ? MASK | SAMPLED : SAMPLED,
                        __ATOMIC_RELAXED);
     }
+  } else if (d->type == ncclProfileCollApi || d->type == ncclProfileP2pApi) {
+    int captured = d->type == ncclProfileCollApi ? d->collApi.graphCaptured
+                                                 : d->p2pApi.graphCaptured;
+    if (!captured) __atomic_add_fetch(&c->api, 1, __ATOMIC_RELAXED);
   } else if (d->type == ncclProfileColl || d->type == ncclProfileP2p) {   /* the calling thread */
     int p2p = d->type == ncclProfileP2p;
+    uint64_t used = __atomic_load_n(&c->api_used, __ATOMIC_RELAXED);
+    int replay = 1;
+    while (used < __atomic_load_n(&c->api, __ATOMIC_RELAXED))
+      if (__atomic_compare_exchange_n(&c->api_used, &used, used + 1, 0, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+        replay = 0;
+        break;
+      }
     uint64_t n = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
     Op* op = &c->ops[n % RING];
     if (op->type != 0 && op->ended > 0) finish(op, 1);   /* RING ops later, still not ended */
@@ -305,8 +320,9 @@ static ncclResult_t start_event(void* context, void** eHandle, ncclProfilerEvent
     e->tid = thread_id();
     e->t_enqueue = now();
     e->gpu_start = UINT64_MAX;
+    e->flags = replay ? FLAG_REPLAY : 0;
     if (p2p) {
-      e->flags = FLAG_P2P;
+      e->flags |= FLAG_P2P;
       e->func = func_code(d->p2p.func);
       e->seq = __atomic_fetch_add(&c->p2p, 1, __ATOMIC_RELAXED);
       e->bytes = d->p2p.count * type_size(d->p2p.datatype);

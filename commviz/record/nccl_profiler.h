@@ -25,6 +25,8 @@ enum {
   ncclProfileP2p = (1 << 2),
   ncclProfileKernelCh = (1 << 6),
   ncclProfileGroupApi = (1 << 8),
+  ncclProfileCollApi = (1 << 9),
+  ncclProfileP2pApi = (1 << 10),
 };
 
 typedef int ncclProfilerEventState_v5_t;

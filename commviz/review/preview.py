@@ -9,10 +9,17 @@ so a late rank shows as a slanted line. Time is in ms since the trace's first co
 origin ``commviz merge --window`` counts from.
 
 The trace is read with the project's one reader (``commviz.write.read``), streamed without args:
-the drawing needs each slice's track, times, name and flow ids only. By default the picture
-shows the first profiler step holding a collective (``ProfilerStep#N`` on the ranks' main
-threads), else the first ``DEFAULT_INSTANCES`` collective instances, and at most ``MAX_RANKS``
-ranks, so it stays readable for any run.
+the drawing needs each slice's track, times, name and flow ids only, and of the tracks drawn only
+(a rank's other threads, the cross-rank summaries and counters are passed over unread). By
+default the picture shows the first profiler step holding a collective (``ProfilerStep#N`` on
+the ranks' main threads), else the first ``DEFAULT_INSTANCES`` collective instances, and at
+most ``MAX_RANKS`` ranks, so it stays readable for any run.
+
+A trace of more than ``WHOLE_MAX_BYTES`` is drawn from what the window needs (``read_window``):
+a first pass reads the comm lanes and the main threads' first ``SCAN_STEPS`` profiler steps
+and chooses the window; a second keeps only the slices of that window and stops reading each
+track once it is past it (every track's slices are written in time order). The picture is the
+one the whole read gives.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ TIMELINE_PNG = "timeline.png"
 MAX_RANKS = 16              # ranks drawn by default: beyond, rows get too thin to read
 DEFAULT_INSTANCES = 40      # without profiler steps: the window holding the first N instances
 WIDTH_IN, ROW_IN, DPI = 12.0, 0.38, 110    # legible at a README's width (~900 px)
-# The report draws the run's merged trace up to this size (the reader takes about 30 s for
-# 25 MB); past it, `commviz preview` by hand.
-REPORT_MAX_BYTES = 16 << 20
+# Traces up to this size are read whole (the reader takes about 30 s for 25 MB of every track);
+# past it, only what the window needs (``read_window``).
+WHOLE_MAX_BYTES = 16 << 20
+SCAN_STEPS = 3              # profiler steps per main thread the window is chosen among
 LABEL_PX = 7.1              # pixels per character of a box label (font size 8)
 COMPUTE_COLOUR = "#c9ccd1"
 # Ops in a fixed order, so an op keeps its colour from one picture to the next.
@@ -107,37 +115,167 @@ class PreviewResult:
     hidden_ranks: int = 0
 
 
-def read_timeline(path: str | Path) -> Timeline:
-    """The rank processes, comm lanes, compute and profiler steps of a merged trace."""
-    path = Path(path)
-    problems: list[str] = []
-    decoder = Decoder(lambda p, warn: None if warn else problems.append(str(p)), args=False)
-    events: list[Event] = []
-    for offs, packets in iter_packet_batches(path):
-        for off, packet in zip(offs, packets):
-            record = decoder.packet(packet, off)
-            if isinstance(record, Event) and record.type in (BEGIN, END, INSTANT):
-                events.append(record)
-    tracks: dict[int, Track] = decoder.tracks
+_LANE, _GPU, _MAIN = "lane", "gpu", "main"     # the kinds of track the picture draws
+_DRAWN = frozenset({_LANE, _GPU, _MAIN})
+
+
+def _kinds(tracks: dict[int, Track]) -> tuple[dict[int, int], dict[int, tuple[int, str]]]:
+    """The rank of each rank process track, and (rank, kind) of each track the picture draws:
+    a comm lane, a GPU stream, or the rank's main thread (its first CPU thread)."""
     ranks = {u: t.pid - PID_BASE for u, t in tracks.items()
              if t.pid is not None and t.pid >= PID_BASE}
-    if not ranks:
-        raise SourceError(str(path), "no rank processes: not a trace `commviz merge` wrote"
-                          + (f" ({problems[0]})" if problems else ""))
-    kind: dict[int, tuple[int, str]] = {}           # track -> (rank, lane | gpu | thread)
-    main: dict[int, int] = {}                       # rank -> order of its first CPU thread
+    kind: dict[int, tuple[int, str]] = {}
+    main: dict[int, tuple[int, int]] = {}           # rank -> (order, track) of its first thread
     for u, t in tracks.items():
         rank = ranks.get(t.parent) if t.parent is not None else None
         if rank is None or t.counter:
             continue
         order = t.order_rank if t.order_rank is not None else ORDER_OTHER
         if t.merge_key and t.merge_key.startswith(LANE_KEY):
-            kind[u] = (rank, "lane")
+            kind[u] = (rank, _LANE)
         elif ORDER_STREAM <= order < ORDER_THREAD:
-            kind[u] = (rank, "gpu")
+            kind[u] = (rank, _GPU)
         elif ORDER_THREAD <= order < ORDER_OTHER:
-            kind[u] = (rank, "thread")
-            main[rank] = min(main.get(rank, order), order)
+            main[rank] = min(main.get(rank, (order, u)), (order, u))
+    for rank, (_, u) in main.items():
+        kind[u] = (rank, _MAIN)
+    return ranks, kind
+
+
+@dataclass
+class _Read:
+    """One pass over a trace: the events kept, the tracks, and what was passed over."""
+
+    decoder: Decoder
+    events: list[Event]
+    problems: list[str]
+    read: int = 0                  # packets decoded
+    passed: int = 0                # packets of tracks not needed, passed over unread
+    stale: bool = False            # a track was passed over as a kind it turned out not to be
+
+
+def _read(path: Path, want: frozenset[str], window: Window | None = None,
+          steps: int | None = None, pass_over: bool = True) -> _Read:
+    """The events of the tracks of the kinds in ``want``, in one pass.
+
+    A packet sequence (one track each, in commviz's writer) is decided on its first packet,
+    whose track the descriptors before it declare: a track not drawn is passed over unread
+    (``pass_over``). With ``window``, only the slices beginning in it (and those nested in them)
+    are kept, and a track is left once a slice begins past it. ``steps``: of a main thread only
+    its profiler steps are kept, and it is left after that many. ``stale`` says a track was
+    decided on descriptors that later ones changed (a rank's first thread declared after)."""
+    problems: list[str] = []
+    decoder = Decoder(lambda p, warn: None if warn else problems.append(str(p)), args=False)
+    out = _Read(decoder, [], problems)
+    decided: dict[int, bool] = {}                   # sequence -> read it
+    chosen: dict[int, bool] = {}                    # track -> drawn, when its sequence was decided
+    kind: dict[int, tuple[int, str]] = {}
+    known = 0                                       # descriptors ``kind`` was made from
+    open_kept: dict[int, int] = defaultdict(int)    # track -> slices kept and still open
+    depth: dict[int, int] = defaultdict(int)        # main thread -> slices open (``steps``)
+    done_steps: dict[int, int] = defaultdict(int)
+    for offs, packets in iter_packet_batches(path):
+        for off, packet in zip(offs, packets):
+            seq = packet.trusted_packet_sequence_id
+            if decided.get(seq) is False:
+                out.passed += 1
+                continue
+            out.read += 1
+            record = decoder.packet(packet, off)
+            if len(decoder.tracks) != known:
+                known, kind = len(decoder.tracks), _kinds(decoder.tracks)[1]
+            if seq not in decided and pass_over:
+                st = decoder.seqs.get(seq)
+                uuid = record.track if isinstance(record, Event) else (
+                    st.default_track if st is not None else None)
+                if uuid is not None and uuid in decoder.tracks:
+                    k = kind.get(uuid)
+                    decided[seq] = chosen[uuid] = k is not None and k[1] in want
+            if not isinstance(record, Event) or record.type not in (BEGIN, END, INSTANT):
+                continue
+            track, ts, typ = record.track, record.ts, record.type
+            k = kind.get(track)
+            if k is None or k[1] not in want:
+                continue
+            if steps is not None and k[1] == _MAIN:
+                if typ == BEGIN:
+                    depth[track] += 1
+                    if depth[track] == 1 and (record.name or "").startswith(STEP_PREFIX):
+                        open_kept[track] += 1
+                        out.events.append(record)
+                elif typ == END:
+                    depth[track] -= 1
+                    if depth[track] == 0 and open_kept[track]:
+                        open_kept[track] -= 1
+                        out.events.append(record)
+                        done_steps[track] += 1
+                        if done_steps[track] >= steps and pass_over:
+                            decided[seq] = False    # enough steps to choose the window from
+            elif window is None:
+                out.events.append(record)
+            elif typ == BEGIN:
+                if open_kept[track] or window.lo <= ts < window.hi:
+                    open_kept[track] += 1
+                    out.events.append(record)
+                elif ts >= window.hi and pass_over and chosen.get(track):
+                    decided[seq] = False            # past the window: the rest is not needed
+            elif typ == END:
+                if open_kept[track]:
+                    open_kept[track] -= 1
+                    out.events.append(record)
+            elif window.lo <= ts < window.hi:
+                out.events.append(record)
+    final = _kinds(decoder.tracks)[1]
+    out.stale = any(drawn != (final.get(u) is not None and final[u][1] in want)
+                    for u, drawn in chosen.items())
+    return out
+
+
+def read_timeline(path: str | Path) -> Timeline:
+    """The rank processes, comm lanes, compute and profiler steps of a merged trace."""
+    path = Path(path)
+    got = _read(path, _DRAWN)
+    return _timeline(path, got if not got.stale else _read(path, _DRAWN, pass_over=False))
+
+
+def read_window(path: str | Path, window_ms: tuple[float, float] | None = None
+                ) -> tuple[Timeline, Window, _Read]:
+    """What the picture of one window needs, read in two passes (the module docstring): the
+    window ``window_ms`` (ms since the trace's first collective), else ``default_window`` of
+    the comm lanes and the first ``SCAN_STEPS`` profiler steps."""
+    path = Path(path)
+    first = _read(path, frozenset({_LANE, _MAIN}), steps=SCAN_STEPS)
+    if first.stale:
+        first = _read(path, frozenset({_LANE, _MAIN}), steps=SCAN_STEPS, pass_over=False)
+    scan = _timeline(path, first)
+    origin = scan.origin_ns
+    if window_ms is not None:
+        base = origin if origin is not None else min(
+            (b[0] for ln in scan.lanes for b in ln.boxes), default=0)
+        window = Window(base + round(window_ms[0] * 1e6), base + round(window_ms[1] * 1e6),
+                        f"window {window_ms[0]:g}:{window_ms[1]:g} ms")
+    else:
+        window = default_window(scan)
+    second = _read(path, _DRAWN, window=window)
+    if second.stale:
+        second = _read(path, _DRAWN, window=window, pass_over=False)
+    second.read += first.read
+    second.passed += first.passed
+    tl = _timeline(path, second)
+    tl.origin_ns = origin if origin is not None else tl.origin_ns
+    return tl, window, second
+
+
+def _timeline(path: Path, got: _Read) -> Timeline:
+    """The picture's lanes and steps from one pass's events."""
+    events, problems = got.events, got.problems
+    tracks: dict[int, Track] = got.decoder.tracks
+    ranks, kinds = _kinds(tracks)
+    if not ranks:
+        raise SourceError(str(path), "no rank processes: not a trace `commviz merge` wrote"
+                          + (f" ({problems[0]})" if problems else ""))
+    kind = {u: (rank, "thread" if what == _MAIN else what) for u, (rank, what) in kinds.items()}
+    main = {rank: tracks[u].order_rank for u, (rank, what) in kinds.items() if what == _MAIN}
     names: dict[str | None, int] = {None: -1}
     track_ix: dict[int, int] = {}
     p = pair([track_ix.setdefault(e.track, len(track_ix)) for e in events], [e.ts for e in events],
@@ -360,26 +498,34 @@ def draw(tl: Timeline, out: str | Path, *, window: Window | None = None,
 
 
 def write_preview(trace: str | Path, out: str | Path, *, window: str | None = None,
-                  ranks: list[int] | None = None) -> PreviewResult:
+                  ranks: list[int] | None = None,
+                  whole_max_bytes: int = WHOLE_MAX_BYTES) -> PreviewResult:
     """Read the merged ``trace`` and draw it into ``out``; ``window``: ``"T0:T1"``, ms since
-    the trace's first collective (as ``commviz merge --window``)."""
+    the trace's first collective (as ``commviz merge --window``). A trace of more than
+    ``whole_max_bytes`` is read for its window only (``read_window``)."""
+    window_ms = (parse_window(window).window_ms or (0.0, 0.0)) if window is not None else None
+    if Path(trace).stat().st_size > whole_max_bytes:
+        tl, chosen, _ = read_window(trace, window_ms)
+        return draw(tl, out, window=chosen, ranks=ranks)
     tl = read_timeline(trace)
-    if window is None:
+    if window_ms is None:
         return draw(tl, out, ranks=ranks)
-    t0, t1 = parse_window(window).window_ms or (0.0, 0.0)
+    t0, t1 = window_ms
     origin = tl.origin_ns or min((b[0] for ln in tl.lanes for b in ln.boxes), default=0)
     return draw(tl, out, window=Window(origin + round(t0 * 1e6), origin + round(t1 * 1e6),
                                        f"window {t0:g}:{t1:g} ms"), ranks=ranks)
 
 
-def report_timeline(run_dir: Path, plots_dir: Path) -> tuple[list[Path], list[str]]:
-    """For ``commviz report``: RUN_DIR/merged.pftrace drawn into ``plots_dir`` when there is one
-    of at most ``REPORT_MAX_BYTES``; (the PNG written, or none; the problem that stopped it)."""
+def report_timeline(run_dir: Path, plots_dir: Path, whole_max_bytes: int = WHOLE_MAX_BYTES
+                    ) -> tuple[list[Path], list[str]]:
+    """For ``commviz report``: RUN_DIR/merged.pftrace, whatever its size, drawn into
+    ``plots_dir``; (the PNG written, or none; the problem that stopped it)."""
     trace = Path(run_dir) / MERGED_NAME
-    if not trace.is_file() or trace.stat().st_size > REPORT_MAX_BYTES:
+    if not trace.is_file():
         return [], []
     try:
-        return [write_preview(trace, Path(plots_dir) / TIMELINE_PNG).out], []
+        return [write_preview(trace, Path(plots_dir) / TIMELINE_PNG,
+                              whole_max_bytes=whole_max_bytes).out], []
     except CommvizError as exc:
         return [], [f"timeline: not drawn: {exc}"]
 

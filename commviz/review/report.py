@@ -38,7 +38,7 @@ from commviz.review.verdict import Verdict, build_verdict, roles, verdict_json
 from commviz.review import wholerun
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
-from commviz.trace.run import Run
+from commviz.trace.run import Run, load_run, skipped_note
 from commviz.trace.kernels import KERNEL_CLASSES
 
 FORMATS = ("table", "markdown", "json")
@@ -66,6 +66,7 @@ class Review:
     by: str | None = None            # the rollup asked for (``origins.BY``), if any
     origins: list[OriginRow] = field(default_factory=list)
     verdict: Verdict | None = None   # why the job hung or died; None when it did not
+    skipped: list[Path] = field(default_factory=list)   # run dir files that are no trace
 
 
 @dataclass
@@ -125,6 +126,7 @@ def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = Non
     """Load ``run_dir`` and analyse it (``thresholds``: ``straggler_min_ns``, ``straggler_factor``;
     ``by``: also roll communication up per origin or unit, ``origins.BY``; ``run``: the run dir
     already loaded)."""
+    run = run if run is not None else load_run(run_dir)     # once: the match and the verdict
     matched = _matched(run_dir, run)
     events, ops, present, problems = _inputs(matched)
     pgs: dict[str, PgInfo] = {}
@@ -136,6 +138,7 @@ def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = Non
     if by is not None:
         review.by, review.origins = by, rollup(review.instances, by)
     review.verdict = build_verdict(run_dir, read_exits(Path(run_dir)), run=run)
+    review.skipped = run.skipped
     return review
 
 
@@ -387,6 +390,8 @@ def render_table(review: Review, top: int = TOP, width: int = TABLE_WIDTH) -> st
     console.print(_headline(review))
     for problem in review.problems:
         console.print(f"problem: {problem}")
+    if review.skipped:
+        console.print(skipped_note(review.skipped))
     for sec in sections(review, top):
         table = Table(title=sec.title, caption=sec.note or None, title_justify="left")
         for col in sec.columns:
@@ -409,6 +414,8 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
         lines = ["# Verdict", "", "```", review.verdict.render().rstrip("\n"), "```", ""] + lines
     if review.problems:
         lines += ["## Problems", "", *[f"- {_md_cell(p)}" for p in review.problems], ""]
+    if review.skipped:
+        lines += [f"_{_md_cell(skipped_note(review.skipped) or '')}_", ""]
     for sec in sections(review, top):
         lines += [f"## {sec.title}", ""]
         if sec.note:
@@ -465,6 +472,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
             "verdict": None if review.verdict is None else verdict_json(review.verdict),
             "problems": review.problems, "desyncs": desyncs, "groups": groups,
             "launch_only_why": launch_reasons(review),
+            "skipped": [p.name for p in review.skipped],
             "rank_summaries": [{**dataclasses.asdict(r), "verdict": said.get(r.rank)}
                                for r in review.rank_rows],
             "pipeline": [{"stage": s.stage, "rank": s.rank, "wait_ns": s.wait_ns,

@@ -46,6 +46,7 @@ _HOST_RE = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TRACE_ID_RE = re.compile(r'"trace_id"\s*:\s*"([^"]*)"')
 _BASE_RE = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _TS_RE = re.compile(r'"ts"\s*:\s*([-+0-9.eE]+)')
+_OWN_SCHEMA_RE = re.compile(r'^\s*\{\s*"schema"\s*:\s*"commviz\.')   # commviz.filetype's files
 MAX_NS = (1 << 63) - 1          # wall times are int64 nanoseconds downstream
 MIN_SPAN_US = 1e6               # a trace's span is taken as at least a second...
 SPAN_FACTOR = 1000              # ...and times this many spans away from it are not believed
@@ -122,6 +123,7 @@ class TraceHeader:
     base_ns: int | None               # baseTimeNanoseconds, when the start of the file has it
     is_trace: bool                    # the start looks like a Chrome trace
     merged: bool                      # a trace commviz itself wrote (merge --format json)
+    commviz_file: bool = False        # another file commviz wrote (a declared "commviz.*" schema)
     start_ns: int | None = None       # wall ns of its first events (median of the first few)
 
 
@@ -241,10 +243,59 @@ def read_header(path: str | os.PathLike[str]) -> TraceHeader:
         host=json.loads(f'"{host.group(1)}"') if host else None,
         pid=int(pid.group(1)) if pid else None, identity=ident.group(1) if ident else None,
         base_ns=base_ns,
-        is_trace=events_at >= 0 or info is not None or '"schemaVersion"' in text[:4096]
-        or text.lstrip().startswith("[{"),
+        is_trace=looks_like_trace(text, cut=len(head) >= HEADER_BYTES),
         merged='"commviz_merged"' in text[:4096],
+        commviz_file=bool(_OWN_SCHEMA_RE.search(text, 0, 4096)),
         start_ns=_start_ns(text, events_at, base_ns))
+
+
+_WS = re.compile(r"\s*")
+_EVENTS_ANYWHERE = re.compile(r'"traceEvents"\s*:\s*\[\s*\{\s*"')
+_JSON = json.JSONDecoder()
+
+
+def looks_like_trace(text: str, cut: bool = False) -> bool:
+    """Whether the start of a file (``read_header``'s text) is a Chrome trace: a JSON object
+    whose own ``traceEvents`` key holds a list of event objects (each with a ``ph``), or a bare
+    list of them. Only the top level is walked, each value before ``traceEvents`` decoded and
+    dropped, so a user's JSON that merely mentions the names is not taken. ``cut``: the text is
+    the start of a longer file; where it ends before the walk could tell, the key is enough."""
+    at = _WS.match(text).end()
+    if text.startswith("[", at):
+        return _first_event(text, at, cut)
+    if not text.startswith("{", at):
+        return False
+    at += 1
+    try:
+        while True:
+            at = _WS.match(text, at).end()
+            key, at = _JSON.raw_decode(text, at)
+            at = _WS.match(text, at).end()
+            if not isinstance(key, str) or not text.startswith(":", at):
+                return False
+            at = _WS.match(text, at + 1).end()
+            if key == "traceEvents":
+                return text.startswith("[", at) and _first_event(text, at, cut)
+            _, at = _JSON.raw_decode(text, at)
+            at = _WS.match(text, at).end()
+            if not text.startswith(",", at):
+                return False                       # the object ended without traceEvents
+            at += 1
+    except (ValueError, RecursionError):
+        # not JSON, or the header ended inside a value: the key itself then, where it is
+        return cut and bool(_EVENTS_ANYWHERE.search(text))
+
+
+def _first_event(text: str, at: int, cut: bool) -> bool:
+    """Whether the list opening at ``at`` starts with a trace event (an object with ``ph``)."""
+    at = _WS.match(text, at + 1).end()
+    if not text.startswith("{", at):
+        return False
+    try:
+        event, _ = _JSON.raw_decode(text, at)
+    except (ValueError, RecursionError):           # cut by the header's end: its first key
+        return cut and '"ph"' in text[at:at + 4096]
+    return isinstance(event, dict) and isinstance(event.get("ph"), str)
 
 
 def _start_ns(text: str, events_at: int, base_ns: int | None) -> int | None:

@@ -5,10 +5,17 @@ profiler traces (the rank from ``distributedInfo``, else the file name). Only th
 trace is read here (``read_header``); traces are parsed later, one rank at a time, so memory
 never holds more than one rank. Every bad, missing, duplicate or contradicting file becomes one
 problem naming the file, and the other ranks still load (``strict`` raises on the first one).
+
+A run dir may hold anything else. The JSON files read as traces are those commviz was told of
+(a record lists them, or they carry commviz's trace name) and those whose start is a profiler
+trace (``load.looks_like_trace``: no file name decides it, ``titan_rank0.json`` included); the
+files commviz wrote are known by name or by their declared schema. Any other ``.json[.gz]`` is
+left out and named once (``Run.skipped``, ``skipped_note``), never a problem.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +29,10 @@ from commviz.trace.load import (Trace, TraceHeader, far_traces, load_trace, rank
                                 read_header)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-# what commviz writes into a run dir after the job: merged traces, shards, matched runs, comm tables
-OWN_OUTPUT_PREFIXES = ("merged", "shard_rank", "matched_rank", "comm_rank")
+# what commviz writes into a run dir after the job: merged traces, shards, matched runs, comm
+# tables, the JSON report (its other JSON files declare a "commviz.*" schema: TraceHeader)
+OWN_OUTPUT_PREFIXES = ("merged", "shard_rank", "matched_rank", "comm_rank", "report.json")
+SKIPPED_SHOWN = 8                 # skipped files named in full; the rest counted
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Run:
     world_size: int | None
     problems: list[str]               # one clear message per bad/missing file
     headers: dict[Path, TraceHeader] = field(default_factory=dict)
+    skipped: list[Path] = field(default_factory=list)   # JSON files that are no trace: left out
 
 
 class _Problems(list):
@@ -76,6 +86,21 @@ class _Problems(list):
 
 def _is_trace_name(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES) and not name.startswith(OWN_OUTPUT_PREFIXES)
+
+
+def _commviz_trace_name(name: str) -> bool:
+    """Whether a file carries the name commviz gives the traces it exports."""
+    return fnmatch.fnmatch(name, schema.TRACE_GLOB) and schema.rank_of_trace(name) is not None
+
+
+def skipped_note(skipped: list[Path]) -> str | None:
+    """The one line that names what a run dir's reading left out (None: nothing)."""
+    if not skipped:
+        return None
+    names = ", ".join(p.name for p in skipped[:SKIPPED_SHOWN])
+    more = f" and {len(skipped) - SKIPPED_SHOWN} more" if len(skipped) > SKIPPED_SHOWN else ""
+    return (f"skipped {len(skipped)} file(s) that are neither commviz's nor profiler traces: "
+            f"{names}{more}")
 
 
 def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False,
@@ -109,13 +134,18 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False,
 
     headers: dict[Path, TraceHeader] = {}
     claims: dict[int, list[Path]] = {}
+    listed = {name for _, record in records.values() for name in record.get("traces") or []}
+    skipped: list[Path] = []
     for path in files:
         if not _is_trace_name(path.name):
             continue
         header = read_header(path)
+        if header.merged or header.commviz_file:
+            continue                              # commviz's own output
+        if not (header.is_trace or path.name in listed or _commviz_trace_name(path.name)):
+            skipped.append(path)                  # the user's own JSON: not a trace
+            continue
         named = rank_from_name(path)
-        if header.merged or not (header.is_trace or named is not None or "trace" in path.name):
-            continue                              # some other JSON file, not a trace
         headers[path] = header
         if header.rank is not None and named is not None and header.rank != named:
             problems.add(TraceError(str(path), f"distributedInfo says rank {header.rank} but the "
@@ -162,7 +192,7 @@ def load_run(run_dir: str | os.PathLike[str], *, strict: bool = False,
                                          "missing: this rank's trace is merged without commviz's "
                                          "metadata"))
     return Run(run_dir=run_dir, ranks=ranks, world_size=world_size, problems=list(problems),
-               headers=headers)
+               headers=headers, skipped=skipped)
 
 
 def _add_journals(run_dir: Path, records: dict[int, tuple[Path, dict]], record_files: set[int],

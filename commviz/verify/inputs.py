@@ -20,6 +20,7 @@ import orjson
 from commviz.errors import TraceError
 from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 from commviz.trace.load import load_trace     # the merge's loader: the contract's reading
+from commviz.trace.run import skipped_note
 from commviz.verify.structure import TraceCheck
 from commviz.write.read import Track, open_trace
 
@@ -112,6 +113,9 @@ class InputCheck:
         v = self.v
         for problem in getattr(self.run, "problems", None) or ():
             v.problem("input", str(problem), warn=True)
+        note = skipped_note(getattr(self.run, "skipped", None) or [])
+        if note:
+            v.problem("input", note, warn=True)
         with open_trace(v.path) as f:
             for rank in sorted(self.run.ranks):
                 paths = self.run.ranks[rank].trace_paths
