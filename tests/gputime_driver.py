@@ -6,8 +6,8 @@ two communicators, then per op a task event (Coll or P2p) started and stopped on
 and its kernel-channel events (start stamp, stop stamp through ``recordEventState``, stop) on
 a second thread, as NCCL's proxy thread calls them. An eager op's task event follows its API
 event (``ncclAllReduce``...); a CUDA graph replay's has none (NCCL starts it from CUDA's
-host-callback thread), and the API event of a call under capture says so. The GPU timer is made up: the wall clock
-less LAG. FED_JSON gets what was fed in (the expected entries), written before the SIGKILL.
+host-callback thread), and the API event of a call under capture says so. The GPU timer is
+made up: the wall clock less LAG. FED_JSON gets what was fed in (the expected entries), written before the SIGKILL.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@
  * a SIGKILL, and no entry costs a syscall. commviz/live/gputime.py reads the file and matches
  * its ops to commviz's records (thread and time: each op is enqueued inside its c10d call).
  *
- * File: a 4096-byte header (MAGIC, entry size, pid, sampling), then ENTRY_SIZE-byte entries whose first
- * 4 bytes (their kind) are stored last, so a slot not fully written reads as empty. The file
- * grows a chunk at a time (posix_fallocate, so a full disk drops entries rather than SIGBUS).
+ * File: a 4096-byte header (MAGIC, entry size, pid, sampling), then ENTRY_SIZE-byte entries
+ * whose first 4 bytes (their kind) are stored last, so a slot not fully written reads as empty.
+ * The file grows a chunk at a time (posix_fallocate: a full disk drops entries, no SIGBUS).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -217,7 +217,8 @@ static int open_file(void) {
   char head[HEADER_SIZE] = {0};
   struct stat st;
   int64_t pid = getpid();
-  if (fstat(f, &st) == 0 && st.st_size >= HEADER_SIZE && pread(f, head, HEADER_SIZE, 0) == HEADER_SIZE
+  if (fstat(f, &st) == 0 && st.st_size >= HEADER_SIZE
+      && pread(f, head, HEADER_SIZE, 0) == HEADER_SIZE
       && memcmp(head, MAGIC, sizeof MAGIC - 1) == 0 && *(int64_t*)(head + 32) == pid) {
     uint64_t chunks_there = (uint64_t)(st.st_size - HEADER_SIZE + CHUNK_BYTES - 1) / CHUNK_BYTES;
     next_entry = chunks_there * CHUNK_ENTRIES;
