@@ -102,3 +102,30 @@ def test_each_groups_measured_and_launch_only_share(job) -> None:
         assert "comm time not measured (launch only) for 9 of 15 instances" in text
         assert "launch only (async): async_op=True, isend/irecv or a functional collective" in text
     assert to_json(review)["groups"] == doc["groups"]
+
+
+def test_gpu_calls_outside_the_profiled_step_are_launch_only_for_want_of_a_kernel(
+        tmp_path) -> None:
+    """The 2 x H200 eager fixture: each group's calls before the profiled step have no kernel
+    in the trace, and those of the step do (the profiler's NCCL kernels carry each group's
+    name): the report says "no kernel", never "async", and the rest are measured."""
+    import shutil
+
+    from commviz.review.report import review_run
+
+    fixture = Path(__file__).parent / "fixtures" / "gpu" / "eager"
+    run_dir = Path(shutil.copytree(fixture, tmp_path / "run"))
+    kernels: dict[str, int] = {}
+    (trace,) = run_dir.glob("trace_rank0.json.gz")
+    for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]:
+        pg = (e.get("args") or {}).get("Process Group Name")
+        if e.get("cat") == "kernel" and pg is not None:
+            kernels[pg] = kernels.get(pg, 0) + 1
+    review = review_run(run_dir)
+    assert {g.pg for g in review.groups} == set(kernels)
+    for g in review.groups:
+        assert set(g.launch_only) == {"no kernel"}, g
+        assert 0 < g.measured and g.measured + g.launch_only["no kernel"] == g.count
+    doc = to_json(review)
+    assert list(doc["launch_only_why"]) == ["no kernel"]
+    assert "NCCL" in doc["launch_only_why"]["no kernel"]
