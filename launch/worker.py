@@ -186,6 +186,10 @@ def run(config_path: str) -> None:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     flight.point_dumps_at(run_dir)
+    if C.uses_nccl(cfg):        # NCCL loads its profiler when it makes the first communicator,
+        from commviz.record import nccl_plugin   # which device_id below makes at once
+
+        nccl_plugin.arm(run_dir, rank)
     dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                             device_id=device if cfg.job.backend == "nccl" else None)
     commviz.start(run_dir, capacity=cfg.record.capacity)   # every collective, whoever calls it
