@@ -526,7 +526,10 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
         origin = _fsdp(names, op)
     if origin is None and "deepspeed" in sys.modules:   # its units, from its frames
         from commviz.record import origin_deepspeed
-        origin = origin_deepspeed.origin(frame, op, count)
+        found = origin_deepspeed.unit(frame, op, count)
+        if found is not None:       # per call: DeepSpeed issues all from a few lines
+            origin = Origin(found.text, md.OriginKind.DEEPSPEED, found.unit, found.phase,
+                            found.extra, Refresh.ALL)
     if origin is None and (frames.stage is not None or any(
             n.startswith((PP, FORWARD, BACKWARD)) for n in names)):
         origin = _pipeline(names, frames, op, kind)

@@ -17,8 +17,6 @@ from the live frames of DeepSpeed's own functions, as its docs and config name t
   the engine or a ZeRO optimizer (else of DeepSpeed outside its communication wrappers), and the
   DeepSpeed function the user called (``initialize``, ``DeepSpeedEngine.step``).
 
-Each is worked out per call (``Refresh.ALL``): DeepSpeed issues all its collectives from a few
-lines of its ``comm`` wrappers, so a call's site and sizes do not tell its units apart.
 
 A bucket's parameters are named from the optimizer's own ``param_names`` (the engine's
 ``named_parameters()``), a module's from the ZeRO-3 offload's ``module.named_modules()``.
@@ -33,7 +31,6 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from commviz import metadata as md
-from commviz.record.origin import Origin, Refresh
 
 ZERO3 = "ZeRO-3"
 # (file under deepspeed/, function) -> the unit a call made inside it serves
@@ -53,6 +50,18 @@ _ENGINE = {"_broadcast_model": "broadcast model", "allreduce_gradients": "gradie
 _OWNERS = ("runtime/engine.py", *_OPTIMIZERS)
 # DeepSpeed's communication wrappers: never the unit
 _WRAPPERS = ("comm/", "utils/nvtx.py", "runtime/comm/")
+
+
+class Unit(NamedTuple):
+    """The DeepSpeed unit a call serves (``origin.resolve`` makes it an ``Origin`` of kind
+    DeepSpeed, worked out per call: DeepSpeed issues every collective from the same few lines
+    of its ``comm`` wrappers, so a call's site and sizes do not tell its units apart, a bucket's
+    all_reduce and the gradient norm's among them)."""
+
+    text: str
+    unit: str
+    phase: str
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 class _Frame(NamedTuple):
@@ -94,7 +103,7 @@ def _stage(frames: list[_Frame]) -> str:
     return ZERO3
 
 
-def origin(frame: FrameType | None, op: str, count: bool) -> Origin | None:
+def unit(frame: FrameType | None, op: str, count: bool) -> Unit | None:
     """The DeepSpeed unit a call made from ``frame`` serves; None outside DeepSpeed."""
     frames = _frames(frame)
     if not frames:
@@ -105,7 +114,7 @@ def origin(frame: FrameType | None, op: str, count: bool) -> Origin | None:
             (f.frame for f in frames if (f.where, f.name) in _OFFLOAD), None))
     for bucket in (_BUCKET3, _BUCKET12):
         if bucket in keys:
-            return BUCKETS.origin(keys[bucket].frame, _stage(frames), op,
+            return BUCKETS.unit(keys[bucket].frame, _stage(frames), op,
                                   any(f.name == _EPILOGUE for f in frames), count)
     for f in frames:
         if (f.where, f.name) == _TRACE:
@@ -123,15 +132,11 @@ def origin(frame: FrameType | None, op: str, count: bool) -> Origin | None:
     return _named(f"DeepSpeed {inner.name} (in {entry_name})", entry_name)
 
 
-def _named(text: str, unit: str) -> Origin:
-    """A DeepSpeed unit's origin, worked out per call: DeepSpeed issues every collective from
-    the same few lines of its ``comm`` wrappers, so a call's site and sizes do not tell the
-    units apart (a bucket's all_reduce and the gradient norm's may share both)."""
-    return Origin(text, md.OriginKind.DEEPSPEED, unit, text.removeprefix(unit).strip(),
-                  refresh=Refresh.ALL)
+def _named(text: str, unit: str) -> Unit:
+    return Unit(text, unit, text.removeprefix(unit).strip())
 
 
-def _gathered(gather: FrameType, offload: FrameType | None) -> Origin:
+def _gathered(gather: FrameType, offload: FrameType | None) -> Unit:
     """ZeRO-3's all-gather of ``params`` (the coordinator's ``__all_gather_params``): the
     modules whose parameters it gathers, in the model's order."""
     loc = gather.f_locals
@@ -139,8 +144,8 @@ def _gathered(gather: FrameType, offload: FrameType | None) -> Origin:
     root = getattr(offload.f_locals.get("self"), "module", None) if offload is not None else None
     names = _owners(root, loc.get("params") or ())
     unit = _span(names) if names else "?"
-    return Origin(f"{ZERO3} {phase} ({unit})", md.OriginKind.DEEPSPEED, unit, phase,
-                  ((md.ZERO_PARAMS, len(loc.get("params") or ())),), Refresh.ALL)
+    return Unit(f"{ZERO3} {phase} ({unit})", unit, phase,
+                ((md.ZERO_PARAMS, len(loc.get("params") or ())),))
 
 
 _owned: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
@@ -175,7 +180,7 @@ class ZeroBuckets:
         self._last: "weakref.WeakKeyDictionary[Any, tuple[int, tuple[int, int], bool]]" = (
             weakref.WeakKeyDictionary())
 
-    def origin(self, frame: FrameType, stage: str, op: str, last: bool, count: bool) -> Origin:
+    def unit(self, frame: FrameType, stage: str, op: str, last: bool, count: bool) -> Unit:
         opt = frame.f_locals.get("self")
         params = _bucket_params(opt, frame)
         key = (id(frame), id(params[0]) if params else 0)
@@ -192,8 +197,8 @@ class ZeroBuckets:
         extra += [(k, n) for k, n in ((md.ZERO_BUCKET_FIRST, first), (md.ZERO_BUCKET_LAST, final))
                   if n]
         phase = op.replace("_", "-").removesuffix("-tensor")
-        return Origin(f"{stage} reduce bucket {index}", md.OriginKind.DEEPSPEED,
-                      f"{stage} bucket {index}", phase, tuple(extra), Refresh.ALL)
+        return Unit(f"{stage} reduce bucket {index}", f"{stage} bucket {index}", phase,
+                    tuple(extra))
 
 
 def _bucket_params(opt: Any, frame: FrameType) -> list[Any]:
