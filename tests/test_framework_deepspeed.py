@@ -1,4 +1,5 @@
-"""DeepSpeed's own engine and ZeRO optimizers (stages 3, 2, 1) under commviz on 2 gloo ranks
+"""DeepSpeed's own engine and ZeRO optimizers (stages 3, 2, 1, and 0: none) under commviz on 2
+gloo ranks
 (``tests/jobs/deepspeed_job.py``): every collective recorded, each named as DeepSpeed's users
 know it.
 
@@ -149,7 +150,7 @@ def test_reduce_buckets_in_each_backward(ranks: list[dict[str, Any]], model: dic
     ``reduce_bucket_size`` elements (a larger parameter alone); ZeRO-1 and 2 as well."""
     params = model["params"]
     for rank in ranks:
-        for stage in model["stages"]:
+        for stage in (s for s in model["stages"] if s):
             backwards = 0
             for phase, recs in _phases(rank, stage):
                 buckets = [r for r in recs if r[ORIGIN].startswith(f"ZeRO-{stage} reduce bucket ")]
@@ -181,17 +182,29 @@ def test_reduce_buckets_in_each_backward(ranks: list[dict[str, Any]], model: dic
             assert backwards == model["steps"]
 
 
+def test_engine_without_zero(ranks: list[dict[str, Any]], model: dict) -> None:
+    """Without ZeRO the engine all-reduces every gradient after the backward, once each."""
+    for rank in ranks:
+        backwards = [recs for phase, recs in _phases(rank, 0) if phase == "backward"]
+        assert len(backwards) == model["steps"]
+        for recs in backwards:
+            assert {(r[ORIGIN], r["commviz.op"]) for r in recs} == {
+                ("DeepSpeed engine gradient allreduce", "all_reduce")}
+            assert sum(r[IN] for r in recs) == sum(model["params"].values())
+
+
 def test_optimizer_step(ranks: list[dict[str, Any]], model: dict) -> None:
     """Each step takes one gradient norm (``gradient_clipping``); ZeRO-1 and 2 then gather
-    the updated partitions (every parameter, padded)."""
+    the updated partitions (every parameter, padded); without ZeRO the engine takes it."""
     total = sum(model["params"].values())
     for rank in ranks:
         for stage in model["stages"]:
             steps = [recs for phase, recs in _phases(rank, stage) if phase == "step"]
             assert len(steps) == model["steps"]
             for recs in steps:
-                expected = [(f"ZeRO-{stage} step gradient norm", "all_reduce", 1)]
-                if stage != 3:
+                owner = f"ZeRO-{stage}" if stage else "DeepSpeed engine"
+                expected = [(f"{owner} step gradient norm", "all_reduce", 1)]
+                if stage in (1, 2):
                     expected.append((f"ZeRO-{stage} step allgather params",
                                      "all_gather_into_tensor", _padded(total)))
                 assert [(r[ORIGIN], r["commviz.op"], r[OUT]) for r in recs] == expected

@@ -12,11 +12,12 @@ from the live frames of DeepSpeed's own functions, as its docs and config name t
 - ZeRO-1/2: ``ZeRO-2 reduce bucket 0``, ``ZeRO-2 step allgather params`` (the updated
   partitions gathered after the optimizer step);
 - any stage: ``ZeRO-1 step gradient norm``, ``ZeRO-3 step overflow check``,
-  ``DeepSpeed engine broadcast model``, ``DeepSpeed engine gradient allreduce`` (no ZeRO);
+  ``DeepSpeed engine broadcast model`` (at ``initialize``);
+- no ZeRO (stage 0): ``DeepSpeed engine gradient allreduce``, ``DeepSpeed engine step gradient
+  norm``;
 - elsewhere in DeepSpeed: ``DeepSpeed <function> (in <entry>)``: the innermost function of
   the engine or a ZeRO optimizer (else of DeepSpeed outside its communication wrappers), and the
   DeepSpeed function the user called (``initialize``, ``DeepSpeedEngine.step``).
-
 
 A bucket's parameters are named from the optimizer's own ``param_names`` (the engine's
 ``named_parameters()``), a module's from the ZeRO-3 offload's ``module.named_modules()``.
@@ -45,7 +46,8 @@ _OPTIMIZERS = ("runtime/zero/stage3.py", "runtime/zero/stage_1_and_2.py")
 _EPILOGUE = "independent_gradient_partition_epilogue"
 _STEP = {"get_grad_norm_direct": "step gradient norm", "has_overflow": "step overflow check",
          "all_gather_dp_groups": "step allgather params"}
-_ENGINE = {"_broadcast_model": "broadcast model", "allreduce_gradients": "gradient allreduce"}
+_ENGINE = {"_broadcast_model": "broadcast model", "allreduce_gradients": "gradient allreduce",
+           "clip_fp32_gradients": "step gradient norm"}
 # the engine's and the optimizers' files: their functions name what a call serves
 _OWNERS = ("runtime/engine.py", *_OPTIMIZERS)
 # DeepSpeed's communication wrappers: never the unit
@@ -115,7 +117,7 @@ def unit(frame: FrameType | None, op: str, count: bool) -> Unit | None:
     for bucket in (_BUCKET3, _BUCKET12):
         if bucket in keys:
             return BUCKETS.unit(keys[bucket].frame, _stage(frames), op,
-                                  any(f.name == _EPILOGUE for f in frames), count)
+                                any(f.name == _EPILOGUE for f in frames), count)
     for f in frames:
         if (f.where, f.name) == _TRACE:
             return _named(f"{ZERO3} module trace check", ZERO3)
@@ -143,8 +145,8 @@ def _gathered(gather: FrameType, offload: FrameType | None) -> Unit:
     phase = ("forward" if loc.get("forward") else "backward") + " allgather params"
     root = getattr(offload.f_locals.get("self"), "module", None) if offload is not None else None
     names = _owners(root, loc.get("params") or ())
-    unit = _span(names) if names else "?"
-    return Unit(f"{ZERO3} {phase} ({unit})", unit, phase,
+    modules = _span(names) if names else "?"
+    return Unit(f"{ZERO3} {phase} ({modules})", modules, phase,
                 ((md.ZERO_PARAMS, len(loc.get("params") or ())),))
 
 
@@ -166,7 +168,9 @@ def _owners(root: Any, params: Any) -> list[str]:
 
 
 def _span(names: list[str]) -> str:
-    return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}, {len(names)} modules"
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]} … {names[-1]}, {len(names)} modules"
 
 
 class ZeroBuckets:

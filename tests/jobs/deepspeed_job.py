@@ -1,4 +1,4 @@
-"""DeepSpeed's own engine and ZeRO optimizers (stages 3, 2 and 1 in turn) on gloo CPU ranks,
+"""DeepSpeed's own engine and ZeRO optimizers (stages 3, 2 and 1, then none) on gloo CPU ranks,
 run under torchrun with ``commviz.start`` and ``commviz.profile``.
 
 ``python deepspeed_job.py RUN_DIR OUT_DIR``: each stage builds ``Net`` afresh, hands it to
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-STEPS, STAGES, BATCH = 2, (3, 2, 1), 2
+STEPS, STAGES, BATCH = 2, (3, 2, 1, 0), 2
 # small buckets, so that a backward reduces several; no persistent parameters in ZeRO-3, so
 # every module's parameters are gathered
 ZERO = {"reduce_bucket_size": 600, "allgather_bucket_size": 600,
