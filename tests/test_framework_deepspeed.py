@@ -17,7 +17,6 @@ import importlib.util
 import math
 import pickle
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,10 +49,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def model() -> dict[str, Any]:
     """What the job's model is, by torch: its modules holding parameters (in order), each
     parameter's elements, and DeepSpeed's settings the job used."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests/jobs"))
-    import deepspeed_job as job
+    from jobs import deepspeed_job as job
 
     net = job.Net()
     modules = {name: [p.numel() for p in m.parameters(recurse=False)]
