@@ -4,7 +4,8 @@
 collective of every rank, with its origin and profiler step) are read into the overview's
 columns (``review.fold``: per instance its comm time, waits, skew, late rank, step), and
 summed up per key (``BY``: the origin, the unit it serves, the process group, the op), per
-rank and per step, so runs of other rank and step counts compare:
+rank and per step, so runs of other rank and step counts compare, and read off the median
+step (a step the machine stalled moves it little):
 
 - *comm*: each rank's time in the key's collectives once every rank had arrived (the
   review's ``comm``, ``merge.instances``); *wait*: its time waiting for the last rank;
@@ -16,7 +17,8 @@ rank and per step, so runs of other rank and step counts compare:
 Groups are matched across runs by what they are, not by torch's numbers (which follow the
 order groups were made in): their description ("tp"), the world, or for a group made without
 one its rank pattern ("8-rank groups" of contiguous ranks, "groups of stride 8"). A group's
-first collective (its warm-up: the ranks' start-up, ``merge.instances.WARMUP``) is left out.
+first collective (its warm-up: the ranks' start-up, ``merge.instances.WARMUP``) is left out
+of a run compared whole (one without profiler steps).
 A key's change is a regression only outside the noise (``NoiseRule``): the spread of its
 per-step times within each run (standard errors of the two means), a share of its time in A,
 and a floor; each regression is split into more transfer time and more waiting, naming the
@@ -53,36 +55,43 @@ LATE_RANKS_SHOWN = 8
 SHOWN = 3                       # groups, ops and sizes listed per key
 
 
+# A median's standard error is this times sigma / sqrt(n) (normal data); sigma is this times
+# the median absolute deviation.
+MEDIAN_SE, MAD_SIGMA = math.sqrt(math.pi / 2), 1.4826
+
+
 @dataclass(frozen=True, slots=True)
 class NoiseRule:
-    """When a key's change per rank and step counts: beyond ``se`` standard errors of the
-    difference of the two runs' per-step means (their step-to-step spread), beyond ``rel`` of
-    its time in A, and at least ``min_ns`` (the review's straggler floor: shorter is jitter)."""
+    """When a key's change counts: its median step (per rank) moved by more than ``se``
+    standard errors of the two medians (from each run's step-to-step spread, robustly: a step
+    a busy machine stalled moves a median little), more than ``rel`` of its time in A, and at
+    least ``min_ns`` (the review's straggler floor: shorter is jitter)."""
 
     se: float = 3.0
     rel: float = 0.10
     min_ns: int = STRAGGLER_MIN_NS
 
     def bar(self, a: Side, b: Side) -> float:
-        spread = math.sqrt(a.step_sd_ns ** 2 / a.steps + b.step_sd_ns ** 2 / b.steps)
+        spread = MEDIAN_SE * math.sqrt(a.spread_ns ** 2 / a.steps + b.spread_ns ** 2 / b.steps)
         return max(self.se * spread, self.rel * a.time_ns, float(self.min_ns))
 
     @property
     def text(self) -> str:
-        return (f"a change per rank and step counts when it exceeds {self.se:g} standard errors "
-                f"of the runs' step-to-step spread, {self.rel:.0%} of A and "
+        return (f"a key's median step counts as changed when it moved by more than {self.se:g} "
+                f"standard errors (from each run's step-to-step spread), {self.rel:.0%} of A and "
                 f"{self.min_ns / 1e6:g} ms")
 
 
 @dataclass(slots=True)
 class Side:
-    """One key in one run, per rank and per step (times in ns)."""
+    """One key in one run, per rank in its median step (times in ns)."""
 
-    calls_per_step: float               # per rank
-    comm_ns: float
-    wait_ns: float
+    calls_per_step: float               # per rank, the mean
+    time_ns: float                      # comm + wait, the median step's
+    comm_ns: float                      # the median step's comm
+    wait_ns: float                      # the median step's wait
     steps: int
-    step_sd_ns: float                   # the spread of comm + wait over the steps (0: one step)
+    spread_ns: float                    # sigma of time over the steps, from their MAD (0: one)
     busbw_gbps: float | None
     skew_p50_ns: int | None
     skew_p99_ns: int | None
@@ -90,10 +99,6 @@ class Side:
     groups: list[str]
     ops: list[str]
     sizes: list[int]
-
-    @property
-    def time_ns(self) -> float:
-        return self.comm_ns + self.wait_ns
 
 
 @dataclass(slots=True)
@@ -261,11 +266,10 @@ def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSid
     numbers = sorted({s.n for steps in fold.steps.values() for s in steps})
     key, labels = _labels(fold, by)
     count = fold.count.astype(np.int64)
-    # a group's first collective is its warm-up: its waits are the ranks' start-up
     if numbers:
-        keep = np.flatnonzero((fold.step >= 0) & ~fold.warmup)
+        keep = np.flatnonzero(fold.step >= 0)
         step = np.searchsorted(np.asarray(numbers), fold.step[keep])
-    else:
+    else:        # less each group's first collective, its warm-up: its waits are start-up
         keep = np.flatnonzero(~fold.warmup)
         step = np.zeros(len(keep), dtype=np.int64)
     n_steps = max(len(numbers), 1)
@@ -275,11 +279,11 @@ def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSid
     wait = fold.wait[keep]
     k = key[keep]
     K = len(labels)
-    per_step = np.bincount(k * n_steps + step, weights=comm_ranks + wait,
-                           minlength=K * n_steps).reshape(K, n_steps) / ranks
-    sd = per_step.std(axis=1, ddof=1) if n_steps > 1 else np.zeros(K)
-    comm_k = np.bincount(k, weights=comm_ranks, minlength=K) / ranks / n_steps
-    wait_k = np.bincount(k, weights=wait, minlength=K) / ranks / n_steps
+    comm_s, wait_s = (np.bincount(k * n_steps + step, weights=w, minlength=K * n_steps)
+                      .reshape(K, n_steps) / ranks for w in (comm_ranks, wait))
+    total = np.median(comm_s + wait_s, axis=1)
+    spread = MAD_SIGMA * np.median(np.abs(comm_s + wait_s - total[:, None]), axis=1)
+    comm_k, wait_k = np.median(comm_s, axis=1), np.median(wait_s, axis=1)
     rows_k = np.bincount(k, weights=count[keep], minlength=K)
     bus = (fold.size * _factors(fold, _group_sizes(fold, count)))[keep]
     timed = (comm > 0) & (fold.size[keep] > 0) & ~np.isnan(bus)
@@ -297,8 +301,9 @@ def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSid
         if not rows_k[i]:
             continue                              # only outside the steps
         keys[label] = Side(
-            calls_per_step=float(rows_k[i]) / ranks / n_steps, comm_ns=float(comm_k[i]),
-            wait_ns=float(wait_k[i]), steps=n_steps, step_sd_ns=float(sd[i]),
+            calls_per_step=float(rows_k[i]) / ranks / n_steps, time_ns=float(total[i]),
+            comm_ns=float(comm_k[i]), wait_ns=float(wait_k[i]), steps=n_steps,
+            spread_ns=float(spread[i]),
             busbw_gbps=float(bus_k[i] / bus_t[i]) if bus_t[i] else None,
             skew_p50_ns=skews[i][0], skew_p99_ns=skews[i][1], late=late.get(i, {}),
             groups=groups[i], ops=ops[i], sizes=sizes[i])

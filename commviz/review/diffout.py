@@ -3,7 +3,7 @@
 Every format says first what the runs are and which noise rule decided, then the regressions
 (worst first, each with what grew: transfer time, or waiting and for which late rank), the
 improvements, the keys found in one run only, and what stayed inside the noise. Times are per
-rank and per profiler step; the JSON holds them in ns, bandwidth in GB/s (1e9 bytes/s).
+rank in the median profiler step; the JSON holds them in ns, bandwidth in GB/s (1e9 bytes/s).
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ ORDER_SHOWN = (Change.REGRESSION, Change.IMPROVEMENT, Change.ONLY_B, Change.ONLY
 
 def _preamble(d: Diff) -> list[str]:
     return [f"A: {_run_text(d.a)}", f"B: {_run_text(d.b)}",
-            "Times are per rank and per profiler step; comm: once every rank had arrived; "
-            "wait: for the last rank to arrive.",
+            "Times are per rank in the median profiler step; comm: once every rank had "
+            "arrived; wait: for the last rank to arrive.",
             f"Noise rule: {d.rule.text}.",
             *[f"problem (A): {p}" for p in d.a.problems],
             *[f"problem (B): {p}" for p in d.b.problems]]
@@ -176,7 +176,7 @@ def _side_json(s: Side | None) -> dict[str, Any] | None:
     if s is None:
         return None
     return {"calls_per_step": s.calls_per_step, "time_ns": s.time_ns, "comm_ns": s.comm_ns,
-            "wait_ns": s.wait_ns, "step_sd_ns": s.step_sd_ns, "steps": s.steps,
+            "wait_ns": s.wait_ns, "spread_ns": s.spread_ns, "steps": s.steps,
             "busbw_GBps": s.busbw_gbps, "skew_p50_ns": s.skew_p50_ns,
             "skew_p99_ns": s.skew_p99_ns,
             "late_ranks": {str(r): w for r, w in sorted(s.late.items())},
@@ -200,7 +200,7 @@ def to_json(d: Diff, plot: Path | None = None) -> dict[str, Any]:
     return {"by": d.by, "a": _run_json(d.a), "b": _run_json(d.b),
             "noise_rule": {"text": d.rule.text, "standard_errors": d.rule.se,
                            "relative": d.rule.rel, "min_ns": d.rule.min_ns},
-            "units": "per rank and per profiler step; ns, GB/s",
+            "units": "per rank, median profiler step; ns, GB/s",
             "regressions": [row_json(r, d.by) for r in d.of(Change.REGRESSION)],
             "improvements": [row_json(r, d.by) for r in d.of(Change.IMPROVEMENT)],
             "only_a": [row_json(r, d.by) for r in d.of(Change.ONLY_A)],
@@ -245,7 +245,7 @@ def plot_diff(d: Diff, path: Path) -> Path:
             ax.text(b, v - 0.2, f" {why(r)}", va="center", fontsize=7,
                     color=COLOURS.get(r.change, "black"))
     ax.set_yticks(y, [_short(r.key) for r in rows], fontsize=8)
-    ax.set_xlabel("comm + wait per rank and step (ms)")
+    ax.set_xlabel("comm + wait per rank, median step (ms)")
     ax.set_title(f"B against A per {d.by}: regressions red, improvements green", fontsize=10)
     if rows:
         handles = [Patch(color=A_COLOUR, label="A"), Patch(color=B_COLOUR, label="B"),

@@ -25,8 +25,9 @@ Steps and waits, for ``commviz diff``: each row's profiler step (its table's ``s
 instance the step its ranks place it in and the time its ranks waited for the last one (the
 review's wait, ``merge.instances``: from a rank's start until the last rank arrived or it left).
 
-Memory: six columns per row (29 bytes: 61 MB for the 2.1M rows of 16,384 ranks x 130
-collectives) and a few per instance; the numbers are worked out with numpy, once.
+Memory: five columns per row (25 bytes: 53 MB for the 2.1M rows of 16,384 ranks x 130
+collectives; the rows' steps are found once all are read, from each rank's few step ranges) and
+a few per instance; the numbers are worked out with numpy, once.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ class Fold:
         self.pg, self.op, self.ctype, self.origin = array("i"), array("i"), array("i"), array("i")
         # per row, rank after rank
         self._inst, self._start, self._end = array("i"), array("q"), array("q")
-        self._flags, self._call, self._step = array("B"), array("i"), array("i")
+        self._flags, self._call = array("B"), array("i")
         self._calls: dict[tuple[str, int | None, str], int] = {}    # what must agree across ranks
         self._table_rank, self._table_rows = array("i"), array("q")
         self.pgs: dict[str, PgInfo] = {}
@@ -256,7 +257,6 @@ class Fold:
         self._start.extend([r[3] for r in rows])
         self._end.extend([r[4] for r in rows])
         self._flags.extend([int(r[7]) for r in rows])
-        self._step.extend(_row_steps(table))
         if table.steps:
             self.steps[rank] = table.steps
         self.units.update(table.units)
@@ -284,7 +284,7 @@ class Fold:
         self._inst.frombytes(inst[_column(part._inst, np.int32)].tobytes())
         self._call.frombytes(call[_column(part._call, np.int32)].tobytes())
         for mine, theirs in ((self._start, part._start), (self._end, part._end),
-                             (self._flags, part._flags), (self._step, part._step),
+                             (self._flags, part._flags),
                              (self._table_rank, part._table_rank),
                              (self._table_rows, part._table_rows)):
             mine.extend(theirs)
@@ -360,7 +360,6 @@ class Fold:
             self._alike(rows, by_start, lo)
         del rows, by_start
         self._inst = self._start = self._end = self._flags = self._call = None  # type: ignore
-        self._step = None  # type: ignore
 
     def _odd_rows(self, rows: _Rows) -> None:
         """Count, per rank, the instances where it starts late or early or ends apart from the
@@ -539,11 +538,11 @@ class _Rows:
         self.inst = _column(fold._inst, np.int32)
         self.start, self.end = _column(fold._start, np.int64), _column(fold._end, np.int64)
         self.flags, self.call = _column(fold._flags, np.uint8), _column(fold._call, np.int32)
-        self.step = _column(fold._step, np.int32)
         per_table = np.asarray(fold._table_rows, dtype=np.int64)
         self.rank = np.repeat(np.asarray(fold._table_rank, dtype=np.int32), per_table)
         self.width = int(self.rank.max()) + 1 if len(self.rank) else 0
         self._tables = np.concatenate(([0], np.cumsum(per_table)))
+        self.step = _row_steps(fold.steps, self)       # after the ranks: it reads them
 
     def chunks(self) -> Iterator[tuple[int, int]]:
         """Row ranges of about ``CHUNK`` rows, each holding whole tables."""
@@ -557,17 +556,35 @@ class _Rows:
             a = b
 
 
-def _row_steps(table: CommTable) -> array:
-    """Each row's profiler step number (-1: outside every step of its rank)."""
-    if not table.steps:
-        return array("i", [-1]) * len(table.rows)
-    n, lo, hi = (np.array(c, dtype=np.int64) for c in zip(*table.steps))
-    order = np.argsort(lo, kind="stable")
-    n, lo, hi = n[order], lo[order], hi[order]
-    start = np.fromiter((r[3] for r in table.rows), np.int64, len(table.rows))
-    at = np.searchsorted(lo, start, side="right") - 1
-    inside = (at >= 0) & (start < hi[np.maximum(at, 0)])
-    return array("i", np.where(inside, n[np.maximum(at, 0)], -1).astype(np.int32).tobytes())
+def _row_steps(steps: dict[int, list[Step]], rows: _Rows) -> np.ndarray:
+    """Each row's profiler step number (-1: outside every step of its rank), for every row at
+    once: a row and its rank's steps share one sort key, rank * span + time from the rank's
+    first step."""
+    out = np.full(len(rows.inst), -1, np.int32)
+    if not steps:
+        return out
+    ranks = np.array([r for r in steps for _ in steps[r]], dtype=np.int64)
+    n, lo, hi = (np.array([getattr(s, f) for r in steps for s in steps[r]], dtype=np.int64)
+                 for f in ("n", "start_ns", "end_ns"))
+    base = np.zeros(rows.width, np.int64)
+    has = np.zeros(rows.width, bool)
+    for r, mine in steps.items():
+        if r < rows.width:
+            base[r], has[r] = min(s.start_ns for s in mine), True
+    keep = ranks < rows.width
+    ranks, n, lo, hi = ranks[keep], n[keep], lo[keep], hi[keep]
+    span = int((hi - base[ranks]).max()) + 1 if len(hi) else 1
+    key = ranks * span + (lo - base[ranks])
+    order = np.argsort(key, kind="stable")
+    key, n, hi, ranks = key[order], n[order], hi[order], ranks[order]
+    for a, b in rows.chunks():
+        rank, start = rows.rank[a:b].astype(np.int64), rows.start[a:b]
+        rel = start - base[rank]
+        at = np.searchsorted(key, rank * span + np.clip(rel, 0, span - 1), side="right") - 1
+        at = np.maximum(at, 0)
+        inside = has[rank] & (rel >= 0) & (rel < span) & (ranks[at] == rank) & (start < hi[at])
+        out[a:b] = np.where(inside, n[at], -1)
+    return out
 
 
 def _instance_chunks(lo: np.ndarray, count: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
