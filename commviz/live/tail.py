@@ -107,6 +107,11 @@ class _Corrupt(Exception):
     """This generation cannot be read further (the message says why)."""
 
 
+class _Rewritten(Exception):
+    """The file shrank below what was read: written anew under the same name (a restarted
+    rank truncates its generation 1): read again from its start."""
+
+
 def _read(fd: int, pos: int, size: int) -> bytes:
     return os.pread(fd, size, pos)
 
@@ -118,6 +123,7 @@ class _Generation:
     rank: int
     gen: int
     path: Path
+    inode: int
     fd: int
     cfd: int | None = None
     pos: int = 0
@@ -136,6 +142,8 @@ class _Generation:
     def read_journal(self) -> None:
         """Parse the entries written since the last read (up to the first incomplete one)."""
         size = os.fstat(self.fd).st_size
+        if size < self.pos:
+            raise _Rewritten(str(self.path))
         want = READ
         while self.pos < size:
             data = _read(self.fd, self.pos, min(want, size - self.pos))
@@ -303,6 +311,7 @@ class _RankTail:
     rank: int
     gens: dict[int, _Generation] = field(default_factory=dict)
     last_gen: int = 0                              # the newest generation opened
+    opened: set[tuple[int, int]] = field(default_factory=set)   # (generation, inode) opened
     missed: int = 0
     missed_gens: int = 0
     header: dict = field(default_factory=dict)
@@ -343,8 +352,9 @@ class RunTail:
         return {r: t.missed + t.missed_gens for r, t in sorted(self._ranks.items())
                 if t.missed + t.missed_gens}
 
-    def _listing(self) -> dict[int, dict[int, Path]]:
-        found: dict[int, dict[int, Path]] = {}
+    def _listing(self) -> dict[int, dict[int, tuple[Path, int]]]:
+        """rank -> generation -> (path, inode): a restarted rank writes generation 1 again."""
+        found: dict[int, dict[int, tuple[Path, int]]] = {}
         try:
             entries = list(os.scandir(self.run_dir))
         except OSError as exc:
@@ -355,7 +365,7 @@ class RunTail:
                 continue
             rank = int(m.group(1))
             if self.only is None or rank in self.only:
-                found.setdefault(rank, {})[int(m.group(2))] = Path(entry.path)
+                found.setdefault(rank, {})[int(m.group(2))] = (Path(entry.path), entry.inode())
         return found
 
     def poll(self) -> list[Call]:
@@ -368,10 +378,12 @@ class RunTail:
             out += self._poll_rank(tail, listing.get(rank, {}))
         return out
 
-    def _poll_rank(self, tail: _RankTail, listed: dict[int, Path]) -> list[Call]:
-        for gen, path in sorted(listed.items()):
-            if gen <= tail.last_gen:
-                continue
+    def _poll_rank(self, tail: _RankTail, listed: dict[int, tuple[Path, int]]) -> list[Call]:
+        for gen, (path, inode) in sorted(listed.items()):
+            if (gen, inode) in tail.opened or gen in tail.gens:
+                continue                              # read already, or being read
+            if gen <= tail.last_gen:                  # a new file of an old number: restarted
+                tail.last_gen = 0
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -382,15 +394,20 @@ class RunTail:
             if tail.last_gen:
                 tail.missed_gens += gen - tail.last_gen - 1
             tail.last_gen, tail.broken = gen, False
-            tail.gens[gen] = _Generation(tail.rank, gen, path, fd)
+            tail.opened.add((gen, inode))
+            tail.gens[gen] = _Generation(tail.rank, gen, path, inode, fd)
         out: list[Call] = []
         for gen, g in sorted(tail.gens.items()):
-            final = gen not in listed                 # unlinked: read it once more, then close
+            # unlinked (or its name taken by a new file): read it once more, then close
+            final = listed.get(gen, (None, None))[1] != g.inode
             try:
                 g.open_calls()
                 g.read_journal()
                 g.read_calls()
                 out += g.ended()
+            except _Rewritten:
+                tail.opened.discard((gen, g.inode))   # the next poll opens it afresh
+                final = True
             except _Corrupt as exc:
                 self._problems[str(g.path)] = f"{g.path}: {exc}"
                 tail.broken = gen == tail.last_gen

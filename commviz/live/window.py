@@ -23,8 +23,12 @@ always-on record, and a launch-only call gets no comm time, bandwidth, wait or l
 
 A *late rank* (``Straggler``) at an origin of a group is late persistently, not by one-off
 jitter: in the window it arrived last in at least ``LATE_SHARE`` of that origin's instances,
-at least ``MIN_LATE`` of them, by a median skew of at least ``merge.instances.STRAGGLER_MIN_NS``;
-a group's first collective (its warm-up, ``merge.instances.WARMUP``) never counts.
+at least ``MIN_LATE`` of them, by a median skew of at least ``merge.instances.STRAGGLER_MIN_NS``
+and ``STRAGGLER_FACTOR`` times the group's normal skew; a group's first collective (its
+warm-up, ``merge.instances.WARMUP``) never counts. Three quarters, not a bare majority: four
+ranks sharing two loaded cores made one of them last in 5 of 9 instances of a second, by 4 ms,
+with nobody slow (a rank is last by chance in 6 of 8 about once in 250 such tries, and must
+then also stand out by its skew).
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
 
-LATE_SHARE = 1 / 2               # late in more than this share: "most" instances
+LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
 NORMAL_MIN = 20                 # instances a group's normal skew is read from
-MIN_LATE = 3
+MIN_LATE = 4
 SHAPES_REMEMBERED = 4096
 # skews (ns) run-so-far figures are read from: 20 bins a decade from 1 µs to 100 s
 SKEW_BINS = np.geomspace(1e3, 1e11, 161)
@@ -324,7 +328,7 @@ def stragglers(inst: Instances, normal: dict[str, int]) -> list[Straggler]:
     for p, k in zip(pairs.tolist(), pair_n.tolist()):
         r_i, rank = divmod(p, width)
         total = int(row_n[r_i])
-        if k < MIN_LATE or k <= LATE_SHARE * total:
+        if k < MIN_LATE or k < LATE_SHARE * total:
             continue
         these = (row_of == r_i) & (sub.late_rank == rank)
         skew = int(np.median(sub.skew[these]))

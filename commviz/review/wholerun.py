@@ -108,7 +108,8 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
     n = len(whole.windows)
     span = (whole.windows[-1]["end_ns"] - whole.t0) / 1e9
     note = (f"{n} windows over {span:.0f} s kept by the watcher in {whole.path.name}; CPU times "
-            "of the calls; a late rank is late in most of an origin's instances of a window")
+            "of the calls; a late rank is last in three quarters of an origin's instances of a "
+            "window")
     downs = whole.slowdowns()
     began = Table(
         "Over the whole run: where each slowdown began",
