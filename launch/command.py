@@ -424,14 +424,14 @@ def handle(args: argparse.Namespace) -> int:
     if hangs is not None:
         hangs.start()
     metrics = exporting.start(cfg.live.exporter, run_dir, multi)
-    # only other nodes need asking through the run dir: on one node status signals the ranks
-    answers = StackAnswers(run_dir, node_rank, launch_id, say) if multi else None
-    if answers is not None:
     seer = WatchThread(run_dir, cfg.live.watch_interval_s, say, (lambda: [
         p.rank for p in placement.of_launch(log_dir(run_dir), launch_id)]) if multi else None
                        ) if cfg.live.watch else None
     if seer is not None:
         seer.start()
+    # only other nodes need asking through the run dir: on one node status signals the ranks
+    answers = StackAnswers(run_dir, node_rank, launch_id, say) if multi else None
+    if answers is not None:
         answers.start()
     try:
         code = torchrun.run(cfg, node_rank, run_dir / CONFIG_NAME, run_dir, log, launch_id,
@@ -444,11 +444,11 @@ def handle(args: argparse.Namespace) -> int:
         if answers is not None:
             answers.stop()
         exporting.stop(metrics)
+        if seer is not None:
+            seer.stop()
         log.close()
     log_text = log.text()
     if log.error is not None:
-        if seer is not None:
-            seer.stop()
         out.write(f"launch.log: {log.error}; torchrun's output was kept in memory\n")
     placed = placement.of_launch(log_dir(run_dir), launch_id)
     if multi:
