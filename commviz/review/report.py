@@ -353,10 +353,10 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
             [[str(o.rank), fmt_ns(o.comm_ns), fmt_ns(o.compute_ns), fmt_ns(o.overlap_ns),
               "-" if o.overlap_pct is None else f"{o.overlap_pct:.1f}", fmt_ns(o.idle_ns),
               fmt_ns(o.non_compute_ns), fmt_ns(o.kernel_ns)] for o in review.overlap]))
+    out += [Section(*t) for t in wholerun.tables(review.run_dir, top, fmt_ns)]
     return out
 
 
-    out += [Section(*t) for t in wholerun.tables(review.run_dir, top, fmt_ns)]
 def _headline(review: Review) -> str:
     strag = sum(1 for i in review.instances if i.straggler is not None)
     line = (f"commviz report: {review.run_dir}: {len(review.ranks)} ranks, {review.events} "
@@ -484,6 +484,7 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
             "collectives": rows(review.collectives),
             "streams": streams, "overlap": overlap,
             "instances": [_instance_json(i) for i in review.instances],
+            "whole_run": wholerun.to_json(review.run_dir),
             **({"by_" + review.by: [{**dataclasses.asdict(r), "ops": dict(r.ops)}
                                     for r in review.origins]} if review.by else {}),
             "plots": [str(p) for p in plots or []]}
@@ -492,7 +493,6 @@ def to_json(review: Review, plots: list[Path] | None = None) -> dict[str, Any]:
 def render(review: Review, fmt: str, *, top: int = TOP, plots: list[Path] | None = None,
            base: Path | None = None) -> str:
     if fmt == "table":
-            "whole_run": wholerun.to_json(review.run_dir),
         return render_table(review, top)
     if fmt == "markdown":
         return render_markdown(review, top, plots, base)
@@ -520,10 +520,10 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
         timeline, problems = report_timeline(run_dir, plots_dir)   # merged.pftrace drawn
         review.problems += problems
         written = timeline + write_plots(review.instances, plots_dir)
+        written += wholerun.plot_windows(run_dir, plots_dir)
     target = Path(out) if out is not None else run_dir / REPORT_NAMES[fmt]
     target.parent.mkdir(parents=True, exist_ok=True)
     text = render(review, fmt, top=top, plots=written, base=target.parent)
     target.write_text(text, encoding="utf-8")
     return ReportResult(text=text, out=target, plots=written, review=review,
                         problems=review.problems)
-        written += wholerun.plot_windows(run_dir, plots_dir)
