@@ -9,10 +9,17 @@ So a record also names the unit of the model the call serves, in torch's own wor
   ``FSDP::pre_forward`` / ``FSDP::pre_backward``, ``FSDP::post_backward_reduce``);
 - DDP: the reducer's bucket (``GradBucket.index()``): from the comm hook's ``bucket`` where a
   hook runs, else in the reducer's own order (it reduces bucket 0, 1, ... after each forward);
-- DTensor: the module and the source -> target placements of the redistribute;
-- pipelining: the stage, the action and micro-batch (``PP:0F1`` ranges of the multi-stage
-  schedules, ``Forward 1`` / ``Backward 1`` of GPipe; 1F1B opens none: the batch's ``desc``
-  and the order of its batches, ``MicroBatches``);
+- DTensor: the module and the source -> target placements of the redistribute, before any
+  range (a redistribute inside FSDP's post-backward or a pipeline action is DTensor's): the
+  module being called (forward, activation checkpointing's recompute), the one its autograd
+  node was made in (backward), or the one whose gradient FSDP makes local; names as the user
+  wrote them (``layers.0.attention``, no ``_checkpoint_wrapped_module``);
+- pipelining, p2p transfers only: the stage, the action and micro-batch (``PP:3F0`` ranges of
+  the multi-stage schedules and torch 2.11's ``PP:0SEND_F0``, ``Forward 1`` / ``Backward 1``
+  of GPipe; 1F1B in torch 2.13 opens none: the batch's ``desc`` and the order of its
+  batches, ``MicroBatches``); the schedule's set-up before its first step (``SETUP``: shape
+  inference, the p2p warm-up). A collective a stage's module or loss issues is named by
+  what issued it;
 - compiled code: the compiled function and its ``file:line`` (a ``Torch-Compiled Region``);
 - any call made during a backward pass: the user's line that called ``backward()``.
 
@@ -21,9 +28,11 @@ the ops Python's ``record_function`` enters and exits ranges through, ``boundary
 RecordFunction callback, which would make c10d build a profiling range of its own on every
 collective); a call's origin is worked out from that chain and the live Python frames once per
 call shape (what a call site repeats, with its origin id), so natively recorded calls pay
-nothing per call for it. Two kinds resolve per call, through Python: DDP's buckets (buckets
-may share a size; without a hook they are numbered in the reducer's order) and DTensor
-redistributes inside a module call (layers called in a loop share call site and sizes). A
+nothing per call for it. Three kinds resolve per call, through Python: DDP's buckets (buckets
+may share a size; without a hook they are numbered in the reducer's order), DTensor
+redistributes (layers called in a loop share call site and sizes, and a redistribute of no
+known module shares them with one inside a module) and a schedule's set-up transfers (a later
+call of their shape is not one). A
 1F1B batch's p2p ops are still recorded natively: the kernel asks for each one's micro-batch
 (``MicroBatches.of``, a few frames up to the schedule) and keeps a shape per micro-batch.
 ``COMMVIZ_ORIGIN_RANGES=off`` follows no ranges (``prefixes`` says what that loses).
@@ -411,10 +420,10 @@ def _dtensor(frames: Frames) -> Origin:
             _node_units[frames.node] = unit
     if unit is None and frames.owner is not None:
         unit = _module_names.get(frames.owner) or type(frames.owner).__name__
-    # per call where the unit is (layers called in a loop share call site and sizes)
-    per_call = unit is not None or frames.node is not None
+    # per call: layers called in a loop share call site and sizes, and so may a redistribute
+    # of no known module (a backward's to_local, clip_grad_norm_'s) and one inside a module
     return Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
-                  unit, moved, refresh=Refresh.ALL if per_call else Refresh.NOTHING)
+                  unit, moved, refresh=Refresh.ALL)
 
 
 def _batch_phase(desc: str | None, sent: bool) -> str | None:
