@@ -122,6 +122,7 @@ class _Places(NamedTuple):
     stage: str           # pipelining's stages
     compilers: tuple[str, ...]   # dynamo, AOTAutograd, inductor: compiled code runs here
     module: str          # nn.Module's _call_impl
+    aot: str             # AOTAutograd's runtime wrappers: a compiled graph's forward, backward
 
 
 _places: _Places | None = None
@@ -140,7 +141,8 @@ def _where() -> _Places:
             _torch_path("distributed", "pipelining", "schedules.py"),
             _torch_path("distributed", "pipelining", "stage.py"),
             tuple(_torch_path(d) + _SEP for d in ("_dynamo", "_functorch", "_inductor")),
-            _torch_path("nn", "modules", "module.py"))
+            _torch_path("nn", "modules", "module.py"),
+            _torch_path("_functorch", "_aot_autograd", "runtime_wrappers.py"))
     return _places
 
 
@@ -162,6 +164,8 @@ class Frames(NamedTuple):
     batch: str | None               # pipelining's batch label (``desc``: "fwd_send", ...)
     bucket: Any                     # the DDP comm hook's GradBucket
     from_cpp: bool                  # no Python between the engine (or nothing) and the call
+    aot: tuple[int, bool] | None    # the AOTAutograd graph (``_aot_id``) whose code runs it,
+                                    # and whether its backward does
 
 
 def _site(frame: FrameType) -> str:
@@ -174,7 +178,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
     user = compiled = redistribute = stage = node = owner = None
     backward = batch = bucket = None
     modules: list[Any] = []
-    setup = None
+    setup = aot = None
     seen_compiler = made = False
     from_cpp = frame is None or (frame.f_code.co_name == "_engine_run_backward"
                                  and frame.f_code.co_filename == places.engine)
@@ -191,21 +195,21 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
             elif user is None:
                 user = frame
                 compiled = frame if seen_compiler else None
+        elif file == places.module:         # the most frequent: each module called, thrice
+            if name == "_call_impl" and (mod := frame.f_locals.get("self")) is not None:
+                modules.append(mod)
         elif file == places.engine and name == "_engine_run_backward":
             if backward is None:
                 backward = _user_site(frame.f_back, own)
         elif file == places.redistribute:
             if name == "redistribute_local_tensor":
                 redistribute = redistribute or frame
-            elif code in places.redistributing and node is None:
+            elif (code is places.redistributing[0] or code is places.redistributing[1]) \
+                    and node is None:
                 node, made = frame.f_locals.get("ctx"), code is places.redistributing[0]
         elif file == places.fsdp_param and name == "_get_grad_inner_tensor" and owner is None:
             owner = getattr(getattr(frame.f_locals.get("self"), "_module_info", None), "module",
                             None)
-        elif file == places.module and name == "_call_impl":
-            mod = frame.f_locals.get("self")
-            if mod is not None:
-                modules.append(mod)
         elif file == places.schedules:
             if name in ("_batch_p2p", "_sorted_batch_p2p"):
                 batch = batch or frame.f_locals.get("desc")
@@ -218,9 +222,14 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
             setup = setup or SETUP.get(name)
         elif file.startswith(places.compilers):
             seen_compiler = True
+            if aot is None and file == places.aot and name in ("forward", "backward"):
+                # CompiledFunction's: its ctx is the graph's autograd node in both
+                graph = getattr(getattr(frame.f_locals.get("ctx"), "_forward_cls", None),
+                                "_aot_id", None)
+                aot = None if graph is None else (graph, name == "backward")
         frame = frame.f_back
     return Frames(user, backward, compiled, redistribute, node, made, owner, tuple(modules),
-                  stage, setup, batch, bucket, from_cpp)
+                  stage, setup, batch, bucket, from_cpp, aot)
 
 
 def _stage(obj: Any) -> Any:
@@ -260,7 +269,24 @@ def _grad_bucket(value: Any) -> Any:
 _WRAPPERS = re.compile(r"(?:^|\.)(?:_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)"
                        r"(?=\.|$)")
 # every module seen so far, by the name the outermost module called around it gives it
-_module_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+class Names:
+    """A name per live object, looked up by ``id`` (a hash and no weak reference made per
+    look-up: a DTensor origin looks up two per call); an entry goes with its object."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+
+    def get(self, obj: Any, default: str | None = None) -> str | None:
+        entry = self._by_id.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else default
+
+    def __setitem__(self, obj: Any, name: str) -> None:
+        key = id(obj)
+        self._by_id[key] = (weakref.ref(obj, lambda _, by_id=self._by_id: by_id.pop(key, None)),
+                            name)
+
+
+_module_names = Names()
 
 
 def as_written(name: str) -> str:
@@ -279,7 +305,7 @@ def module_name(modules: tuple[Any, ...]) -> str | None:
 
 def _named(module: Any, root: Any) -> str:
     name = _module_names.get(module)
-    if name is None or root not in _module_names:
+    if name is None or _module_names.get(root) is None:
         prefix = _module_names.get(root, "")
         for sub, m in root.named_modules():
             _module_names[m] = as_written(f"{prefix}.{sub}" if prefix and sub else prefix or sub)
@@ -403,7 +429,7 @@ def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | 
 
 # the module each DTensor Redistribute node was made in (forward): its backward runs with no
 # module called around it
-_node_units: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_node_units = Names()
 
 
 def _dtensor(frames: Frames) -> Origin:
@@ -522,6 +548,21 @@ def _bucket(index: int, nbytes: int, held: ddp_buckets.Bucket | None,
                   tuple(dict(extra).items()), Refresh.ALL)
 
 
+# AOTAutograd graph id -> (qualname, "file:line") of the compiled function whose forward ran it
+COMPILED_GRAPHS: dict[int, tuple[str, str]] = {}
+
+
+def _compiled_backward(aot: int) -> Origin:
+    """A compiled graph's backward (on a GPU autograd's device thread, no frame of the user's;
+    on CPU, under the line that called ``backward()``): named by the region whose forward ran
+    that graph (seen by an earlier record), else by AOTAutograd's graph id. Per call: graphs
+    of one shape may be different regions'."""
+    qualname, at = COMPILED_GRAPHS.get(aot, (f"AOT graph {aot}", None))
+    where = f" ({os.path.basename(at)})" if at else ""
+    return Origin(f"Torch-Compiled Region: {qualname}{where} backward", md.OriginKind.COMPILED,
+                  qualname, "backward", ((md.COMPILED_AT, at),) if at else (), Refresh.ALL)
+
+
 def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
             frame: FrameType | None, own: Callable[[CodeType], bool], count: bool = True
             ) -> tuple[dict[str, Any], Refresh]:
@@ -556,12 +597,16 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
                                  [(md.DDP_BUCKET_NUMEL, numel)])
     if origin is None and any(n == DDP_FORWARD for n in names):
         origin = Origin("DDP forward", md.OriginKind.DDP, None, "forward")
+    if origin is None and frames.aot is not None and frames.aot[1]:
+        origin = _compiled_backward(frames.aot[0])
     if origin is None and frames.compiled is not None:
         code = frames.compiled.f_code
         at = f"{code.co_filename}:{code.co_firstlineno}"
         qualname = getattr(code, "co_qualname", code.co_name)
         origin = Origin(f"Torch-Compiled Region: {qualname} ({os.path.basename(at)})",
                         md.OriginKind.COMPILED, qualname, None, ((md.COMPILED_AT, at),))
+        if frames.aot is not None:
+            COMPILED_GRAPHS[frames.aot[0]] = (qualname, at)
     if origin is None and frames.user is not None:
         code = frames.user.f_code
         origin = Origin(f"{os.path.basename(code.co_filename)}:{frames.user.f_lineno}",
