@@ -124,17 +124,25 @@ def test_fsdp_tp_units_by_hand(fsdp_tp: Titan) -> None:
     """FSDP2 x TP with full activation checkpointing, per step and rank, as torchtitan's TP
     plan and FSDP wrapping make them: layers.3's attention all-gathers its sequence-sharded
     input (S(1) -> R) in the forward and again in the recompute, and reduce-scatters that
-    input's gradient (P(sum) -> S(1)) in the backward; each layer's two norm weights are
+    input's gradient (P(sum) -> S(1)) in the backward (its output projection, ``wo``, the
+    other way round); each layer's two norm weights are
     TP-replicated, their gradients all-reduced over TP (P(sum) -> R) inside FSDP's
     post-backward, named after the norm; FSDP reduce-scatters each layer's gradients once,
     on its own group."""
     for rank in range(WORLD):
         recs = fsdp_tp.records[rank]
         groups = {name: g["desc"] for name, g in from_dump(fsdp_tp.fr[rank], [])["groups"].items()}
-        attention = Counter((r["commviz.op"], r[PHASE]) for r in recs
-                            if r[KIND] == "DTensor" and r.get(UNIT) == "layers.3.attention")
-        assert attention == {("all_gather_into_tensor_coalesced", "S(1) -> R"): 2 * STEPS,
-                             ("reduce_scatter_tensor_coalesced", "P(sum) -> S(1)"): STEPS}
+        def dtensor(unit: str) -> Counter:
+            return Counter((r["commviz.op"], r[PHASE]) for r in recs
+                           if r[KIND] == "DTensor" and r.get(UNIT) == unit)
+        assert dtensor("layers.3.attention") == {
+            ("all_gather_into_tensor_coalesced", "S(1) -> R"): 2 * STEPS,
+            ("reduce_scatter_tensor_coalesced", "P(sum) -> S(1)"): STEPS}
+        # its output projection the other way round: its partial output reduce-scattered back
+        # to sequence shards (forward, recompute), that gradient all-gathered (backward)
+        assert dtensor("layers.3.attention.wo") == {
+            ("reduce_scatter_tensor_coalesced", "P(sum) -> S(1)"): 2 * STEPS,
+            ("all_gather_into_tensor_coalesced", "S(1) -> R"): STEPS}
         assert all(fsdp_tp.step(rank, r) >= 1 for r in recs if r.get(UNIT) == "layers.3.attention")
         for n in range(6):
             for norm in ("attention_norm", "ffn_norm"):
