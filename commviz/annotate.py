@@ -66,15 +66,17 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
 
     def __init__(self, name: str, input: Any, output: Any, group: Any = None,
                  **extra: Any) -> None:
-        self._name, self._input, self._output, self._group, self._extra = (
-            name, input, output, group, extra)
-        self.rec: list[Any] | None = None
-        self.open = False
+        self._name = name
+        self._input = input
+        self._output = output
+        self._group = group
+        self._extra = extra
 
     def __enter__(self) -> dict[str, Any]:
         name, inp, out = self._name, self._input, self._output
         in_n, tensor = (inp.numel(), inp) if isinstance(inp, _Tensor) else _nelems(inp)
-        out_n, out_tensor = (out.numel(), out) if isinstance(out, _Tensor) else _nelems(out)
+        out_n, out_tensor = ((in_n, tensor) if out is inp else
+                             (out.numel(), out) if isinstance(out, _Tensor) else _nelems(out))
         if self._extra:
             kind, in_split, out_split, async_op, mapped = _mapped(name, self._extra)
         else:
@@ -82,7 +84,8 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
                 "p2p" if name in _P2P else "collective", "[]", "[]", False, None)
         info = md.group_info(self._group)
         if not info.member:               # torch skips calls on groups this rank is not in
-            calls.SCOPE.push(self)
+            self.rec, self.open = None, False
+            calls.push_scope(self)
             return {}
         first = tensor if tensor is not None else out_tensor
         if first is None:
@@ -96,13 +99,14 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
             mapped, calls.callsite(), info.last_seq + 1 if kind == "collective" else None,
             want_meta=True)
         self.open = True
-        calls.SCOPE.push(self)
+        calls.push_scope(self)
         return rec[md.R_META]
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        calls.SCOPE.pop()
+        calls.pop_scope()
         rec = self.rec
         if rec is not None:
-            self.close()
+            if self.open:                 # no c10d collective inside took it
+                self.close()
             calls.finish_record(rec, None if exc is None else repr(exc))
         self.rec, self.open = None, False

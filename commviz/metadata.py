@@ -437,10 +437,20 @@ class GroupInfo:
 _GROUPS: dict[int, GroupInfo] = {}
 
 
-def group_info(group: Any = None) -> GroupInfo:
-    """The cached ``GroupInfo`` of ``group`` (``None`` means the world group)."""
+_dist: Any = None    # torch.distributed once group_info imported it (an import a call costs more)
+
+
+def _torch_distributed() -> Any:
+    global _dist
     import torch.distributed as dist
 
+    _dist = dist
+    return dist
+
+
+def group_info(group: Any = None) -> GroupInfo:
+    """The cached ``GroupInfo`` of ``group`` (``None`` means the world group)."""
+    dist = _dist or _torch_distributed()
     pg = dist.group.WORLD if group is None else group
     info = _GROUPS.get(id(pg))
     if info is not None and info.pg is pg:

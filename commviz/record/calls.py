@@ -49,6 +49,7 @@ _getframe = sys._getframe
 # Keys that cannot go into a profiler range (non-scalar values).
 _RANGE_SKIP = frozenset({md.GRAPH_NODES})
 _META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
+_FILE, _LINE, _SEQ, _EXTRA, _GRAPH = md.R_FILE, md.R_LINE, md.R_SEQ, md.R_EXTRA, md.R_GRAPH
 
 
 class Claim:
@@ -89,19 +90,24 @@ class _Scope(threading.local):
     """Per-thread stack of blocks whose c10d calls are not recorded on their own: commviz's
     own traffic (``unrecorded``: None) and ``annotate_collective`` blocks (a ``Claim``).
     Its depth and innermost block are mirrored in the boundary kernel's thread-locals
-    (``MIRROR``), which then handles a call inside without asking Python what is open."""
+    (``MIRROR``), which then handles a call inside without asking Python what is open.
+    ``push_scope`` and ``pop_scope`` change it: functions, as a method looked up on a
+    thread-local costs as much again as the change."""
 
     def __init__(self) -> None:
         self.stack: list[Claim | None] = []
 
-    def push(self, claim: Claim | None) -> None:
-        self.stack.append(claim)
-        MIRROR(len(self.stack), claim)
 
-    def pop(self) -> Claim | None:
-        claim = self.stack.pop()
-        MIRROR(len(self.stack), self.stack[-1] if self.stack else None)
-        return claim
+def push_scope(claim: Claim | None) -> None:
+    stack = SCOPE.stack
+    stack.append(claim)
+    MIRROR(len(stack), claim)
+
+
+def pop_scope() -> None:
+    stack = SCOPE.stack
+    stack.pop()
+    MIRROR(len(stack), stack[-1] if stack else None)
 
 
 def _unmirrored(depth: int, top: Claim | None) -> None:
@@ -117,10 +123,10 @@ class unrecorded:  # noqa: N801 - a context manager used like a function
     Their group's sequence numbers still advance, as torch's do."""
 
     def __enter__(self) -> None:
-        SCOPE.push(None)
+        push_scope(None)
 
     def __exit__(self, *exc: Any) -> None:
-        SCOPE.pop()
+        pop_scope()
 
 
 # -- the call site: the first frame outside torch and commviz ----------------------------------
@@ -155,7 +161,8 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
     frame = _getframe(depth)
     while frame is not None:
         code = frame.f_code
-        if not own_code(code):
+        skip = _skip_code.get(code)                 # own_code's cache, read here: one call less
+        if not (own_code(code) if skip is None else skip):
             return code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None, None
@@ -167,6 +174,8 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
 _origins: dict[tuple[Any, ...], tuple[dict[str, Any], bool]] = {}
 _merged: dict[tuple[Any, ...], dict[str, Any]] = {}
 Refresh = _origin.Refresh
+_NOTHING = Refresh.NOTHING        # read on every call: an enum member's lookup costs a call
+_PIPELINE = md.OriginKind.PIPELINE
 
 
 def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nbytes: int,
@@ -181,7 +190,8 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
     function's caller; ``count``: False where the call is only being looked at (``shape``:
     ``begin`` records it)."""
     if origin is None:
-        origin = _origin.NATIVE.current_origin() if _origin.NATIVE is not None else 0
+        native = _origin.NATIVE
+        origin = native.current_origin() if native is not None else 0
     # a p2p call's peer is part of its shape: one pipeline call site sends forward to the
     # next stage and backward to the previous one
     key = (origin, site, op, kind, numel, extra.get(md.PEER) if extra and kind == "p2p" else None)
@@ -202,21 +212,26 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
         keys = _origin.MICRO_BATCHES.keys(keys, frame)
     if kind != "collective":
         return dict(extra or {}, **keys), Refresh.MICROBATCH if batched else Refresh.NOTHING
-    content = (id(keys), *(extra.items() if extra else ()))
+    content = (id(keys), *extra.items()) if extra else (id(keys),)
     merged = _merged.get(content)
     if merged is None:
         merged = _merged[content] = dict(extra or {}, **keys)
-    return merged, Refresh.NOTHING
+    return merged, _NOTHING
 
 
 # -- open and finish ---------------------------------------------------------------------------
 
 class _Expanded(NamedTuple):
-    """An annotation shape's metadata at its start, expanded once (``md.expand`` and the
-    range's filter cost more than the rest of a block); a block copies it and sets its number."""
+    """An annotation call site's last shape, worked out once: the origin keys merged into its
+    extra and its metadata at its start, expanded (``with_origin``, ``md.expand`` and the
+    range's filter cost more than the rest of a block). A block of the same shape copies the
+    metadata and sets its number."""
 
     fields: list[Any]            # the compact record's fields before R_SEQ
-    extra: dict[str, Any] | None
+    given: dict[str, Any] | None  # the extra the block was given
+    origin: int                  # the thread's origin ranges id
+    steady: bool                 # the merged extra holds for every call of the shape
+    extra: dict[str, Any] | None  # merged: ``with_origin``'s
     numbered: bool               # whether the record had a sequence number (then a key)
     meta: dict[str, Any]
     args: dict[str, Any]         # the profiler range's: no None values, no graph nodes
@@ -231,30 +246,51 @@ def _range_args(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None}
 
 
-def _expand(rec: list[Any]) -> _Expanded:
-    """The expansion of an uncaptured annotation's shape, from the cache where it has it."""
-    site, fields, extra = (rec[md.R_FILE], rec[md.R_LINE]), rec[:md.R_SEQ], rec[md.R_EXTRA]
-    numbered = rec[md.R_SEQ] is not None
-    got = _expanded.get(site)
-    if (got is not None and got.numbered is numbered and got.fields == fields
-            and (got.extra is extra or got.extra == extra)):
-        return got
+def _expand(rec: list[Any], given: dict[str, Any] | None, origin: int, steady: bool
+            ) -> _Expanded:
+    """Expand an uncaptured annotation's shape and remember it for its call site."""
     meta = md.expand(rec)
-    got = _Expanded(fields, extra, numbered, meta, _range_args(meta), "commviz::" + rec[md.R_OP])
+    got = _Expanded(rec[:_SEQ], given, origin, steady, rec[_EXTRA], rec[_SEQ] is not None, meta,
+                    _range_args(meta), "commviz::" + rec[md.R_OP])
     if len(_expanded) >= _EXPANDED_LIMIT:
         _expanded.clear()
-    _expanded[site] = got
+    _expanded[rec[_FILE], rec[_LINE]] = got
     return got
 
 
-def _annotation(rec: list[Any]) -> dict[str, Any]:
-    """An annotation's metadata dict, and while a profiler runs its range, opened. A captured
-    one is expanded on its own (its graph and ordinal are its own)."""
-    shape = _expand(rec) if rec[md.R_GRAPH] is None else None
-    meta = rec[_META] = md.expand(rec) if shape is None else shape.meta.copy()
-    seq = rec[md.R_SEQ]
+def _repeated(rec: list[Any], site: tuple[str | None, int | None],
+              given: dict[str, Any] | None, origin: int) -> _Expanded | None:
+    """The site's last shape where this annotation repeats it, its origin keys included."""
+    shape = _expanded.get(site)
+    if (shape is None or not shape.steady or shape.origin != origin
+            or shape.numbered is (rec[_SEQ] is None) or shape.fields != rec[:_SEQ]
+            or (shape.given is not given and shape.given != given)):
+        return None
+    return shape
+
+
+def _annotation(rec: list[Any], site: tuple[str | None, int | None], shape: _Expanded | None,
+                given: dict[str, Any] | None, origin: int, steady: bool) -> dict[str, Any]:
+    """An annotation's metadata dict, and while a profiler runs its range, opened: a copy of
+    its shape's (``shape`` None: the site's last one where its record fields and merged extra
+    are this one's, else expanded now); a captured one is expanded on its own (its graph and
+    ordinal are its own)."""
+    seq = rec[_SEQ]
+    if rec[_GRAPH] is None:
+        if shape is None:
+            last = _expanded.get(site)
+            if (last is None or last.numbered is (seq is None) or last.fields != rec[:_SEQ]
+                    or (last.extra is not rec[_EXTRA] and last.extra != rec[_EXTRA])):
+                shape = _expand(rec, given, origin, steady)
+            else:                  # the same metadata, worked out under other origin ranges
+                shape = _expanded[site] = last._replace(given=given, origin=origin,
+                                                        steady=steady)
+        meta = shape.meta.copy()
+    else:
+        shape, meta = None, md.expand(rec)
     if seq is not None:
         meta[md.SEQ] = seq
+    rec[_META] = meta
     if _profiler_enabled():
         if shape is None:
             args, name = _range_args(meta), "commviz::" + rec[md.R_OP]
@@ -276,15 +312,30 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
     ``origin``: the boundary kernel's origin id (None: this thread's, read now);
     ``want_meta``: an annotation, whose caller gets the metadata dict (and, while a profiler
     runs, a range of its own: it has no c10d op event)."""
-    extra = with_origin(extra, op, kind, in_n, in_n * esize, site, origin, 2)[0]
     rec = [op, kind, info, in_n, out_n, dtype, esize, in_split, out_split, async_op,
-           site[0], site[1], info.my_rank, device, seq, extra, None, None, None,
+           site[0], site[1], info.my_rank, device, seq, None, None, None, None,
            None, None, None, None, None, None]
+    shape = None
+    if want_meta:                  # an annotation repeating its site's shape takes its extra
+        if origin is None:
+            native = _origin.NATIVE
+            origin = native.current_origin() if native is not None else 0
+        shape = _repeated(rec, site, extra, origin)
+    if shape is None:
+        given = extra
+        extra, refresh = with_origin(given, op, kind, in_n, in_n * esize, site, origin, 2)
+        # a collective's merged extra is shared per content; a pipeline's micro-batch is not
+        # in with_origin's answer for a collective, so its shapes are not kept
+        steady = want_meta and refresh is _NOTHING and kind == "collective" and not (
+            extra and extra.get(md.ORIGIN_KIND) == _PIPELINE)
+    else:
+        given, extra, steady = extra, shape.extra, True
+    rec[_EXTRA] = extra
     if device == "cuda" and _capture.capture_possible():
         # a synchronous call costs least (its nodes are worked out after capture); work the
         # stream does not wait for and user code are walked
         rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta)
-    meta = _annotation(rec) if want_meta else None
+    meta = _annotation(rec, site, shape, given, origin, steady) if want_meta else None
     recorder = _rec.RECORDER
     if recorder.enabled:           # journaled as the compact record: its shape, once per site
         recorder.append(rec if meta is None else meta, journaled=rec)
