@@ -85,6 +85,12 @@ CHUNK_OUTPUT = {("all_gather_into_tensor_coalesced", "allgather")}
 # its input, the root's scatter list as its output (torch 2.11, NCCL, 2 x H100); commviz, as
 # the profiler, says input = what is sent.
 SWAPPED_ON_NCCL = {"scatter"}
+# NCCL runs a barrier as an all_reduce of one Float zero (ProcessGroupNCCL::barrier: Flight
+# Recorder's "nccl:all_reduce_barrier", in 1, out 1, Float); the profiler's own keys for it
+# (its RECORD_PARAM_COMMS: "barrier", 0 in, 0 out, Byte) and commviz's record say what the
+# caller asked for, a barrier that sends nothing. (op commviz records, name Flight Recorder
+# gives it): the entry's own sizes and dtype, the record's
+NCCL_BARRIER = {("barrier", "allreducebarrier"): ((1, 1, "Float"), (0, 0, "Byte"))}
 # gloo runs the list reduce_scatter as one all_reduce per rank of the group, each numbered:
 # one commviz record stands for that many entries, each of the output's size.
 PER_RANK = {"reduce_scatter"}
@@ -192,6 +198,16 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
     """What a commviz record says differently from its Flight Recorder entry."""
     where = f"FR {e['group']}#{e['seq']} {e['name']}"
     out = []
+    if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
+        out.append(f"{where}: ranks {r['Process Group Ranks']} != {group['ranks']}")
+    barrier = NCCL_BARRIER.get((r["commviz.op"], _norm(e["name"])))
+    if barrier is not None:
+        entry, record = barrier
+        if (e["in"], e["out"], (e["dtypes"] or [None])[0]) != entry or \
+                (r["In msg nelems"], r["Out msg nelems"], r["dtype"]) != record:
+            out.append(f"{where}: not NCCL's barrier: entry {(e['in'], e['out'], e['dtypes'])}, "
+                       f"record {(r['In msg nelems'], r['Out msg nelems'], r['dtype'])}")
+        return out
     aliased = (r["commviz.op"], _norm(e["name"])) in BACKEND_ALIASES
     named = (r["commviz.op"], _norm(e["name"])) in NAME_ALIASES
     if not (aliased or named or _norm(r["commviz.op"]).startswith(_norm(e["name"]))):
@@ -211,8 +227,6 @@ def _differences(e: dict[str, Any], r: dict[str, Any], group: dict[str, Any] | N
                    f"{(e['in'], e['out'])}")
     if e["dtypes"] and r["dtype"] != e["dtypes"][0]:
         out.append(f"{where}: dtype {r['dtype']} != {e['dtypes'][0]}")
-    if group and group["ranks"] and eval_ranks(r["Process Group Ranks"]) != group["ranks"]:
-        out.append(f"{where}: ranks {r['Process Group Ranks']} != {group['ranks']}")
     return out
 
 

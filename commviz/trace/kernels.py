@@ -97,6 +97,11 @@ _KNOWN_COLLECTIVES = frozenset().union(*COLLECTIVES_FOR_KERNEL.values())
 # The NCCL dtype ProcessGroupNCCL hands a tensor of this dtype to (bytes, or the real part).
 _SENT_AS = {"Bool": "Byte", "ComplexFloat": "Float", "ComplexDouble": "Double",
             "ComplexHalf": "Half", "Float8_e4m3fn": "Byte", "Float8_e5m2": "Byte"}
+# NCCL builds its reductions' kernels for unsigned integers only and runs a signed integer's
+# reduction in the unsigned twin (src/device/generate.py, ``equivalent_primary``: an int64 sum
+# is ``ncclDevKernel_AllReduce_Sum_u64_...``; seen on 4 x H200, NCCL 2.28.9, where the
+# profiler's own keys on that kernel say dtype Long).
+_REDUCED_AS = {"Char": "Byte", "Int": "UInt32", "Long": "UInt64"}
 # Kernel reductions that can carry out a recorded reduce op other than their own name.
 _REDUCTION_FITS = {"avg": {"avg", "premul_sum", "sum"}, "premul_sum": {"premul_sum"}}
 
@@ -111,14 +116,18 @@ def incompatibility(kernel: NcclKernel, meta: dict[str, Any]) -> str | None:
     """Why ``kernel`` cannot be the collective whose metadata is ``meta`` (None: it can).
 
     NCCL 2.28 runs max, min and product in the kernel named ``..._Sum_...`` (seen on the
-    H200s, eager and graphed alike), so a sum kernel fits any reduction.
+    H200s, eager and graphed alike), so a sum kernel fits any reduction; a signed integer's
+    reduction runs in the unsigned type's kernel (``_REDUCED_AS``).
     """
     coll = meta.get("Collective name")
     if coll in _KNOWN_COLLECTIVES and not kernel.can_run(str(coll)):
         return f"a {kernel.collective} kernel cannot carry out {coll!r}"
-    dtype = meta.get("dtype")
+    # a barrier records no tensor (dtype Byte, as the profiler's keys): NCCL all-reduces one
+    # Float zero for it (ProcessGroupNCCL::barrier)
+    dtype = meta.get("dtype") if coll != "barrier" else None
+    reduced = _REDUCED_AS.get(dtype) if kernel.reduction is not None else None
     if kernel.dtype is not None and dtype is not None and kernel.dtype not in (
-            dtype, _SENT_AS.get(dtype)):
+            dtype, _SENT_AS.get(dtype), reduced):
         return f"kernel dtype {kernel.dtype} but the call's dtype is {dtype}"
     op, red = meta.get("commviz.reduce_op"), kernel.reduction
     if op and red and red != "sum" and red != op and red not in _REDUCTION_FITS.get(op, ()):
