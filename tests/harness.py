@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import sys
 import sysconfig
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
@@ -94,3 +96,14 @@ def torchrun(args: list[str], *, nproc: int = 2, timeout: float = 180,
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd or REPO)
+
+
+def script_module(name: str) -> ModuleType:
+    """``scripts/NAME.py`` loaded as a module (the scripts are no package): the GPU proofs'
+    checks run on CI's fixtures as they run on the GPU machine."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

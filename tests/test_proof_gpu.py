@@ -22,14 +22,14 @@ kernels are matched and compared with the eager step as the GPU test does.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from harness import script_module
 
 # the module's first test waits for every kept run's merge (22 runs, up to 4 ranks each)
 pytestmark = pytest.mark.timeout(900)
@@ -47,15 +47,6 @@ def _world(run: Path) -> int:
     import yaml
 
     return int(yaml.safe_load((run / "config.yaml").read_text())["job"]["nproc_per_node"])
-
-
-def _proof_module() -> Any:
-    path = HERE.parent / "scripts" / "gpu_proof.py"
-    spec = importlib.util.spec_from_file_location("gpu_proof", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +67,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("name", RUNS)
 def test_every_nccl_kernel_named_and_agreeing_with_torch(merged: Path, name: str) -> None:
-    proof = _proof_module()
+    proof = script_module("gpu_proof")
     twin = EAGER_TWIN.get(Path(name).name)
     row = proof.prove(merged / name, merged / Path(name).parent / twin if twin else None)
     assert row["kernels"] > 0 and row["named"] == row["kernels"], row

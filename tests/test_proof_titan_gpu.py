@@ -10,7 +10,6 @@ all-reduce of one Float, included).
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -20,21 +19,12 @@ from typing import Any
 
 import pytest
 
-from harness import run_ranks
+from harness import run_ranks, script_module
 
 HERE = Path(__file__).parent
 RUN = HERE / "fixtures" / "gpu" / "titan-fsdp-tp-4xh200"
 WORLD = 4
 EAGER = ("Collective name", "dtype", "In msg nelems", "Out msg nelems", "Process Group Name")
-
-
-def _proof_module() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_proof",
-                                                  HERE.parent / "scripts" / "gpu_proof.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def _profiler_kernels() -> dict[int, list[dict[str, Any]]]:
 
 
 def test_every_nccl_kernel_named_and_agreeing_with_torch(merged: Path) -> None:
-    proof = _proof_module()
+    proof = script_module("gpu_proof")
     row = proof.prove(merged, None)
     kernels = _profiler_kernels()
     assert row["kernels"] == sum(map(len, kernels.values())) and row["named"] == row["kernels"], row
