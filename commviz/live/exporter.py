@@ -1,5 +1,6 @@
 """``commviz exporter RUN_DIR [--address HOST:PORT]``: a Prometheus ``/metrics`` endpoint per
-node, fed by the node's ranks' journals while the job runs (docs/prometheus.md).
+node, fed by the node's ranks' journals while the job runs (docs/prometheus.md); on NCCL, by the
+GPU times of their ops too (``commviz.live.gpujoin``: a CUDA call waits up to its hold for them).
 
 It is a process of its own that only reads files the ranks write anyway: no rank waits on it,
 talks to it or knows it exists, so an exporter that dies, hangs, is killed or is scraped far
@@ -17,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from commviz.errors import CommvizError, ConfigError
 from commviz.live.address import LOOPBACK, parse_address
+from commviz.live.gpujoin import GpuJoin
 from commviz.live.metrics import ORIGINS, SERIES, Counts
 from commviz.live.tail import RunTail
 from commviz.merge.select import parse_ranks
@@ -42,6 +45,7 @@ class Exporter:
                  local: bool = False, origins: int = ORIGINS, series: int = SERIES) -> None:
         self.run_dir, self.interval = run_dir, interval
         self.tail = RunTail(run_dir, ranks)
+        self.gpu = GpuJoin(run_dir)
         self.host = socket.gethostname() if local else None
         self.counts = Counts(origins, series)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -53,16 +57,17 @@ class Exporter:
     def refresh(self) -> None:
         """Read what the ranks ended since the last refresh and render the metrics anew."""
         try:
-            calls = self.tail.poll()
+            calls = self.gpu.timed(self.tail.poll(), time.time_ns())
         except CommvizError as exc:
             self._say(str(exc))
             return
         headers = self.tail.headers
         for call in calls:
             if self.host is None or headers.get(call.rank, {}).get("host") == self.host:
-                self.counts.add(call)
+                self.counts.add(call, untimed=call.gpu_begin_ns < 0 and call.shape.device
+                                == "cuda" and self.gpu.follows(call.rank))
         self.counts.set_missed(self.tail.missed)
-        for line in self.tail.problems:
+        for line in self.tail.problems + self.gpu.problems:
             self._say(line)
         self.body = generate_latest(self.registry)
 

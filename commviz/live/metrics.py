@@ -5,6 +5,11 @@ label set (group, op, size, origin, rank):
 
 - ``commviz_collective_seconds``: histogram of the time each call took on the rank (its
   ``_count`` is the calls, its ``_sum`` the time spent in them: waiting for peers included);
+  on NCCL, where the rank's ops are timed (``commviz.live.gpujoin``), its ops' GPU seconds,
+  first start to last end: a CUDA call the plugin did not sample is in no bucket but in
+  ``commviz_collective_untimed_total`` (a mean per call from ``_sum / _count`` is then the timed
+  calls' mean);
+- ``commviz_collective_untimed_total``: CUDA calls of a rank with GPU times that got none;
 - ``commviz_collective_bytes_total``: the calls' sizes (``commviz.merge.bandwidth.size_bytes``);
 - ``commviz_collective_failed_total``: calls that raised (in no other family; a label set
   has it once one of its calls failed);
@@ -71,6 +76,7 @@ class _Series:
     seconds: float = 0.0
     nbytes: int = 0
     failed: int = 0
+    untimed: int = 0
 
 
 @dataclass(slots=True)
@@ -88,7 +94,9 @@ class Counts:
         self.max_origins, self.max_series = origins, series
         self._ranks: dict[int, _Rank] = {}
 
-    def add(self, call: Call) -> None:
+    def add(self, call: Call, untimed: bool = False) -> None:
+        """``untimed``: a CUDA call that should have had GPU times and has none (its bytes
+        counted, its time not: a launch is not its collective's time)."""
         shape = call.shape
         rank = self._ranks.setdefault(call.rank, _Rank())
         labels = self._labels(rank, call)
@@ -100,10 +108,15 @@ class Counts:
         if call.failed:
             series.failed += 1
             return
-        seconds = max(0, call.t_end_ns - call.t_begin_ns) / 1e9
+        series.nbytes += shape.size_bytes or 0
+        if untimed:
+            series.untimed += 1
+            return
+        begin, end = ((call.gpu_begin_ns, call.gpu_end_ns) if call.gpu_begin_ns >= 0
+                      else (call.t_begin_ns, call.t_end_ns))
+        seconds = max(0, end - begin) / 1e9
         series.buckets[_bucket(seconds)] += 1
         series.seconds += seconds
-        series.nbytes += shape.size_bytes or 0
 
     def set_missed(self, missed: dict[int, int]) -> None:
         """The tail's count of calls lost per rank (it only grows)."""
@@ -124,11 +137,15 @@ class Counts:
     def collect(self) -> Iterator[Metric]:
         seconds = HistogramMetricFamily(
             "commviz_collective_seconds", "Time each collective or p2p call took on the rank "
-            "(waiting for its peers included; on NCCL the launch)", labels=LABELS)
+            "(waiting for its peers included; on NCCL its ops' GPU time where timed, else the "
+            "launch)", labels=LABELS)
         nbytes = CounterMetricFamily(
             "commviz_collective_bytes", "Bytes of the calls (nccl-tests' size S)", labels=LABELS)
         failed = CounterMetricFamily(
             "commviz_collective_failed", "Calls that raised", labels=LABELS)
+        untimed = CounterMetricFamily(
+            "commviz_collective_untimed", "CUDA calls with no GPU time (not sampled by the NCCL "
+            "profiler plugin): in no histogram bucket", labels=LABELS)
         missed = CounterMetricFamily(
             "commviz_exporter_missed_calls", "Calls the rank's journal lost before the exporter "
             "read them", labels=("rank",))
@@ -142,8 +159,10 @@ class Counts:
                 nbytes.add_metric(labels, s.nbytes)
                 if s.failed:
                     failed.add_metric(labels, s.failed)
+                if s.untimed:
+                    untimed.add_metric(labels, s.untimed)
             missed.add_metric((str(number),), rank.missed)
-        yield from (seconds, nbytes, failed, missed)
+        yield from (seconds, nbytes, failed, untimed, missed)
 
 
 def _bucket(seconds: float) -> int:

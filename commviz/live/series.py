@@ -7,18 +7,21 @@ mid-line leaves a torn last line, which ``read`` skips and names; every earlier 
 whole). ``commviz report`` reads it back ("over the whole run"). ``commviz watch --once
 --format json`` prints the same object. Declared once (``WindowFile``); schema, version::
 
-    {"schema": "commviz.window", "version": 1, "watcher": "host:pid", "index": int,
-     "start_ns": int, "end_ns": int, "times": "cpu", "ranks": [int],
+    {"schema": "commviz.window", "version": 2, "watcher": "host:pid", "index": int,
+     "start_ns": int, "end_ns": int, "times": "cpu" | "gpu" | "mixed", "ranks": [int],
      "groups": [Row], "origins": [Row],        # the ROWS_KEPT with the most wait, + stragglers'
      "stragglers": [{"rank", "origin", "group", "group_label", "instances", "late_in",
                      "skew_ns", "cost_ns"}],
      "incomplete": int, "missed": [[rank, calls]], "problems": [str]}
     Row: {"group", "label", "origin" (null: the group's row), "seen", "size",
-          "window": Figures, "run": Figures}
-    Figures: {"instances", "calls", "comm_ns", "busbw_gbps", "skew_p50_ns", "skew_p99_ns",
+          "times": "cpu" | "gpu", "window": Figures, "run": Figures}
+    Figures: {"instances", "timed", "calls", "comm_ns", "busbw_gbps", "skew_p50_ns", "skew_p99_ns",
               "wait_ns"}
 
-``times``: "cpu": every time is the calls' CPU time (the always-on record has no GPU time).
+``times``, per row: "gpu" when the window's figures of the row are its NCCL ops' GPU times
+(from the ``timed`` instances among ``instances``: with sampling, the timed ones alone), "cpu"
+when they are the calls' CPU times; the line's: "gpu", "cpu" or "mixed" over its group rows.
+Version 2 added ``times`` per row and ``timed``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ ROWS_KEPT = 32                   # rows per kind a line keeps (by wait), besides
 class FiguresFile(TypedDict):
     __pydantic_config__ = STRICT  # type: ignore[misc]
     instances: int
+    timed: int
     calls: int
     comm_ns: int
     busbw_gbps: float | None
@@ -56,6 +60,7 @@ class RowFile(TypedDict):
     origin: str | None
     seen: int
     size: int
+    times: Literal["cpu", "gpu"]
     window: FiguresFile
     run: FiguresFile
 
@@ -77,12 +82,12 @@ class WindowFile(TypedDict):
 
     __pydantic_config__ = STRICT  # type: ignore[misc]
     schema: Literal["commviz.window"]
-    version: Literal[1]
+    version: Literal[2]
     watcher: str
     index: int
     start_ns: int
     end_ns: int
-    times: Literal["cpu"]
+    times: Literal["cpu", "gpu", "mixed"]
     ranks: list[int]
     groups: list[RowFile]
     origins: list[RowFile]
@@ -110,15 +115,22 @@ def _figures(f: Figures) -> FiguresFile:
 
 def _rows(rows: list[Row], keep: set[tuple[str, str | None]]) -> list[RowFile]:
     return [RowFile(group=r.group, label=r.label, origin=r.origin, seen=r.seen, size=r.size,
-                    window=_figures(r.window), run=_figures(r.run))
+                    times="gpu" if r.times == "gpu" else "cpu", window=_figures(r.window),
+                    run=_figures(r.run))
             for n, r in enumerate(rows) if n < ROWS_KEPT or (r.group, r.origin) in keep]
+
+
+def times_of(w: Window) -> Literal["cpu", "gpu", "mixed"]:
+    """Which times the window's group rows used: all CPU, all GPU, or some of each."""
+    used = {r.times for r in w.groups}
+    return "mixed" if len(used) > 1 else "gpu" if used == {"gpu"} else "cpu"
 
 
 def to_file(w: Window) -> WindowFile:
     keep = {(s.group, s.origin) for s in w.stragglers} | {(s.group, None) for s in w.stragglers}
     return WindowFile(
         schema=SCHEMA, version=VERSION, watcher=watcher_name(), index=w.index,
-        start_ns=w.start_ns, end_ns=w.end_ns, times="cpu", ranks=w.ranks,
+        start_ns=w.start_ns, end_ns=w.end_ns, times=times_of(w), ranks=w.ranks,
         groups=_rows(w.groups, keep), origins=_rows(w.origins, keep),
         stragglers=[StragglerFile(**s._asdict())  # type: ignore[typeddict-item]
                     for s in w.stragglers],

@@ -101,6 +101,18 @@ class Call(NamedTuple):
     t_end_ns: int
     failed: bool
     shape: Shape
+    gpu_begin_ns: int = -1           # its NCCL ops' GPU start and end on this clock; -1: none
+    gpu_end_ns: int = -1             # (``commviz.live.gpujoin`` sets them)
+
+    @classmethod
+    def of_record(cls, rank: int, ordinal: int, rec: dict[str, Any]) -> Call:
+        """A pickled record (``commviz_rank{R}.pkl``) as the call a journal would have given:
+        the window and the exporter take calls from either source through this one type."""
+        p2p = rec.get(md.KIND) == "p2p"
+        seq = rec.get(md.FR_P2P_SEQ if p2p else md.SEQ)
+        return cls(rank, ordinal, seq, rec.get(md.P2P_SEQ) if p2p else None,
+                   int(rec.get(md.T_BEGIN) or 0), int(rec.get(md.T_END) or 0),
+                   md.ERROR in rec, Shape.of(rec))
 
 
 class _Corrupt(Exception):

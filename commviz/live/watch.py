@@ -13,8 +13,11 @@ lists the late ranks.
 The watcher is a separate process that only reads the ranks' files: killed, hung or slow, it
 never touches a rank. It sees the ranks whose journals are in the run dir it reads: on a node
 with a node-local run dir, that node's ranks (docs/watch.md says what that means for groups
-spanning nodes). Times are the calls' CPU times, said as such: the always-on record has no GPU
-time (on NCCL a call's CPU time is its launch, and such calls get no comm time or late rank).
+spanning nodes). On NCCL, calls get their ops' GPU times from the ranks' GPU-time files
+(``commviz.live.gpujoin``): those rows' comm time, bus bandwidth, skew, wait and late rank are
+the GPU's, over the timed calls (the plugin samples 1 call in 4 by default; each row says how
+many of its instances were timed). gloo/CPU calls keep their CPU times; each row says which
+(untimed NCCL calls cover their launch: they get no comm time or late rank).
 
 Exit status: 0 (--once: also with late ranks named; 2 when the run dir cannot be read).
 """
@@ -36,6 +39,7 @@ from rich.text import Text
 
 from commviz.errors import CommvizError
 from commviz.live import series
+from commviz.live.gpujoin import GpuJoin
 from commviz.live.tail import RunTail
 from commviz.live.window import Figures, Row, Window, Windows
 from commviz.merge.select import format_ranks
@@ -43,7 +47,8 @@ from commviz.review.report import fmt_gbps, fmt_ns
 
 DEFAULT_INTERVAL_S = 5.0
 ROWS_SHOWN = 12
-CPU_NOTE = "CPU times of the calls (GPU time is not in the always-on record)"
+TIMES_NOTE = {"cpu": "CPU times of the calls", "gpu": "GPU times of the NCCL ops (timed: "
+              "instances with them, of all)", "mixed": "GPU times where a row says gpu, else CPU"}
 
 
 class Watcher:
@@ -54,18 +59,21 @@ class Watcher:
                  ranks: Callable[[], Collection[int]] | None = None) -> None:
         self.run_dir, self.keep, self.ranks = run_dir, keep, ranks
         self.tail = RunTail(run_dir)
+        self.gpu = GpuJoin(run_dir)
         self.windows = Windows()
         self.last_ns = time.time_ns()
         self.kept_error: str | None = None
 
-    def step(self, since_ns: int | None = None) -> Window:
+    def step(self, since_ns: int | None = None, final: bool = False) -> Window:
+        """``final``: hold no call back for GPU times still to come (a last or only window)."""
         if self.ranks is not None:
             self.tail.only = frozenset(self.ranks()) or None
-        self.windows.add(self.tail.poll())
+        calls = self.tail.poll()
         now = time.time_ns()
+        self.windows.add(self.gpu.timed(calls, now, final))
         start = self.last_ns if since_ns is None else since_ns
         window = self.windows.close(self.tail.readable, start, now, since_ns)
-        window.missed, window.problems = self.tail.missed, self.tail.problems
+        window.missed, window.problems = self.tail.missed, self.tail.problems + self.gpu.problems
         self.last_ns = now
         if self.keep and window.groups:
             try:
@@ -96,13 +104,13 @@ def _table(title: str, rows: list[Row], by_origin: bool) -> Table:
     table.add_column("group")
     if by_origin:
         table.add_column("origin")
-    for head in ("ranks", "calls", "comm", "busbw GB/s (run)", "skew p50 (run)",
+    for head in ("ranks", "times", "calls", "comm", "busbw GB/s (run)", "skew p50 (run)",
                  "skew p99 (run)", "wait (per instance: window vs run)"):
         table.add_column(head, justify="right")
     for r in rows[:ROWS_SHOWN]:
         w, run = r.window, r.run
         table.add_row(r.label, *([r.origin or "-"] if by_origin else []),
-                      f"{r.seen}/{r.size}", str(w.calls), fmt_ns(w.comm_ns),
+                      f"{r.seen}/{r.size}", _times(r), str(w.calls), fmt_ns(w.comm_ns),
                       _vs(fmt_gbps(w.busbw_gbps), fmt_gbps(run.busbw_gbps)),
                       _vs(fmt_ns(w.skew_p50_ns), fmt_ns(run.skew_p50_ns)),
                       _vs(fmt_ns(w.skew_p99_ns), fmt_ns(run.skew_p99_ns)),
@@ -112,6 +120,11 @@ def _table(title: str, rows: list[Row], by_origin: bool) -> Table:
     return table
 
 
+def _times(r: Row) -> str:
+    """"cpu", or "gpu timed/all" (instances)."""
+    return f"gpu {r.window.timed}/{r.window.instances}" if r.times == "gpu" else "cpu"
+
+
 def _per(f: Figures) -> str:
     return fmt_ns(f.wait_ns / f.instances) if f.instances else "-"
 
@@ -119,7 +132,7 @@ def _per(f: Figures) -> str:
 def render(run_dir: Path, w: Window) -> Group:
     seconds = (w.end_ns - w.start_ns) / 1e9
     head = Text(f"commviz watch {run_dir}: window {w.index} ({seconds:.1f} s), ranks "
-                f"{format_ranks(w.ranks) or 'none yet'}; {CPU_NOTE}")
+                f"{format_ranks(w.ranks) or 'none yet'}; {TIMES_NOTE[series.times_of(w)]}")
     parts: list = [head]
     if w.groups:
         parts += [_table("per process group", w.groups, False),
@@ -162,7 +175,7 @@ class WatchThread(threading.Thread):
         while not stopping:
             stopping = self._stop_event.wait(self.interval)
             try:            # once more when stopped: the job's last calls, in the files still open
-                w = self.watcher.step()
+                w = self.watcher.step(final=stopping)
             except (CommvizError, OSError) as exc:
                 self._once(f"commviz watch: {exc}")
                 continue
@@ -187,7 +200,8 @@ def summary_lines(w: Window) -> list[str]:
     f = top.window
     return [f"{top.label} ({top.seen}/{top.size} ranks): {f.calls} calls, skew p50 "
             f"{fmt_ns(f.skew_p50_ns)} p99 {fmt_ns(f.skew_p99_ns)} (run "
-            f"{fmt_ns(top.run.skew_p50_ns)}), busbw {fmt_gbps(f.busbw_gbps)} GB/s, wait {fmt_ns(f.wait_ns)}; CPU times",
+            f"{fmt_ns(top.run.skew_p50_ns)}), busbw {fmt_gbps(f.busbw_gbps)} GB/s, wait "
+            f"{fmt_ns(f.wait_ns)}; {_times(top)} times",
             *straggler_lines(w)]
 
 
@@ -200,7 +214,7 @@ def handler(args: argparse.Namespace) -> int:
     interval_ns = int(args.interval * 1e9)
     watcher = Watcher(run_dir, keep=not args.once)
     if args.once:
-        w = watcher.step(since_ns=time.time_ns() - interval_ns)
+        w = watcher.step(since_ns=time.time_ns() - interval_ns, final=True)
         if args.format == "json":
             sys.stdout.buffer.write(as_json(w) + b"\n")
         else:
@@ -230,7 +244,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.description = ("While a job runs: per process group and origin, calls, comm time, bus "
                      "bandwidth, arrival skew and wait, window by window, and the ranks late "
                      "persistently, with the origin they were late to and what it cost the "
-                     "others (from the always-on record: CPU times). Windows are kept in "
+                     "others (from the always-on record: CPU times; on NCCL, the ops' GPU times "
+                     "where the profiler plugin timed them). Windows are kept in "
                      "RUN_DIR/windows.jsonl for commviz report.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run dir the job records into")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",

@@ -18,8 +18,13 @@ only its own ranks, a group with ranks elsewhere is joined over those here: ``Ro
 how many of its ranks that is). Calls of an instance not complete yet are carried to the next
 window (``Calls.keep``).
 
-Times are the calls' CPU times (``t_begin``/``t_end`` of the record): GPU time is not in the
-always-on record, and a launch-only call gets no comm time, bandwidth, wait or late rank.
+Times are the calls' CPU times (``t_begin``/``t_end`` of the record), except where every call
+of an instance has its NCCL ops' GPU times (``Call.gpu_begin_ns``, ``commviz.live.gpujoin``):
+then arrivals, ends, skew, wait, comm time and the late rank are the GPU's (a late rank's
+kernel starts last; its peers wait inside their own kernels, so the arrival names it, not a
+kernel's length). Untimed launch-only instances (the plugin off, or a call it did not sample)
+get no comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
+no timed instance (``Instances.arrivals``).
 
 A *late rank* (``Straggler``) at an origin of a group is late persistently, not by one-off
 jitter: in the window it arrived last in at least ``LATE_SHARE`` of that origin's instances,
@@ -61,6 +66,7 @@ class Calls:
         self._content: dict[tuple, int] = {}
         self.rank, self.shape = array("i"), array("i")
         self.seq, self.begin, self.end = array("q"), array("q"), array("q")
+        self.gpu_begin, self.gpu_end = array("q"), array("q")
         self.failed = array("b")
 
     def __len__(self) -> int:
@@ -88,7 +94,7 @@ class Calls:
         calls = calls if isinstance(calls, list) else list(calls)
         if not calls:
             return
-        rank, _, seq, _, begin, end, failed, shapes = zip(*calls)
+        rank, _, seq, _, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
         index = list(map(self._index.get, shapes))
         if None in index:
             index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
@@ -99,6 +105,8 @@ class Calls:
         self.seq.extend(seq)
         self.begin.extend(begin)
         self.end.extend(end)
+        self.gpu_begin.extend(gpu_begin)
+        self.gpu_end.extend(gpu_end)
         self.failed.extend(failed)
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -115,7 +123,7 @@ class Calls:
 
 
 _COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("begin", np.int64),
-            ("end", np.int64), ("failed", np.int8))
+            ("end", np.int64), ("gpu_begin", np.int64), ("gpu_end", np.int64), ("failed", np.int8))
 
 
 class Group(NamedTuple):
@@ -146,10 +154,18 @@ class Instances:
     comm: np.ndarray             # ns; -1: none (launch only, failed)
     bus_bytes: np.ndarray        # size x bus factor where there is a bandwidth, else 0
     launch_only: np.ndarray
+    gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
 
     @property
     def skew(self) -> np.ndarray:
         return self.last_start - self.first_start
+
+    def arrivals(self) -> np.ndarray:
+        """The skews a row's figures are read from: those of instances with real arrivals
+        (GPU-timed, or CPU calls that are not launch only); all of them when there are none
+        (NCCL without GPU times: the launch skew, said as CPU times)."""
+        usable = ~self.launch_only
+        return self.skew[usable] if usable.any() else self.skew
 
     def take(self, mask: np.ndarray) -> Instances:
         return Instances(self.groups, self.origins, **{
@@ -160,7 +176,7 @@ class Instances:
 
 
 _INSTANCE_ARRAYS = ("group", "origin", "seq", "n", "first_start", "last_start", "last_end",
-                    "late_rank", "wait", "comm", "bus_bytes", "launch_only")
+                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu")
 
 
 @dataclass(slots=True)
@@ -219,9 +235,12 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     shape = c["shape"]
     group = table.group[shape] if len(shape) else np.zeros(0, np.int32)
     key = group.astype(np.int64) << 40 | c["seq"]
-    order = np.lexsort((c["rank"], c["begin"], key))
-    key, group = key[order], group[order]
-    begin, end, rank = c["begin"][order], c["end"][order], c["rank"][order]
+    gpu = _all_timed(key, c["gpu_begin"] >= 0)
+    begin = np.where(gpu, c["gpu_begin"], c["begin"])
+    end = np.where(gpu, c["gpu_end"], c["end"])
+    order = np.lexsort((c["rank"], begin, key))
+    key, group, gpu = key[order], group[order], gpu[order]
+    begin, end, rank = begin[order], end[order], c["rank"][order]
     shape = shape[order]
     if not len(key):
         return _empty(table), np.zeros(0, np.int64)
@@ -233,7 +252,9 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     per_call = np.repeat(complete, n)
     pending = order[~per_call]
     last_start = begin[lasts]
+    timed = gpu[starts]
     launch = np.maximum.reduceat(table.launch_only[shape].astype(np.int8), starts).astype(bool)
+    launch &= ~timed
     failed = np.maximum.reduceat(c["failed"][order], starts).astype(bool)
     waited = np.clip(np.minimum(np.repeat(last_start, n), end) - begin, 0, None)
     wait = np.where(launch, 0, np.add.reduceat(waited, starts))
@@ -245,15 +266,28 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
                      last_start=last_start, last_end=last_end, late_rank=rank[lasts], wait=wait,
-                     comm=comm, bus_bytes=bus, launch_only=launch)
+                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed)
     return inst.take(complete), pending if rows is None else rows[pending]
+
+
+def _all_timed(key: np.ndarray, timed: np.ndarray) -> np.ndarray:
+    """Per call: every call of its instance (``key``) has GPU times (one clock per instance)."""
+    if not timed.any():
+        return timed
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    n = np.diff(np.r_[starts, len(ordered)])
+    out = np.empty(len(key), bool)
+    out[order] = np.repeat(np.minimum.reduceat(timed[order].astype(np.int8), starts) > 0, n)
+    return out
 
 
 def _empty(table: _ShapeTable) -> Instances:
     z = np.zeros(0, np.int64)
     return Instances(table.groups, table.origins, group=z, origin=z, seq=z, n=z, first_start=z,
                      last_start=z, last_end=z, late_rank=z, wait=z, comm=z,
-                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool))
+                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool))
 
 
 # -- what a window says ---------------------------------------------------------------------------
@@ -263,6 +297,7 @@ class Totals:
     """One row's sums (a group, or an origin within a group), window or run so far."""
 
     instances: int = 0
+    timed: int = 0                   # of them, with GPU times
     calls: int = 0
     comm_ns: int = 0                 # over instances with a comm time
     bus_bytes: float = 0.0
@@ -273,12 +308,13 @@ class Totals:
     def add(self, inst: Instances) -> None:
         has_comm = inst.comm >= 0
         self.instances += len(inst)
+        self.timed += int(inst.gpu.sum())
         self.calls += int(inst.n.sum())
         self.comm_ns += int(inst.comm[has_comm].sum())
         self.bus_bytes += float(inst.bus_bytes.sum())
         self.bus_ns += int(inst.comm[inst.bus_bytes > 0].sum())
         self.wait_ns += int(inst.wait.sum())
-        self.skews += np.bincount(np.searchsorted(SKEW_BINS, inst.skew),
+        self.skews += np.bincount(np.searchsorted(SKEW_BINS, inst.arrivals()),
                                   minlength=len(SKEW_BINS) + 1)
 
     @property
@@ -350,6 +386,7 @@ class Figures(NamedTuple):
     """What a row says of a window, or of the run so far."""
 
     instances: int
+    timed: int                       # instances with GPU times (their figures are the GPU's)
     calls: int
     comm_ns: int
     busbw_gbps: float | None
@@ -365,7 +402,7 @@ def figures(t: Totals, skews: np.ndarray | None = None) -> Figures:
         p50, p99 = (int(ordered[max(0, int(np.ceil(q * len(ordered))) - 1)]) for q in (0.5, 0.99))
     else:
         p50, p99 = t.skew_ns(0.5), t.skew_ns(0.99)
-    return Figures(t.instances, t.calls, t.comm_ns, t.busbw_gbps, p50, p99, t.wait_ns)
+    return Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps, p50, p99, t.wait_ns)
 
 
 class Row(NamedTuple):
@@ -376,6 +413,7 @@ class Row(NamedTuple):
     origin: str | None
     seen: int                        # ranks of the group this reader sees
     size: int                        # ranks of the group
+    times: str                       # "gpu": the window's figures are GPU times, else "cpu"
     window: Figures
     run: Figures
 
@@ -470,7 +508,8 @@ class Windows:
             win.add(part)
             out.append(Row(group.name, group.label, origin,
                            sum(r in seen_set for r in group.ranks), len(group.ranks),
-                           figures(win, part.skew), figures(self.run[group.name, origin])))
+                           "gpu" if win.timed else "cpu", figures(win, part.arrivals()),
+                           figures(self.run[group.name, origin])))
         out.sort(key=lambda r: (-r.window.wait_ns, r.group, r.origin or ""))
         return out
 

@@ -11,7 +11,8 @@ into two tables and a plot:
 - ``plots/windows.png``: per window, the arrival skew (p50) of the origins with the most wait,
   the windows that named a late rank marked with the rank, and the wait per group.
 
-A run no watcher watched has no such file and no such section. Times are the calls' CPU times.
+A run no watcher watched has no such file and no such section. Times are the calls' CPU times,
+or on NCCL their ops' GPU times where the windows say so (``times``, per window and row).
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ def _late(w: series.WindowFile, fmt_ns: Fmt) -> str:
                      for s in w["stragglers"])
 
 
+def times_of(whole: WholeRun) -> str:
+    """Which times the windows used: "cpu", "gpu" or "mixed" (``series.times_of``, run-wide)."""
+    used = {w["times"] for w in whole.windows}
+    return used.pop() if len(used) == 1 else "mixed"
+
+
+_SAID = {"cpu": "CPU times of the calls", "gpu": "GPU times of the NCCL ops",
+         "mixed": "GPU times where a window's row says gpu, else CPU"}
+
+
 def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
     """The two tables (none without a kept series; one line when it cannot be read)."""
     try:
@@ -107,9 +118,9 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
         return []
     n = len(whole.windows)
     span = (whole.windows[-1]["end_ns"] - whole.t0) / 1e9
-    note = (f"{n} windows over {span:.0f} s kept by the watcher in {whole.path.name}; CPU times "
-            "of the calls; a late rank is last in three quarters of an origin's instances of a "
-            "window")
+    note = (f"{n} windows over {span:.0f} s kept by the watcher in {whole.path.name}; "
+            f"{_SAID[times_of(whole)]}; a late rank is last in three quarters of an origin's "
+            "instances of a window")
     downs = whole.slowdowns()
     began = Table(
         "Over the whole run: where each slowdown began",
@@ -152,7 +163,7 @@ def to_json(run_dir: Path) -> dict | None:
         return {"problem": str(exc)}
     if whole is None:
         return None
-    return {"windows": len(whole.windows), "times": "cpu", "notes": whole.notes,
+    return {"windows": len(whole.windows), "times": times_of(whole), "notes": whole.notes,
             "slowdowns": [{"rank": d.rank, "origin": d.origin, "group": d.group_label,
                            "began_window": d.began, "began_s": list(d.began_s),
                            "windows": d.windows, "skew_ns": int(statistics.median(d.skews)),
@@ -202,7 +213,7 @@ def plot_windows(run_dir: Path, plots_dir: Path) -> list[Path]:
     ax.margins(y=0.15)                      # room for the ranks' names above the circles
     ax.set_ylabel("arrival skew p50 per window (ms)")
     ax.set_title("Over the whole run: arrival skew per origin; late ranks circled, "
-                 "the window a slowdown began shaded (CPU times)", fontsize=9)
+                 f"the window a slowdown began shaded ({_SAID[times_of(whole)]})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     groups: dict[str, tuple[list[float], list[float]]] = {}
     for w in whole.windows:
