@@ -10,7 +10,6 @@ forward calls of the next step: each forward all_reduce names its block's row-pa
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -35,7 +35,7 @@ from typing_extensions import TypedDict
 
 from commviz.errors import SourceError
 from commviz.filetype import STRICT, FileType
-from commviz.live.window import Figures, Row, Straggler, Window
+from commviz.live.window import Figures, Row, Window
 
 NAME = "windows.jsonl"
 ROWS_KEPT = 32                   # rows per kind a line keeps (by wait), besides the stragglers'
