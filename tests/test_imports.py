@@ -47,7 +47,10 @@ def test_after_the_job_commands_import_no_torch(run: Path, tmp_path: Path) -> No
                  ["verify", str(tmp_path / "m.pftrace")],
                  ["report", str(run), "-o", str(tmp_path / "r.md"), "--no-plots"],
                  ["annotate", str(run / "trace_rank0.json.gz"), str(run / "commviz_rank0.pkl"),
-                  "-o", str(tmp_path / "a.pftrace")]):
+                  "-o", str(tmp_path / "a.pftrace")],
+                 ["merge", str(run)],       # into the run dir: its comm tables, which diff reads
+                 ["diff", str(run), str(run), "-o", str(tmp_path / "d.md"), "--format", "markdown"],
+                 ["watch", str(run), "--once", "--format", "json"], ["exporter", "--help"]):
         code = ("import sys\nfrom commviz.cli import main\ntry:\n    rc = main(%r)\n"
                 "except SystemExit as exc:\n    rc = exc.code\nprint(rc, 'torch' in sys.modules)"
                 % (argv,))
