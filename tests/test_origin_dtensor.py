@@ -4,11 +4,15 @@ Tensor-parallel blocks called in a loop issue the same all_reduce (call site, gr
 each block's forward; the backward of each block's ``to_local`` issues it once more, with no
 module around it. A shape's origin cached from that backward call must not stand in for the
 forward calls of the next step: each forward all_reduce names its block's row-parallel linear
-(``named_modules()``'s name), in every step. Real gloo ranks (``harness.run_ranks``).
+(``named_modules()``'s name), in every step. Outside any module, ``clip_grad_norm_`` makes the
+gradients' partial norm whole: named as that function, at the line that called it. Real gloo
+ranks (``harness.run_ranks``).
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections import Counter
 from typing import Any
 
@@ -47,8 +51,14 @@ def _job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
                       for r in commviz.RECORDER.records()[mark:]])
     rowwise = [name for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and name.endswith(".2")]
+    mark = len(commviz.RECORDER.records())
+    site = f"{os.path.basename(__file__)}:{inspect.currentframe().f_lineno + 1}"
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    clip = [{k: r.get(k) for k in ("commviz.origin", "commviz.origin_kind",
+                                   "commviz.origin_unit", "commviz.origin_phase")}
+            for r in commviz.RECORDER.records()[mark:]]
     commviz.flush()
-    return {"steps": steps, "rowwise": rowwise}
+    return {"steps": steps, "rowwise": rowwise, "clip": clip, "clip_site": site}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +78,17 @@ def test_each_forward_all_reduce_names_its_block_in_every_step(
                               and r["commviz.origin_phase"] == "P(sum) -> R"
                               and r["commviz.origin_unit"] is not None)
             assert forward == {name: 1 for name in out["rowwise"]}, forward
+
+
+def test_clip_grad_norm_names_the_gradient_norm(ranks: list[dict[str, Any]]) -> None:
+    """The sharded weights' gradient norm is partial over the TP mesh (``_NormP``): each
+    redistribute ``clip_grad_norm_`` makes is DTensor's, its unit the function, its line the
+    test's call."""
+    for out in ranks:
+        assert out["clip"], "clip_grad_norm_ recorded nothing"
+        for r in out["clip"]:
+            assert (r["commviz.origin_kind"], r["commviz.origin_unit"]) == (
+                "DTensor", "clip_grad_norm_"), r
+            assert r["commviz.origin_phase"].startswith("_NormP"), r
+            assert r["commviz.origin"].startswith(
+                f"DTensor clip_grad_norm_ ({out['clip_site']}): _NormP"), r

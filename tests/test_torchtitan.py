@@ -100,20 +100,21 @@ def test_dtensor_names_torchtitans_module(request: pytest.FixtureRequest, layout
     """Every DTensor redistribute names a module of torchtitan's tree, as it is written there
     (no ``_checkpoint_wrapped_module``), and one of the layers this rank holds, whatever range
     it was issued in (a pipeline action, FSDP's post-backward): forward, backward and
-    recompute alike. The only ones without a module are ``clip_grad_norm_``'s: once a step on
-    each mesh dimension the gradients' norm is partial over (FSDP and TP; TP alone with
-    pipelining)."""
+    recompute alike. The only ones outside a module are ``clip_grad_norm_``'s (torchtitan's,
+    by its name): once a step on each mesh dimension the gradients' norm is partial over (FSDP
+    and TP; TP alone with pipelining), at the trainer's line that calls it."""
     run: Titan = request.getfixturevalue(layout)
     for rank in range(WORLD):
         titan = run.titan[rank]
         modules = set(titan["modules"])
         held = {f"layers.{n}" for part in titan["layers"] for n in part}
         dtensor = [r for r in run.records[rank] if r[KIND] == "DTensor"]
-        unnamed = [r for r in dtensor if r.get(UNIT) is None]
-        assert len(unnamed) == STEPS * (2 if layout == "fsdp_tp" else 1), Counter(
-            r[ORIGIN] for r in unnamed)
-        assert all(r[PHASE].startswith("_NormP") for r in unnamed)
-        named = [r for r in dtensor if r.get(UNIT) is not None]
+        assert all(r.get(UNIT) is not None for r in dtensor)
+        norm = [r for r in dtensor if r[UNIT] == "clip_grad_norm_"]
+        assert len(norm) == STEPS * (2 if layout == "fsdp_tp" else 1), Counter(
+            r[ORIGIN] for r in norm)
+        assert all(r[PHASE].startswith("_NormP") and "(trainer.py:" in r[ORIGIN] for r in norm)
+        named = [r for r in dtensor if r[UNIT] != "clip_grad_norm_"]
         assert {r[UNIT] for r in named} <= modules, {r[UNIT] for r in named} - modules
         layers = {".".join(r[UNIT].split(".")[:2]) for r in named
                   if r[UNIT].startswith("layers.")}

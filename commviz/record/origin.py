@@ -13,7 +13,8 @@ So a record also names the unit of the model the call serves, in torch's own wor
   range (a redistribute inside FSDP's post-backward or a pipeline action is DTensor's): the
   module being called (forward, activation checkpointing's recompute), the one its autograd
   node was made in (backward), or the one whose gradient FSDP makes local; names as the user
-  wrote them (``layers.0.attention``, no ``_checkpoint_wrapped_module``);
+  wrote them (``layers.0.attention``, no ``_checkpoint_wrapped_module``); outside any module,
+  the gradient-norm function that makes a norm whole (``clip_grad_norm_``) and its caller;
 - pipelining, p2p transfers only: the stage, the action and micro-batch (``PP:3F0`` ranges of
   the multi-stage schedules and torch 2.11's ``PP:0SEND_F0``, ``Forward 1`` / ``Backward 1``
   of GPipe; 1F1B in torch 2.13 opens none: the batch's ``desc`` and the order of its
@@ -431,11 +432,30 @@ def _pipeline(names: list[str], frames: Frames, op: str, kind: str) -> Origin | 
 # module called around it
 _node_units = Names()
 
+# functions that take the norm of a model's gradients, torch's and a framework's of the same
+# name (torchtitan's ``clip_grad_norm_`` makes torch's total norm whole itself): a norm
+# partial over a mesh dimension is made whole in them, outside any module
+GRAD_NORM = frozenset({"clip_grad_norm_", "clip_grad_norm", "get_total_norm", "_get_total_norm",
+                       "clip_grads_with_norm_", "_clip_grads_with_norm_"})
 
-def _dtensor(frames: Frames) -> Origin:
+
+def _grad_norm(frame: FrameType | None, own: Callable[[CodeType], bool]
+               ) -> tuple[str, str | None] | None:
+    """The outermost gradient-norm function (``GRAD_NORM``) running at ``frame``, and the
+    line outside torch that called it."""
+    found = None
+    while frame is not None:
+        if frame.f_code.co_name in GRAD_NORM:
+            found = frame
+        frame = frame.f_back
+    return None if found is None else (found.f_code.co_name, _user_site(found.f_back, own))
+
+
+def _dtensor(frames: Frames, own: Callable[[CodeType], bool]) -> Origin:
     """A DTensor redistribute's origin: its placements and the module it serves: the module
     being called (forward, activation checkpointing's recompute), the one its autograd node
-    was made in (backward), or the one whose parameter's gradient FSDP makes local."""
+    was made in (backward), or the one whose parameter's gradient FSDP makes local; outside
+    any module, the gradient-norm function that makes a norm whole (``clip_grad_norm_``)."""
     loc = frames.redistribute.f_locals
     moved = f"{placements(loc.get('current_spec'))} -> {placements(loc.get('target_spec'))}"
     unit = module_name(frames.modules)
@@ -446,8 +466,13 @@ def _dtensor(frames: Frames) -> Origin:
             _node_units[frames.node] = unit
     if unit is None and frames.owner is not None:
         unit = _module_names.get(frames.owner) or type(frames.owner).__name__
+    if unit is None and (norm := _grad_norm(frames.redistribute.f_back, own)) is not None:
+        unit, at = norm
+        where = f" ({os.path.basename(at)})" if at else ""
+        return Origin(f"DTensor {unit}{where}: {moved} (grad norm)", md.OriginKind.DTENSOR,
+                      unit, moved, refresh=Refresh.ALL)
     # per call: layers called in a loop share call site and sizes, and so may a redistribute
-    # of no known module (a backward's to_local, clip_grad_norm_'s) and one inside a module
+    # of no known module (a backward's from_local) and one inside a module
     return Origin(f"DTensor {unit + ': ' if unit else ''}{moved}", md.OriginKind.DTENSOR,
                   unit, moved, refresh=Refresh.ALL)
 
@@ -571,7 +596,7 @@ def resolve(origin_id: int, op: str, kind: str, numel: int, nbytes: int,
     frames = read(frame, own)
     names = ranges(origin_id)
     # DTensor first: its redistribute names the module even inside FSDP's or a schedule's range
-    origin = None if frames.redistribute is None else _dtensor(frames)
+    origin = None if frames.redistribute is None else _dtensor(frames, own)
     if origin is None:
         origin = _fsdp(names, op)
     if origin is None and "deepspeed" in sys.modules:   # its units, from its frames
