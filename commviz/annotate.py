@@ -3,9 +3,8 @@
 Collectives that reach c10d are recorded where they enter it (``commviz.record.boundary``),
 whoever issues them. ``annotate_collective`` is for the rest: a custom kernel, a library that
 talks to the network itself. Its block gets one record (``commviz.record.calls``), a profiler
-range that names the record while a profiler runs (the match step gives the range the record's
-metadata after the job, as it gives a c10d call's event), and under CUDA graph capture the graph
-nodes it added. A c10d collective issued inside the block is that same call: it is not recorded again,
+range with the metadata while a profiler runs, and under CUDA graph capture the graph nodes it
+added. A c10d collective issued inside the block is that same call: it is not recorded again,
 and takes the annotation's sequence number.
 """
 

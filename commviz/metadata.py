@@ -80,10 +80,6 @@ MARK = "commviz.mark"            # commviz.mark label of a compute kernel ("oute
 MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 TID = "commviz.tid"              # the calling thread's OS id (the profiler trace's "tid")
-# What names one call on one rank, as its record and its ``commviz::<op>`` profiler range both
-# spell it: an annotation's range carries these alone (its op in its name), and the match step
-# pairs it with its record by them and gives it the record's other keys
-IDENTITY = (OP, PG_NAME, KIND, SEQ, P2P_SEQ, SRC, DST, PEERS)
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
 # where a call comes from (commviz.record.origin): one short string, its kind and unit
 ORIGIN = "commviz.origin"                # "FSDP forward all-gather (layers.0)", "train.py:88"

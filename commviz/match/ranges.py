@@ -4,14 +4,10 @@ A c10d call is the profiler's own ``c10d::<op>`` event: it opens before the boun
 reads the call's begin time and closes after it reads its end time, on the thread the record
 names (``commviz.tid``), so the innermost such event of the record's op on that thread that
 encloses ``[t_begin, t_end]`` is the call's. An annotation (and, in traces of commviz before
-2026-11-26, every call) is a ``commviz::<op>`` range: with ``record_shapes=True`` its args name
-its entry (``md.IDENTITY``: group, kind, sequence numbers; traces of commviz before 2026-11-28
-carry all of the entry's metadata), so the pair is found by identity, the op read off the
-range's name; without them, or where no entry has that identity (an ``annotate_collective``
-block that no c10d collective claimed takes its own number as it ends, after its range opened
-with the group's next one), only the op name and time are left, and two candidates that fit
-equally well leave the range unpaired rather than guessed. A paired range gets the entry's other
-keys (``commviz.match.cpu``).
+2026-11-26, every call) is a ``commviz::<op>`` range: with ``record_shapes=True`` its args are the
+entry's metadata, so the pair is found by identity (op, group, sequence numbers); without them
+only the op name and time are left, and two candidates that fit equally well leave the range
+unpaired rather than guessed.
 """
 
 from __future__ import annotations
@@ -28,11 +24,12 @@ from commviz.match.index import RANGE_PREFIX, Intervals, Span, TraceIndex
 # time.time_ns read the same wall clock through different conversions (measured: tens of ns).
 # Far below the time one wrapped call takes, so a neighbouring call never fits a range.
 TOLERANCE_NS = 5_000
+_IDENTITY_KEYS = (md.OP, md.PG_NAME, md.KIND, md.SEQ, md.P2P_SEQ, md.SRC, md.DST, md.PEERS)
 
 
 def identity(meta: dict[str, Any]) -> tuple[str, ...]:
     """What names one call on one rank, as both the record and the range's args spell it."""
-    return tuple(str(meta.get(k)) for k in md.IDENTITY)
+    return tuple(str(meta.get(k)) for k in _IDENTITY_KEYS)
 
 
 def _times(meta: dict[str, Any]) -> tuple[int, int] | None:
@@ -104,11 +101,6 @@ class Nearest:
         return self.entries[chosen][1]
 
 
-def _op(index: TraceIndex, span: Span) -> str:
-    """The op a ``commviz::<op>`` range names."""
-    return index.name(span.index)[len(RANGE_PREFIX):]
-
-
 def _encloses(span: Span, times: tuple[int, int], tol: int) -> bool:
     return span.start - tol <= times[0] and times[1] <= span.end + tol
 
@@ -125,13 +117,14 @@ def pair_ranges(index: TraceIndex, collectives: list[dict[str, Any]],
     timed: list[Span] = []
     for span in index.ranges:
         args = index.args(span.index)
-        if md.PG_NAME not in args:              # every record names its group
+        if md.OP not in args:
             timed.append(span)
             continue
-        found = by_identity.get(identity({**args, md.OP: _op(index, span)}))
+        found = by_identity.get(identity(args))
         pos = found.take(span.start) if found is not None else None
-        if pos is None:     # numbered otherwise since the range opened (a block no collective
-            timed.append(span)      # claimed numbers itself at its end), or not recorded
+        if pos is None:
+            result.unpaired.append((span, "no record entry with this range's op, group and "
+                                          "sequence number (recorder off or entry dropped?)"))
             continue
         times = _times(collectives[pos])
         if times is None or not _encloses(span, times, tol):
@@ -178,7 +171,7 @@ def _pair_by_time(index: TraceIndex, collectives: list[dict[str, Any]], spans: l
     for items in by_op.values():
         items.sort()
     for span in sorted(spans, key=lambda s: s.start):
-        op = _op(index, span)
+        op = index.name(span.index)[len(RANGE_PREFIX):]
         items = by_op.get(op, [])
         lo = bisect.bisect_left(items, (span.start - tol,))
         hi = bisect.bisect_right(items, (span.end + tol + 1,))

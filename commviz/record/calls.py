@@ -10,9 +10,8 @@ point-to-point work under capture), which build their record here, as
 ``open_record`` does, each only when it applies:
 - appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
 - for an annotation while a profiler runs, opens a ``commviz::<name>`` profiler range whose args
-  are the record's identity alone (``md.IDENTITY``: group, kind, number): each arg costs the
-  profiler about a µs, and the match step gives the range the record's other keys after the
-  job, as it gives a c10d call's ``c10d::<op>`` event its record's (paired by thread and time);
+  are the metadata (a c10d call has the profiler's own ``c10d::<op>`` event, which the match
+  step pairs with its record after the job, by thread and time);
 - under CUDA graph capture, starts the region that finds the call's graph nodes.
 
 Sequence numbers follow the backend's own (Flight Recorder's ``collective_seq_id``): one per
@@ -47,8 +46,8 @@ _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _time_ns = time.time_ns
 _getframe = sys._getframe
 
-# An annotation range's args: what names its record (its op is in the range's name)
-_RANGE_KEYS = tuple(k for k in md.IDENTITY if k != md.OP)
+# Keys that cannot go into a profiler range (non-scalar values).
+_RANGE_SKIP = frozenset({md.GRAPH_NODES})
 _META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
 _FILE, _LINE, _SEQ, _EXTRA, _GRAPH = md.R_FILE, md.R_LINE, md.R_SEQ, md.R_EXTRA, md.R_GRAPH
 
@@ -235,7 +234,7 @@ class _Expanded(NamedTuple):
     extra: dict[str, Any] | None  # merged: ``with_origin``'s
     numbered: bool               # whether the record had a sequence number (then a key)
     meta: dict[str, Any]
-    args: dict[str, Any]         # the profiler range's: its record's identity (``_range_args``)
+    args: dict[str, Any]         # the profiler range's: no None values, no graph nodes
     name: str                    # the range's
 
 
@@ -244,7 +243,7 @@ _EXPANDED_LIMIT = 4096           # shapes remembered before starting afresh
 
 
 def _range_args(meta: dict[str, Any]) -> dict[str, Any]:
-    return {k: meta[k] for k in _RANGE_KEYS if meta.get(k) is not None}
+    return {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None}
 
 
 def _expand(rec: list[Any], given: dict[str, Any] | None, origin: int, steady: bool

@@ -2,10 +2,10 @@
 
 Same habits as torch.profiler: pass ``schedule=``, call ``step()``; each ready trace is written
 as ``RUN_DIR/trace_rank{R}[_step{N}].json.gz`` beside the rank's record, which lists it.
-``record_shapes`` defaults to True because that is what makes the profiler keep the args that
-name an ``annotate_collective`` block's record on its ``commviz::<name>`` range (without them the
-match step pairs the range by time alone; a c10d call needs nothing of it: the match step pairs
-its record with the profiler's own ``c10d::<op>`` event after the job).
+``record_shapes`` defaults to True because that is what makes the profiler keep the metadata
+commviz attaches to an ``annotate_collective`` block's ``commviz::<name>`` range (a c10d call
+needs nothing of it: the match step pairs its record with the profiler's own ``c10d::<op>``
+event after the job).
 """
 
 from __future__ import annotations
