@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import run_ranks
+from harness import free_port, run_ranks
 
 
 def _job(rank: int, world: int, run_dir: str) -> None:
@@ -69,6 +69,26 @@ after = (torch.cuda.CUDAGraph.replay, torch.cuda.CUDAGraph.capture_begin,
 print(before == after and boundary.BOUNDARY.impl is None)
 """
     assert _python(code) == "True"
+
+
+def test_recording_imports_no_torch_module_the_job_did_not() -> None:
+    """A job's first recorded collective imported DTensor (0.7 s, and its ops registered) to
+    learn its redistribute's code: a job with commviz must load what it loads without."""
+    code = """
+import os, sys, tempfile
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="%d", RANK="0", WORLD_SIZE="1")
+import torch, torch.distributed as dist
+import commviz
+dist.init_process_group("gloo")
+commviz.start(tempfile.mkdtemp(), flush_interval=None)
+before = set(sys.modules)
+dist.all_reduce(torch.ones(4))
+dist.broadcast(torch.ones(4), 0)
+new = sorted(m for m in set(sys.modules) - before if m.startswith("torch"))
+dist.destroy_process_group()
+print(new)
+""" % free_port()
+    assert _python(code) == "[]"
 
 
 def test_the_api_stays_callable_whatever_was_imported_first() -> None:

@@ -41,6 +41,7 @@ call of their shape is not one). A
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import re
@@ -117,7 +118,6 @@ class _Places(NamedTuple):
 
     engine: str          # autograd's _engine_run_backward: a backward pass
     redistribute: str    # DTensor's redistribute_local_tensor
-    redistributing: tuple[CodeType, CodeType]   # DTensor's Redistribute.forward, .backward
     fsdp_param: str      # FSDP2's FSDPParam (a gradient made local: _get_grad_inner_tensor)
     schedules: str       # pipelining's schedules
     stage: str           # pipelining's stages
@@ -132,12 +132,9 @@ _places: _Places | None = None
 def _where() -> _Places:
     global _places
     if _places is None:
-        from torch.distributed.tensor._redistribute import Redistribute
-
         _places = _Places(
             _torch_path("autograd", "graph.py"),
             _torch_path("distributed", "tensor", "_redistribute.py"),
-            (Redistribute.forward.__code__, Redistribute.backward.__code__),
             _torch_path("distributed", "fsdp", "_fully_shard", "_fsdp_param.py"),
             _torch_path("distributed", "pipelining", "schedules.py"),
             _torch_path("distributed", "pipelining", "stage.py"),
@@ -145,6 +142,16 @@ def _where() -> _Places:
             _torch_path("nn", "modules", "module.py"),
             _torch_path("_functorch", "_aot_autograd", "runtime_wrappers.py"))
     return _places
+
+
+@functools.cache
+def _redistributing() -> tuple[CodeType, CodeType]:
+    """DTensor's ``Redistribute.forward`` and ``.backward``: asked only while a frame of its
+    module runs, so DTensor is never imported for a job that does not use it (importing it
+    takes 0.7 s and registers its ops)."""
+    from torch.distributed.tensor._redistribute import Redistribute
+
+    return Redistribute.forward.__code__, Redistribute.backward.__code__
 
 
 # -- the frames: one walk, reading only the frames that name a unit -----------------------------
@@ -205,9 +212,9 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool]) -> Frames:
         elif file == places.redistribute:
             if name == "redistribute_local_tensor":
                 redistribute = redistribute or frame
-            elif (code is places.redistributing[0] or code is places.redistributing[1]) \
-                    and node is None:
-                node, made = frame.f_locals.get("ctx"), code is places.redistributing[0]
+            elif node is None and ((forward := _redistributing()[0]) is code
+                                   or _redistributing()[1] is code):
+                node, made = frame.f_locals.get("ctx"), code is forward
         elif file == places.fsdp_param and name == "_get_grad_inner_tensor" and owner is None:
             owner = getattr(getattr(frame.f_locals.get("self"), "_module_info", None), "module",
                             None)
