@@ -3,8 +3,8 @@
 Collectives that reach c10d are recorded where they enter it (``commviz.record.boundary``),
 whoever issues them. ``annotate_collective`` is for the rest: a custom kernel, a library that
 talks to the network itself. Its block gets one record (``commviz.record.calls``), a profiler
-range with the metadata while a profiler runs, and under CUDA graph capture the graph nodes it
-added. A c10d collective issued inside the block is that same call: it is not recorded again,
+range while a profiler runs (``commviz::<name>``, given the record's metadata after the job by
+``commviz annotate`` and the merge), and under CUDA graph capture the graph nodes it added. A c10d collective issued inside the block is that same call: it is not recorded again,
 and takes the annotation's sequence number.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from commviz import metadata as md
 from commviz.capture import region  # noqa: F401 - connects the capture hand-off (its graph nodes)
-from commviz.record import calls
+from commviz.record import calls, capturing, origin
 
 # Keyword names of annotate_collective's **extra that map onto commviz keys.
 _EXTRA_KEYS = {
@@ -77,11 +77,6 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
         in_n, tensor = (inp.numel(), inp) if isinstance(inp, _Tensor) else _nelems(inp)
         out_n, out_tensor = ((in_n, tensor) if out is inp else
                              (out.numel(), out) if isinstance(out, _Tensor) else _nelems(out))
-        if self._extra:
-            kind, in_split, out_split, async_op, mapped = _mapped(name, self._extra)
-        else:
-            kind, in_split, out_split, async_op, mapped = (
-                "p2p" if name in _P2P else "collective", "[]", "[]", False, None)
         info = md.group_info(self._group)
         if not info.member:               # torch skips calls on groups this rank is not in
             self.rec, self.open = None, False
@@ -89,18 +84,43 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
             return {}
         first = tensor if tensor is not None else out_tensor
         if first is None:
-            dtype, esize, device = "Byte", 0, "cpu"
+            torch_dtype, device = None, "cpu"
         else:
-            dtype, esize = md.dtype_info(first.dtype)
+            torch_dtype = first.dtype
             device = "cpu" if first.is_cpu else "cuda" if first.is_cuda else first.device.type
-        # the number torch gives the next collective on the group; taken only if one runs
-        rec = self.rec = calls.open_record(
-            name, kind, info, in_n, out_n, dtype, esize, device, in_split, out_split, async_op,
-            mapped, calls.callsite(), info.last_seq + 1 if kind == "collective" else None,
-            want_meta=True)
-        self.open = True
+        site = calls.callsite()
+        if self._extra:
+            rec = self._open(name, info, in_n, out_n, torch_dtype, device, site)
+        else:
+            rec = key = None
+            # the number torch gives the next collective on the group; taken only if one runs
+            seq = None if name in _P2P else info.last_seq + 1
+            if not (device == "cuda" and capturing.capture_possible()):
+                native = origin.NATIVE
+                key = (site, native.current_origin() if native is not None else 0, name,
+                       id(info), in_n, out_n, torch_dtype, device, seq is None)
+                rec = calls.open_repeated(key, info, seq)
+            if rec is None:
+                rec = self._open(name, info, in_n, out_n, torch_dtype, device, site)
+                if key is not None:
+                    calls.remember(key, rec)
+        self.rec, self.open = rec, True
         calls.push_scope(self)
         return rec[md.R_META]
+
+    def _open(self, name: str, info: md.GroupInfo, in_n: int, out_n: int, torch_dtype: Any,
+              device: str, site: tuple[str | None, int | None]) -> list[Any]:
+        """The block's record the long way: its extras mapped, its shape worked out."""
+        if self._extra:
+            kind, in_split, out_split, async_op, mapped = _mapped(name, self._extra)
+        else:
+            kind, in_split, out_split, async_op, mapped = (
+                "p2p" if name in _P2P else "collective", "[]", "[]", False, None)
+        dtype, esize = ("Byte", 0) if torch_dtype is None else md.dtype_info(torch_dtype)
+        # the number torch gives the next collective on the group; taken only if one runs
+        seq = info.last_seq + 1 if kind == "collective" else None
+        return calls.open_record(name, kind, info, in_n, out_n, dtype, esize, device, in_split,
+                                 out_split, async_op, mapped, site, seq, want_meta=True)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         calls.pop_scope()

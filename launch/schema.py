@@ -183,7 +183,8 @@ class Profile(Strict):
     warmup: int = Field(1, ge=0, description="steps traced but discarded before each window")
     active: int = Field(2, ge=1, description="steps recorded per window")
     repeat: int = Field(1, ge=0, description="windows (0: until the steps end)")
-    record_shapes: bool = Field(True, description="keep op args: commviz's metadata needs it")
+    record_shapes: bool = Field(False, description="ops' input shapes in the traces (commviz "
+                                "needs none)")
     with_stack: bool = Field(False, description="Python stacks (large traces)")
 
 

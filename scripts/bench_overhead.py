@@ -46,7 +46,10 @@ compiled code reach it (``boxed``, the default, is how torch.distributed's funct
 FSDP reach it).
 
 What a variant adds (median) is the median over rounds of its time minus its base's in the
-same round (the order of the variants rotates each round), so a host's slow drift cancels out,
+same round (the variants run in a new random order each round, seeded: what a batch costs
+depends on the batch before it, most after a profiled one, whose profiler stop frees its
+events, so a fixed or merely rotated order gave each variant the same predecessor and a bias of
+its own, up to 5 us), so a host's slow drift cancels out,
 with a bootstrap 95% interval of that median; (min) compares the best rounds. Targets (thread
 CPU, median): recording on adds < 5 us and no more than Flight Recorder does; off < 0.5 us;
 under a running profiler, inside an annotate_collective block and per p2p call: <= 2 us; an
@@ -464,9 +467,10 @@ def timed(args: argparse.Namespace, names: list[str]) -> None:
     try:
         for name in variants:                                   # warm-up
             sides.time(name, 200)
-        for round_ in range(args.batches):
-            turn = round_ % len(variants)
-            for name in variants[turn:] + variants[:turn]:
+        order, shuffle = list(variants), random.Random(0).shuffle
+        for _ in range(args.batches):
+            shuffle(order)
+            for name in order:
                 results[name].append(sides.time(name, args.calls))
     finally:
         sides.close()

@@ -1,7 +1,9 @@
 """``annotate_collective``'s profiler ranges on real gloo ranks: one ``commviz::<name>`` range
-a block, its args the block's own metadata even where one line runs many blocks (a block's
-number and sizes are its own, not the line's first block's), checked against torch's Flight
-Recorder (number, elements, dtype) and the test program's own sizes and line."""
+a block, carrying no metadata of commviz's (every arg would cost the job about a µs);
+``commviz annotate TRACE RECORD`` gives each range its own block's metadata, paired by time, even
+where one line runs many blocks (a block's number and sizes are its own, not the line's first
+block's), checked against torch's Flight Recorder (number, elements, dtype) and the test
+program's own sizes and line."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 import commviz
 from commviz import metadata as md
+from commviz.cli import main
 from fr_compare import FR_ENV, snapshot
 from harness import run_ranks
 
@@ -36,12 +39,14 @@ def _job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
             pass                                      # no c10d call inside
     snap = snapshot()
     snap["line"] = line
+    commviz.RECORDER.flush()
     return snap
 
 
 def _ranges(path: Path, name: str) -> list[dict[str, Any]]:
     """The args of the trace's events called ``name``, in time order."""
-    with gzip.open(path, "rt") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
         events = json.load(f)["traceEvents"]
     return [e["args"] for e in sorted((e for e in events if e.get("name") == name),
                                       key=lambda e: e["ts"])]
@@ -51,7 +56,17 @@ def test_each_block_has_its_own_range_args(tmp_path: Path) -> None:
     snaps = run_ranks(_job, 2, str(tmp_path), env=FR_ENV)
     for rank, snap in enumerate(snaps):
         fr = [e for e in snap["fr"] if e["name"] == "gloo:all_reduce"]
-        ranges = _ranges(tmp_path / f"trace_rank{rank}.json.gz", "commviz::my_allreduce")
+        trace = tmp_path / f"trace_rank{rank}.json.gz"
+        blocks = [r for r in snap["records"] if r[md.OP] == "my_allreduce"]
+        # the bare trace: a range a block, none with a key of its record (the profiler's own
+        # args aside)
+        bare = _ranges(trace, "commviz::my_allreduce")
+        assert len(bare) == len(SIZES) and all(not set(a) & set(rec)
+                                               for a, rec in zip(bare, blocks))
+        annotated = tmp_path / f"annotated_rank{rank}.json"
+        assert main(["annotate", str(trace), str(tmp_path / f"commviz_rank{rank}.pkl"),
+                     "-o", str(annotated)]) == 0
+        ranges = _ranges(annotated, "commviz::my_allreduce")
         assert [e["in"] for e in fr] == list(SIZES)
         assert [a[md.IN_NELEMS] for a in ranges] == [a[md.OUT_NELEMS] for a in ranges] == \
             list(SIZES)
@@ -61,11 +76,9 @@ def test_each_block_has_its_own_range_args(tmp_path: Path) -> None:
         site = f"{__file__}:{snap['line']}"
         assert {(a[md.CALLSITE], a[md.RANK], a["note"]) for a in ranges} == \
             {(site, rank, "custom")}
-        # the range's args are the block's record, less what only the end knows
-        blocks = [r for r in snap["records"] if r[md.OP] == "my_allreduce"]
+        # the annotated range's args are the block's record, its times included
         assert len(blocks) == len(ranges)
         for args, rec in zip(ranges, blocks):
-            assert {k: args.get(k) for k in rec if k not in (md.T_BEGIN, md.T_END)} == \
-                {k: v for k, v in rec.items() if k not in (md.T_BEGIN, md.T_END)}
-        (gather,) = _ranges(tmp_path / f"trace_rank{rank}.json.gz", "commviz::all_gather")
+            assert {k: args.get(k) for k in rec} == rec
+        (gather,) = _ranges(annotated, "commviz::all_gather")
         assert (gather[md.IN_NELEMS], gather[md.OUT_NELEMS]) == (4, 8)

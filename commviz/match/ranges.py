@@ -3,11 +3,13 @@
 A c10d call is the profiler's own ``c10d::<op>`` event: it opens before the boundary kernel
 reads the call's begin time and closes after it reads its end time, on the thread the record
 names (``commviz.tid``), so the innermost such event of the record's op on that thread that
-encloses ``[t_begin, t_end]`` is the call's. An annotation (and, in traces of commviz before
-2026-11-26, every call) is a ``commviz::<op>`` range: with ``record_shapes=True`` its args are the
-entry's metadata, so the pair is found by identity (op, group, sequence numbers); without them
-only the op name and time are left, and two candidates that fit equally well leave the range
-unpaired rather than guessed.
+encloses ``[t_begin, t_end]`` is the call's. An ``annotate_collective`` block (and, in traces of
+commviz before 2026-11-26, every call) is a ``commviz::<op>`` range. Traces of commviz before
+2026-11-28 taken with ``record_shapes=True`` carry the entry's metadata as its args, so the pair
+is found by identity (op, group, sequence numbers); a range now carries no args (each cost the
+job about a µs), so only the op name and time are left: the entry of that op whose
+``[t_begin, t_end]`` the range encloses most tightly, and two candidates that fit equally well
+leave the range unpaired rather than guessed.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ point-to-point work under capture), which build their record here, as
 ``commviz.annotate_collective`` does for communication the user issues outside c10d.
 ``open_record`` does, each only when it applies:
 - appends the compact record (``commviz.metadata.R_*``) to this rank's recorder;
-- for an annotation while a profiler runs, opens a ``commviz::<name>`` profiler range whose args
-  are the metadata (a c10d call has the profiler's own ``c10d::<op>`` event, which the match
-  step pairs with its record after the job, by thread and time);
+- for an annotation while a profiler runs, opens a ``commviz::<name>`` profiler range with no
+  args: the match step pairs it with its record after the job by time (its record's
+  ``[t_begin, t_end]`` lies inside it), as it pairs a c10d call's own ``c10d::<op>`` event, and
+  gives it the record's metadata (``commviz annotate``, the merge). Each arg a range carried
+  would cost the job about a µs, as much again with a collective inside;
 - under CUDA graph capture, starts the region that finds the call's graph nodes.
 
 Sequence numbers follow the backend's own (Flight Recorder's ``collective_seq_id``): one per
@@ -46,8 +48,6 @@ _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 _time_ns = time.time_ns
 _getframe = sys._getframe
 
-# Keys that cannot go into a profiler range (non-scalar values).
-_RANGE_SKIP = frozenset({md.GRAPH_NODES})
 _META, _RANGE, _REGION = md.R_META, md.R_RANGE, md.R_REGION
 _FILE, _LINE, _SEQ, _EXTRA, _GRAPH = md.R_FILE, md.R_LINE, md.R_SEQ, md.R_EXTRA, md.R_GRAPH
 
@@ -234,16 +234,11 @@ class _Expanded(NamedTuple):
     extra: dict[str, Any] | None  # merged: ``with_origin``'s
     numbered: bool               # whether the record had a sequence number (then a key)
     meta: dict[str, Any]
-    args: dict[str, Any]         # the profiler range's: no None values, no graph nodes
-    name: str                    # the range's
+    name: str                    # the profiler range's
 
 
 _expanded: dict[tuple[str | None, int | None], _Expanded] = {}
 _EXPANDED_LIMIT = 4096           # shapes remembered before starting afresh
-
-
-def _range_args(meta: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in meta.items() if k not in _RANGE_SKIP and v is not None}
 
 
 def _expand(rec: list[Any], given: dict[str, Any] | None, origin: int, steady: bool
@@ -251,7 +246,7 @@ def _expand(rec: list[Any], given: dict[str, Any] | None, origin: int, steady: b
     """Expand an uncaptured annotation's shape and remember it for its call site."""
     meta = md.expand(rec)
     got = _Expanded(rec[:_SEQ], given, origin, steady, rec[_EXTRA], rec[_SEQ] is not None, meta,
-                    _range_args(meta), "commviz::" + rec[md.R_OP])
+                    "commviz::" + rec[md.R_OP])
     if len(_expanded) >= _EXPANDED_LIMIT:
         _expanded.clear()
     _expanded[rec[_FILE], rec[_LINE]] = got
@@ -292,15 +287,51 @@ def _annotation(rec: list[Any], site: tuple[str | None, int | None], shape: _Exp
         meta[md.SEQ] = seq
     rec[_META] = meta
     if _profiler_enabled():
-        if shape is None:
-            args, name = _range_args(meta), "commviz::" + rec[md.R_OP]
-        else:
-            args, name = shape.args.copy(), shape.name
-            if seq is not None:
-                args[md.SEQ] = seq
-        rng = rec[_RANGE] = _RecordFunctionFast(name, [], args)
+        rng = rec[_RANGE] = _RecordFunctionFast(
+            "commviz::" + rec[md.R_OP] if shape is None else shape.name)
         rng.__enter__()
     return meta
+
+
+# An annotation whose shape is known by the block's own terms (``annotate_collective``'s key:
+# call site, origin ranges, name, group's id, sizes, dtype, device, numbered or not; no extras) ->
+# its steady shape: a block repeating it opens its record without building and comparing the
+# shape's fields (``open_repeated``), a third of the block's own work
+_by_key: dict[tuple[Any, ...], _Expanded] = {}
+_TAIL = (None,) * (md.R_REGION - _EXTRA)        # a record's fields after its extra
+
+
+def open_repeated(key: tuple[Any, ...], info: md.GroupInfo, seq: int | None
+                  ) -> list[Any] | None:
+    """``open_record`` for an uncaptured annotation of a shape ``remember`` kept under ``key``
+    (None: none kept, or kept for another group that had the id ``info`` has now). The caller
+    leaves capture to ``open_record``."""
+    shape = _by_key.get(key)
+    if shape is None or shape.fields[md.R_INFO] is not info:
+        return None
+    rec = [*shape.fields, seq, shape.extra, *_TAIL]
+    meta = rec[_META] = shape.meta.copy()
+    if seq is not None:
+        meta[md.SEQ] = seq
+    if _profiler_enabled():
+        rng = rec[_RANGE] = _RecordFunctionFast(shape.name)
+        rng.__enter__()
+    recorder = _rec.RECORDER
+    if recorder.enabled:
+        recorder.append(meta, journaled=rec)
+    now = rec[md.R_T_BEGIN] = meta[md.T_BEGIN] = _time_ns()
+    return rec
+
+
+def remember(key: tuple[Any, ...], rec: list[Any]) -> None:
+    """After ``open_record`` opened an annotation: its shape under ``key``, where it is steady
+    (its merged extra holds for every call with its key)."""
+    shape = _expanded.get((rec[_FILE], rec[_LINE]))
+    if shape is not None and shape.steady and shape.fields == rec[:_SEQ] and \
+            shape.extra is rec[_EXTRA]:
+        if len(_by_key) >= _EXPANDED_LIMIT:
+            _by_key.clear()
+        _by_key[key] = shape
 
 
 def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, dtype: str,
@@ -358,8 +389,10 @@ def finish_record(rec: list[Any], error: str | None = None) -> None:
     meta[md.T_END] = now
     if error is not None:
         meta[md.ERROR] = error
-    if rec[_RANGE] is not None:
-        rec[_RANGE].__exit__(None, None, None)
+    rng = rec[_RANGE]
+    if rng is not None:            # closed and let go: a record outlives its range in the ring
+        rec[_RANGE] = None
+        rng.__exit__(None, None, None)
 
 
 # -- the boundary kernel's callbacks -----------------------------------------------------------

@@ -2,10 +2,9 @@
 
 Same habits as torch.profiler: pass ``schedule=``, call ``step()``; each ready trace is written
 as ``RUN_DIR/trace_rank{R}[_step{N}].json.gz`` beside the rank's record, which lists it.
-``record_shapes`` defaults to True because that is what makes the profiler keep the metadata
-commviz attaches to an ``annotate_collective`` block's ``commviz::<name>`` range (a c10d call
-needs nothing of it: the match step pairs its record with the profiler's own ``c10d::<op>``
-event after the job).
+``record_shapes`` defaults to False, as torch's does: commviz needs nothing of it (the match step
+pairs each record with the profiler's own ``c10d::<op>`` event, or an ``annotate_collective``
+block's ``commviz::<name>`` range, by thread and time after the job).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ def trace_handler(run_dir: str | os.PathLike[str] | None = None, *, stepped: boo
 
 
 def profile(run_dir: str | os.PathLike[str] | None = None, *, activities: Any = None,
-            schedule: Any = None, record_shapes: bool = True, with_stack: bool = False,
+            schedule: Any = None, record_shapes: bool = False, with_stack: bool = False,
             on_trace_ready: Callable[[Any], None] | None = None, **kwargs: Any) -> Any:
     """``torch.profiler.profile`` with commviz's trace export; CUDA activity added when present."""
     if activities is None:
