@@ -286,7 +286,7 @@ class Child:
         activities = [ProfilerActivity.CPU]
         if self.args.device == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        return profile(activities=activities, record_shapes=True)
+        return profile(activities=activities, record_shapes=False)
 
     def batch(self, variant: Variant, calls: int, clocks: dict[str, Callable[[], int]]
               ) -> dict[str, float]:

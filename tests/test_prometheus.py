@@ -332,6 +332,64 @@ def test_launch_serves_metrics_while_the_job_runs_and_stops_after(tmp_path: Path
         urllib.request.urlopen(url, timeout=5)
 
 
+def _exporter_pids(launch_pid: int) -> list[int]:
+    """The ``commviz exporter`` processes a launch started (its children, read from /proc)."""
+    found = []
+    for task in Path(f"/proc/{launch_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"exporter" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts: its parent, the killed launch, cannot reap
+    it; whoever inherited it does)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_the_exporter_leaves_when_its_launch_is_killed(tmp_path: Path):
+    """A launch killed by SIGKILL cannot stop its exporter: the exporter notices its parent is
+    gone and stops serving by itself (an orphan would hold the port for the next job)."""
+    port = free_port()
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "commviz", "launch", "--hang-after", "0",
+         "--set", "workload.steps=100000", "--set", "profile.enabled=false",
+         "--set", "output.merge=false", "--set", "output.report=false",
+         "--set", f"output.dir={tmp_path}", "--set", f"live.exporter={port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert launch.poll() is None and time.monotonic() < deadline
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        (exporter,) = _exporter_pids(launch.pid)
+        launch.send_signal(signal.SIGKILL)
+        launch.wait()
+        deadline = time.monotonic() + 15
+        while not _gone(exporter) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(exporter)
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(url, timeout=5)
+    finally:
+        try:
+            os.killpg(launch.pid, signal.SIGKILL)      # torchrun and its ranks, orphaned too
+        except ProcessLookupError:
+            pass
+
+
 def test_a_bad_exporter_address_is_one_error_naming_the_key():
     from commviz.errors import ConfigError
     from commviz.launch import config as C

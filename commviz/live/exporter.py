@@ -35,6 +35,7 @@ DEFAULT_PORT = 9464
 INTERVAL_S = 1.0
 REQUEST_TIMEOUT_S = 5.0
 NICENESS = 10
+PARENT_POLL_S = 1.0               # how soon it notices the launch is gone
 
 
 class Exporter:
@@ -116,10 +117,19 @@ class _Server(HTTPServer):
         pass                                 # a client gone mid-answer is its own business
 
 
+def _leave_with(parent: int, server: HTTPServer) -> None:
+    """Stop serving once process ``parent`` is no longer this one's parent (it ended, or was
+    killed: this process was handed to another)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    server.shutdown()
+
+
 def serve(run_dir: Path, address: str, interval: float = INTERVAL_S,
           ranks: list[int] | None = None, local: bool = False, origins: int = ORIGINS,
-          series: int = SERIES) -> None:
-    """Serve ``/metrics`` on ``address`` until killed (says where on stdout once bound)."""
+          series: int = SERIES, parent: int | None = None) -> None:
+    """Serve ``/metrics`` on ``address`` until killed, or until process ``parent`` is gone
+    (says where on stdout once bound)."""
     try:
         host, port = parse_address(address)
     except ValueError as exc:
@@ -138,6 +148,9 @@ def serve(run_dir: Path, address: str, interval: float = INTERVAL_S,
     print(f"commviz exporter: serving http://{host}:{bound[1]}/metrics for {run_dir}",
           flush=True)
     threading.Thread(target=exporter.follow, name="commviz-exporter-follow", daemon=True).start()
+    if parent is not None:
+        threading.Thread(target=_leave_with, args=(parent, server), name="commviz-exporter-parent",
+                         daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
@@ -163,6 +176,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help=f"origins per rank with a label of their own (default {ORIGINS})")
     p.add_argument("--series", type=int, default=SERIES,
                    help=f"label sets per rank before the overflow set (default {SERIES})")
+    p.add_argument("--parent", type=int, default=None, metavar="PID",
+                   help="stop when process PID (this one's parent: the launch) is gone")
     p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval,
                                         None if a.ranks is None else parse_ranks(a.ranks),
-                                        a.local, a.origins, a.series))
+                                        a.local, a.origins, a.series, a.parent))
