@@ -52,7 +52,8 @@ def _markdown(run_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Stage 1's forward made slow; every step profiled (so the traces hold every transfer)."""
+    """Stage 1's forward made slow; every step profiled (so the traces hold every transfer),
+    with shapes: the profiler's own args of each send and receive name its peer."""
     base = tmp_path_factory.mktemp("slow_stage")
     (base / "job.yaml").write_text(textwrap.dedent(f"""
         name: slow
@@ -64,7 +65,7 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Path:
           args: {{schedule: 1f1b, microbatches: {MICROBATCHES}, layers_per_stage: {LAYERS},
                   slow_rank: {SLOW}, sleep_s: {SLEEP_S}}}
           pythonpath: ["{JOBS}"]
-        profile: {{wait: 0, warmup: 0, active: {STEPS}, repeat: 1}}
+        profile: {{wait: 0, warmup: 0, active: {STEPS}, repeat: 1, record_shapes: true}}
         output: {{dir: "{base / 'out'}", run_name: run, report: false}}
         """))
     got = commviz_cli("launch", str(base / "job.yaml"), cwd=base)
