@@ -332,14 +332,18 @@ def test_launch_serves_metrics_while_the_job_runs_and_stops_after(tmp_path: Path
         urllib.request.urlopen(url, timeout=5)
 
 
-def _exporter_pids(launch_pid: int) -> list[int]:
-    """The ``commviz exporter`` processes a launch started (its children, read from /proc)."""
+def _children(pid: int) -> list[int]:
+    """``pid``'s child processes (read from /proc)."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid``'s descendants: torchrun's workers lead sessions of their own, out of reach of
+    a signal to the launch's process group."""
     found = []
-    for task in Path(f"/proc/{launch_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-            if b"exporter" in cmdline:
-                found.append(int(child))
+    for child in _children(pid):
+        found += [child, *_tree(child)]
     return found
 
 
@@ -356,25 +360,29 @@ def _gone(pid: int) -> bool:
 def test_the_exporter_leaves_when_its_launch_is_killed(tmp_path: Path):
     """A launch killed by SIGKILL cannot stop its exporter: the exporter notices its parent is
     gone and stops serving by itself (an orphan would hold the port for the next job)."""
+    tree: list[int] = []
     port = free_port()
     launch = subprocess.Popen(
         [sys.executable, "-m", "commviz", "launch", "--hang-after", "0",
          "--set", "workload.steps=100000", "--set", "profile.enabled=false",
          "--set", "output.merge=false", "--set", "output.report=false",
          "--set", f"output.dir={tmp_path}", "--set", f"live.exporter={port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
-        start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 120
-        while True:
+        while True:                            # until both ranks run (torchrun's workers exist)
             assert launch.poll() is None and time.monotonic() < deadline
             try:
-                with urllib.request.urlopen(url, timeout=5):
-                    break
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if 'rank="1"' in r.read().decode():
+                        break
             except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.2)
-        (exporter,) = _exporter_pids(launch.pid)
+                pass
+            time.sleep(0.2)
+        tree = _tree(launch.pid)
+        (exporter,) = [pid for pid in _children(launch.pid)
+                       if b"exporter" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
         launch.send_signal(signal.SIGKILL)
         launch.wait()
         deadline = time.monotonic() + 15
@@ -384,10 +392,14 @@ def test_the_exporter_leaves_when_its_launch_is_killed(tmp_path: Path):
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(url, timeout=5)
     finally:
-        try:
-            os.killpg(launch.pid, signal.SIGKILL)      # torchrun and its ranks, orphaned too
-        except ProcessLookupError:
-            pass
+        if launch.poll() is None:
+            tree = _tree(launch.pid)
+            launch.kill()
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)          # torchrun and its ranks, orphaned too
+            except ProcessLookupError:
+                pass
 
 
 def test_a_bad_exporter_address_is_one_error_naming_the_key():
