@@ -1,5 +1,5 @@
 """``commviz diff`` on real gloo runs of one program (``_job``): a baseline, a rerun of it with
-nothing changed, a run where one call's message is four times as large and one rank sleeps before
+nothing changed, a run where one call's message is 32 times as large and one rank sleeps before
 another call every step, and a 4-rank run that makes its groups in the other order and runs
 fewer steps. What diff must say follows from the program itself: which line's call changed
 (its origin is that line), which rank slept, how many calls each line makes per step, which
@@ -24,10 +24,12 @@ from harness import run_ranks
 
 pytestmark = pytest.mark.slow
 
-BIG = 1 << 22                    # floats in the message the changed run makes GROW times larger
-# (16 MiB): A and B run minutes apart while the other test worker's jobs come and go, which moves
-# a gloo all_reduce's time by up to half; a doubled message was lost in that once on CI's 2 cores.
-GROW = 4
+# Floats in the message the changed run makes GROW times larger. A and B run minutes apart while
+# the other test worker's jobs come and go, which moves a gloo all_reduce's time by up to half:
+# A's message is small (1 MiB, a ms or two a step: whatever the load, an unchanged rerun moves it
+# by less than the noise floor; 16 MiB once moved 10 ms) and B's large (32 MiB: 16 MiB doubled was
+# once lost in the load on CI's 2 cores).
+BIG, GROW = 1 << 18, 32
 LATE_RANK, LATE_S = 1, 0.05      # the rank that sleeps, before the world all_reduce, each step
 STEPS = 16
 # Gloo ranks sharing two busy cores jitter by milliseconds a step (GPU jobs by microseconds):
