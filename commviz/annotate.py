@@ -4,8 +4,9 @@ Collectives that reach c10d are recorded where they enter it (``commviz.record.b
 whoever issues them. ``annotate_collective`` is for the rest: a custom kernel, a library that
 talks to the network itself. Its block gets one record (``commviz.record.calls``), a profiler
 range while a profiler runs (``commviz::<name>``, given the record's metadata after the job by
-``commviz annotate`` and the merge), and under CUDA graph capture the graph nodes it added. A c10d collective issued inside the block is that same call: it is not recorded again,
-and takes the annotation's sequence number.
+``commviz annotate`` and the merge), and under CUDA graph capture the graph nodes it added. A
+c10d collective issued inside the block is that same call: it is not recorded again, and takes
+the annotation's sequence number.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
             rec = self._open(name, info, in_n, out_n, torch_dtype, device, site)
         else:
             rec = key = None
-            # the number torch gives the next collective on the group; taken only if one runs
-            seq = None if name in _P2P else info.last_seq + 1
+            seq = None if name in _P2P else info.last_seq + 1     # as ``_open`` numbers it
             if not (device == "cuda" and capturing.capture_possible()):
                 native = origin.NATIVE
                 key = (site, native.current_origin() if native is not None else 0, name,

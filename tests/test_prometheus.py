@@ -303,17 +303,25 @@ def test_prometheus_names_nobody_in_a_healthy_run(live_job):
     assert prom.ever(FIRING, start, end + 3) == []
 
 
+def _launch_with_exporter(run_root: Path, port: int, steps: int, **popen: Any
+                          ) -> subprocess.Popen:
+    """``commviz launch`` of the default job (no profiler, no merge, no report) with its
+    exporter on ``port``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "commviz", "launch", "--hang-after", "0",
+         "--set", f"workload.steps={steps}", "--set", "profile.enabled=false",
+         "--set", "output.merge=false", "--set", "output.report=false",
+         "--set", f"output.dir={run_root}", "--set", f"live.exporter={port}"],
+        cwd=run_root, **popen)
+
+
 @pytest.mark.slow
 def test_launch_serves_metrics_while_the_job_runs_and_stops_after(tmp_path: Path):
     """``live.exporter``: the launch's exporter serves the job's ranks while torchrun runs and
     is gone when the launch returns."""
     port = free_port()
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "commviz", "launch", "--hang-after", "0",
-         "--set", "workload.steps=800", "--set", "profile.enabled=false",
-         "--set", "output.merge=false", "--set", "output.report=false",
-         "--set", f"output.dir={tmp_path}", "--set", f"live.exporter={port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    launch = _launch_with_exporter(tmp_path, port, 800, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     seen: set[str] = set()
     while launch.poll() is None:
@@ -362,12 +370,8 @@ def test_the_exporter_leaves_when_its_launch_is_killed(tmp_path: Path):
     gone and stops serving by itself (an orphan would hold the port for the next job)."""
     tree: list[int] = []
     port = free_port()
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "commviz", "launch", "--hang-after", "0",
-         "--set", "workload.steps=100000", "--set", "profile.enabled=false",
-         "--set", "output.merge=false", "--set", "output.report=false",
-         "--set", f"output.dir={tmp_path}", "--set", f"live.exporter={port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    launch = _launch_with_exporter(tmp_path, port, 100_000, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 120

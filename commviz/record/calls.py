@@ -287,10 +287,24 @@ def _annotation(rec: list[Any], site: tuple[str | None, int | None], shape: _Exp
         meta[md.SEQ] = seq
     rec[_META] = meta
     if _profiler_enabled():
-        rng = rec[_RANGE] = _RecordFunctionFast(
-            "commviz::" + rec[md.R_OP] if shape is None else shape.name)
-        rng.__enter__()
+        _open_range(rec, "commviz::" + rec[md.R_OP] if shape is None else shape.name)
     return meta
+
+
+def _open_range(rec: list[Any], name: str) -> None:
+    rng = rec[_RANGE] = _RecordFunctionFast(name)
+    rng.__enter__()
+
+
+def _begin(rec: list[Any], meta: dict[str, Any] | None) -> None:
+    """Opening's last steps: the recorder's entry (an annotation's is its metadata dict,
+    journaled as the compact record), then the begin time."""
+    recorder = _rec.RECORDER
+    if recorder.enabled:           # journaled as the compact record: its shape, once per site
+        recorder.append(rec if meta is None else meta, journaled=rec)
+    now = rec[md.R_T_BEGIN] = _time_ns()
+    if meta is not None:
+        meta[md.T_BEGIN] = now
 
 
 # An annotation whose shape is known by the block's own terms (``annotate_collective``'s key:
@@ -314,12 +328,8 @@ def open_repeated(key: tuple[Any, ...], info: md.GroupInfo, seq: int | None
     if seq is not None:
         meta[md.SEQ] = seq
     if _profiler_enabled():
-        rng = rec[_RANGE] = _RecordFunctionFast(shape.name)
-        rng.__enter__()
-    recorder = _rec.RECORDER
-    if recorder.enabled:
-        recorder.append(meta, journaled=rec)
-    now = rec[md.R_T_BEGIN] = meta[md.T_BEGIN] = _time_ns()
+        _open_range(rec, shape.name)
+    _begin(rec, meta)
     return rec
 
 
@@ -366,13 +376,7 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
         # a synchronous call costs least (its nodes are worked out after capture); work the
         # stream does not wait for and user code are walked
         rec[_REGION] = _capture.enter(rec, walk=async_op or want_meta)
-    meta = _annotation(rec, site, shape, given, origin, steady) if want_meta else None
-    recorder = _rec.RECORDER
-    if recorder.enabled:           # journaled as the compact record: its shape, once per site
-        recorder.append(rec if meta is None else meta, journaled=rec)
-    now = rec[md.R_T_BEGIN] = _time_ns()
-    if meta is not None:
-        meta[md.T_BEGIN] = now
+    _begin(rec, _annotation(rec, site, shape, given, origin, steady) if want_meta else None)
     return rec
 
 
@@ -389,10 +393,8 @@ def finish_record(rec: list[Any], error: str | None = None) -> None:
     meta[md.T_END] = now
     if error is not None:
         meta[md.ERROR] = error
-    rng = rec[_RANGE]
-    if rng is not None:            # closed and let go: a record outlives its range in the ring
-        rec[_RANGE] = None
-        rng.__exit__(None, None, None)
+    if rec[_RANGE] is not None:
+        rec[_RANGE].__exit__(None, None, None)
 
 
 # -- the boundary kernel's callbacks -----------------------------------------------------------
