@@ -95,7 +95,10 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
         else:
             rec = key = None
             seq = None if name in _P2P else info.last_seq + 1     # as ``_open`` numbers it
-            if not (device == "cuda" and capturing.capture_possible()):
+            # a CUDA block is captured only where its stream is (without commviz's capture
+            # hooks in, any capture may be open: ask the stream, not the long path)
+            if not (device == "cuda" and capturing.capture_possible()
+                    and capturing.capturing_here()):
                 native = origin.NATIVE
                 key = (site, native.current_origin() if native is not None else 0, name,
                        id(info), in_n, out_n, torch_dtype, device, seq is None)

@@ -64,8 +64,10 @@ def enter(rec: list[Any], walk: bool) -> Any:
     """Start a collective's region if the current stream is capturing; returns the token for
     ``exit`` (None: not capturing, or nothing to find)."""
     try:
+        if not _capturing():        # the common case, one cheap query (a probe costs µs)
+            return None
         if not walk:
-            return SYNC if _capturing() else None
+            return SYNC
         info = probe()
         if info is None:
             return None
@@ -97,5 +99,5 @@ def exit(token: Any, rec: list[Any]) -> None:  # noqa: A001 - mirrors __exit__
         graphs.warn_once("could not find the captured nodes of a collective", exc)
 
 
-capturing.connect(capture_possible=hooks.capture_possible, installed=hooks.installed,
-                  enter=enter, exit=exit)
+capturing.connect(capture_possible=hooks.capture_possible, capturing_here=_capturing,
+                  installed=hooks.installed, enter=enter, exit=exit)

@@ -25,6 +25,11 @@ def capture_possible() -> bool:
     return False
 
 
+def capturing_here() -> bool:
+    """Whether the current stream is capturing now (one cheap CUDA query, once connected)."""
+    return False
+
+
 def installed() -> bool:
     """Whether the ``torch.cuda.CUDAGraph`` hooks are in: the boundary kernel then records a
     synchronous captured call natively, for the hooks to place at the capture's end."""
@@ -52,10 +57,10 @@ def changed() -> None:
     NOTIFY(capture_possible())
 
 
-def connect(*, capture_possible: Callable[[], bool], installed: Callable[[], bool],
-            enter: Callable[[list[Any], bool], Any],
+def connect(*, capture_possible: Callable[[], bool], capturing_here: Callable[[], bool],
+            installed: Callable[[], bool], enter: Callable[[list[Any], bool], Any],
             exit: Callable[[Any, list[Any]], None]) -> None:  # noqa: A002
     """The capture code's entries, in place of the defaults above."""
-    globals().update(capture_possible=capture_possible, installed=installed, enter=enter,
-                     exit=exit)
+    globals().update(capture_possible=capture_possible, capturing_here=capturing_here,
+                     installed=installed, enter=enter, exit=exit)
     changed()
