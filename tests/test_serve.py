@@ -156,7 +156,8 @@ def test_the_live_pages_name_the_late_rank_and_its_line(job: Job, browser: Any):
     page, errors = _open(browser, job.url + "/")
     named = _late_in(page)
     assert job.launch.poll() is None, "the job ended before the page named a late rank"
-    assert [(r, o) for r, o, _ in named] == [(rank, line)]
+    # the costliest first (on a loaded machine a window may also name a brief other)
+    assert named[0][:2] == (rank, line)
     assert f"LATE: rank {rank} to {line} in default_pg" in named[0][2]
     assert page.query_selector_all("#commviz-live svg polyline")      # the windows' plots
     assert not errors, errors
@@ -167,7 +168,7 @@ def test_the_live_pages_name_the_late_rank_and_its_line(job: Job, browser: Any):
         assert time.monotonic() < end, "torch's debug server never answered"
         time.sleep(0.5)
     torch_page, _ = _open(browser, torch_url)
-    assert [(r, o) for r, o, _ in _late_in(torch_page)] == [(rank, line)]
+    assert _late_in(torch_page)[0][:2] == (rank, line)
     links = [a.get_attribute("href") for a in torch_page.query_selector_all(".cv-late a")]
     assert any(h.startswith("/stacks") and f"Rank%20{rank}%3A" in h for h in links), links
     assert torch_page.query_selector('nav a[href="/commviz"]') is not None
@@ -213,7 +214,7 @@ def test_after_the_job_the_page_shows_the_report_plots_and_timeline(job: Job, br
     assert page.inner_text(".report h1").startswith("commviz report:")
     assert "with a straggler" in page.inner_text(".report h1")
     whole = page.inner_text("body")
-    assert f"late ranks named in some window: rank {rank} to {line}" in whole
+    assert f"late ranks, the most often named first: rank {rank} to {line} (" in whole
     # the merged trace, for the Perfetto UI: the bytes the button hands over
     assert page.query_selector("#perfetto") is not None
     got = page.evaluate("fetch('/files/merged.pftrace').then(r => r.arrayBuffer())"
@@ -274,3 +275,40 @@ def test_paths_outside_the_run_dir_are_404_and_nothing_writes(site: str):
         assert _status(site, path) == 404, path
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         assert _status(site, "/files/report.md", method) == 501, method
+
+
+# -- the handler for torch's debug server, in process -------------------------------------------
+
+def test_the_handler_is_a_torch_debug_page_that_travels_to_its_frontend(tmp_path: Path):
+    import pickle
+
+    from torch.distributed.debug._frontend import DebugHandler
+
+    import commviz
+
+    handler = commviz.debug_handler(tmp_path)
+    assert isinstance(handler, DebugHandler)
+    assert [r.path for r in handler.routes()] == ["/commviz", "/commviz/live"]
+    assert [(n.path, n.label) for n in handler.nav_links()] == [("/commviz", "commviz")]
+    assert "commviz.html" in handler.templates()
+    assert handler.dump() is None                 # no window yet: nothing in the dumps
+    assert handler.live().panel.state == "waiting"
+    handler.live().stop()
+    copy = pickle.loads(pickle.dumps(handler))    # torch may spawn its frontend
+    assert copy.run_dir == tmp_path and copy._live is None
+
+
+def test_without_torchs_debug_server_the_handler_says_so(tmp_path: Path, monkeypatch, capsys):
+    """As on a torch whose ``torch.distributed.debug`` lacks the frontend: one error naming
+    torch and the way out; the launch's rank 0 says it and the job goes on."""
+    from commviz.errors import CommvizError
+    from commviz.serve import debug
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.debug._frontend", None)
+    monkeypatch.delitem(sys.modules, "commviz.serve.torchpage", raising=False)
+    with pytest.raises(CommvizError, match=r"torch .* has no usable debug server .*commviz "
+                                           r"serve RUN_DIR"):
+        debug.debug_handler(tmp_path)
+    debug.start_in_job(tmp_path, free_port(), 0, False)
+    assert "live.debug_server: not started: torch" in capsys.readouterr().err
+    debug.stop_in_job()                           # nothing was started: nothing to stop

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from html import escape
 from pathlib import Path
 from urllib.parse import quote
@@ -65,10 +65,10 @@ def whole_run_html(run_dir: Path) -> str:
     except CommvizError as exc:
         return f"<p>{escape(str(exc))}</p>"
     windows = series.one_watcher(lines)
-    late = sorted({(s["rank"], s["origin"]) for w in windows for s in w["stragglers"]})
-    said = ", ".join(f"rank {r} to {o}" for r, o in late) or "none"
+    named = Counter((s["rank"], s["origin"]) for w in windows for s in w["stragglers"])
+    said = ", ".join(f"rank {r} to {o} ({n} windows)" for (r, o), n in named.most_common())
     return (f"<h2>Over the whole run ({len(windows)} windows of commviz watch)</h2>"
-            f"<p>late ranks named in some window: {escape(said)}</p>"
+            f"<p>late ranks, the most often named first: {escape(said or 'none')}</p>"
             + rows_table(windows, "groups", "per process group: the last window (the whole run)")
             + rows_table(windows, "origins", "per origin: the last window (the whole run)")
             + "".join(f"<p>{escape(n)}</p>" for n in notes))

@@ -27,7 +27,7 @@ from commviz.serve.page import Links, Panel, live_html
 
 DEFAULT_INTERVAL_S = 2.0
 HANG_AFTER_S = 10.0
-HISTORY = 120                     # windows kept for the plots
+HISTORY = 60                      # windows kept for the plots (2 minutes at 2 s)
 NICENESS = 10
 
 
@@ -88,22 +88,25 @@ class LiveView:
             self.problems.append(line)
 
     def start(self) -> None:
-        """Refresh once now, then every ``interval`` in a thread (once only)."""
+        """Refresh once now (the first page shows the job, not "waiting"), then every
+        ``interval`` in a thread (once only)."""
         if self._thread is not None:
             return
+        self._refresh()
         self._thread = threading.Thread(target=self._follow, name="commviz-serve-live",
                                         daemon=True)
         self._thread.start()
 
+    def _refresh(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:             # the page must outlive a bad read; say it there
+            self._problem(f"refresh failed: {type(exc).__name__}: {exc}")
+
     def _follow(self) -> None:
         os.nice(NICENESS)                    # this thread's own priority (Linux: per thread)
-        while True:
-            try:
-                self.refresh()
-            except Exception as exc:         # the page must outlive a bad read; say it there
-                self._problem(f"refresh failed: {type(exc).__name__}: {exc}")
-            if self._stop.wait(self.interval):
-                return
+        while not self._stop.wait(self.interval):
+            self._refresh()
 
     def stop(self) -> None:
         self._stop.set()

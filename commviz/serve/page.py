@@ -20,7 +20,7 @@ from commviz.merge.select import format_ranks
 from commviz.review.report import fmt_gbps, fmt_ns
 
 LATE_SHOWN = 16
-CHART_W, CHART_H = 150, 30
+CHART_W, CHART_H = 120, 30
 Links = Callable[[int], list[tuple[str, str]]]     # rank -> (href, label) of pages about it
 
 STYLE = """
@@ -91,9 +91,9 @@ def chart(values: list[float | None], marks: list[bool], unit: str, fmt: Callabl
             pts.append([])
             continue
         x, y = 1 + (CHART_W - 2) * i / n, CHART_H - 2 - (CHART_H - 4) * v / top
-        pts[-1].append(f"{x:.1f},{y:.1f}")
+        pts[-1].append(f"{x:.0f},{y:.0f}")        # whole pixels: half the bytes, same picture
         if m:
-            dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="#c0392b"/>')
+            dots.append(f'<circle cx="{x:.0f}" cy="{y:.0f}" r="2" fill="#c0392b"/>')
     lines = "".join(f'<polyline points="{" ".join(p)}" fill="none" stroke="#1f77b4"/>'
                     for p in pts if p)
     last = fmt(known[-1]) if known else "-"
