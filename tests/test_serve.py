@@ -34,7 +34,7 @@ from harness import REPO, free_port
 
 CHROMIUM = shutil.which("chromium")
 CONFIG = REPO / "tests" / "jobs" / "late_allreduce.yaml"
-STEPS, LATE_FROM, STEP_S = 300, 20, 0.05
+STEPS, LATE_FROM, STEP_S = 240, 20, 0.05
 ALL_REDUCES_PER_STEP = 3
 COMMVIZ = [sys.executable, "-m", "commviz"]
 
@@ -137,14 +137,14 @@ def _get(url: str) -> int:
 @needs_browser
 @pytest.mark.slow
 def test_a_flooded_or_stopped_page_leaves_the_job_as_programmed(job: Job):
-    """400 requests at once, then the server stopped for 3 s (SIGSTOP): the job runs on and
+    """400 requests at once, then the server stopped for 2 s (SIGSTOP): the job runs on and
     makes exactly its calls (they are counted after it in the ranks' records)."""
     job.planted()                                  # the ranks are recording
     with ThreadPoolExecutor(4) as pool:
         codes = list(pool.map(_get, [f"{job.url}/{p}" for p in ("", "live") * 200]))
     assert codes == [200] * 400
     os.kill(job.serve.pid, signal.SIGSTOP)
-    time.sleep(3)
+    time.sleep(2)
     os.kill(job.serve.pid, signal.SIGCONT)
     assert job.launch.poll() is None, "the job ended before the page was read live"
 
@@ -160,6 +160,9 @@ def test_the_live_pages_name_the_late_rank_and_its_line(job: Job, browser: Any):
     assert named[0][:2] == (rank, line)
     assert f"LATE: rank {rank} to {line} in default_pg" in named[0][2]
     assert page.query_selector_all("#commviz-live svg polyline")      # the windows' plots
+    head = page.inner_text(".cv-head")                # refreshed in place: a later window
+    page.wait_for_function("h => document.querySelector('.cv-head').innerText !== h", arg=head,
+                           timeout=30_000)
     assert not errors, errors
     # the same panel inside torch's debug server, linking to torch's own pages for the rank
     torch_url = f"http://127.0.0.1:{job.debug_port}/commviz"

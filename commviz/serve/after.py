@@ -66,12 +66,14 @@ def whole_run_html(run_dir: Path) -> str:
         return f"<p>{escape(str(exc))}</p>"
     windows = series.one_watcher(lines)
     named = Counter((s["rank"], s["origin"]) for w in windows for s in w["stragglers"])
-    said = ", ".join(f"rank {r} to {o} ({n} windows)" for (r, o), n in named.most_common())
-    return (f"<h2>Over the whole run ({len(windows)} windows of commviz watch)</h2>"
+    said = ", ".join(f"rank {r} to {o} ({n} window{'s' if n > 1 else ''})"
+                     for (r, o), n in named.most_common())
+    return (f'<div class="cv"><h2 id="whole-run">Over the whole run ({len(windows)} windows of '
+            "commviz watch)</h2>"
             f"<p>late ranks, the most often named first: {escape(said or 'none')}</p>"
             + rows_table(windows, "groups", "per process group: the last window (the whole run)")
             + rows_table(windows, "origins", "per origin: the last window (the whole run)")
-            + "".join(f"<p>{escape(n)}</p>" for n in notes))
+            + "".join(f"<p>{escape(n)}</p>" for n in notes) + "</div>")
 
 
 def trace_of(run_dir: Path) -> Path | None:

@@ -53,12 +53,15 @@ class LiveView:
             return "running"
         return "ended" if any(self.run_dir.glob("commviz_rank*.pkl")) else "waiting"
 
-    def refresh(self) -> None:
+    def refresh(self, first: bool = False) -> None:
+        """Close a window and render the panel (``first``: the window is the last
+        ``interval``, what came before counts for the run so far alone, as ``watch --once``)."""
         state = self.state()
         verdict, still = None, 0.0
         if state == "running":
             try:
-                w = self.watcher.step()
+                since = time.time_ns() - int(self.interval * 1e9) if first else None
+                w = self.watcher.step(since_ns=since)
             except (CommvizError, OSError) as exc:
                 self._problem(str(exc))
             else:
@@ -72,6 +75,8 @@ class LiveView:
             still = 0.0 if self.quiet_since is None else time.monotonic() - self.quiet_since
             if self.quiet_since is not None and still >= self.hang_after_s:
                 verdict = self._verdict()
+        else:                           # the first window starts when the journals do
+            self.watcher.last_ns = time.time_ns()
         self.panel = Panel(str(self.run_dir), state, list(self.windows), verdict, still,
                            list(self.problems))
         self.html = live_html(self.panel, self.links)
@@ -92,14 +97,14 @@ class LiveView:
         ``interval`` in a thread (once only)."""
         if self._thread is not None:
             return
-        self._refresh()
+        self._refresh(first=True)
         self._thread = threading.Thread(target=self._follow, name="commviz-serve-live",
                                         daemon=True)
         self._thread.start()
 
-    def _refresh(self) -> None:
+    def _refresh(self, first: bool = False) -> None:
         try:
-            self.refresh()
+            self.refresh(first)
         except Exception as exc:             # the page must outlive a bad read; say it there
             self._problem(f"refresh failed: {type(exc).__name__}: {exc}")
 

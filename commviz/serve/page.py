@@ -131,7 +131,7 @@ def _per(f: dict[str, Any]) -> str:
 
 def rows_table(windows: list[series.WindowFile], kind: str, title: str) -> str:
     """The last window's rows of ``kind`` ("groups" or "origins") beside the run so far, with
-    plots of each row's skew p50, wait and bus bandwidth over ``windows``."""
+    plots of each row's skew p50 and wait over ``windows`` (what a late rank moves)."""
     last = next((w for w in reversed(windows) if w["groups"]), None)
     if last is None:
         return ""
@@ -139,8 +139,7 @@ def rows_table(windows: list[series.WindowFile], kind: str, title: str) -> str:
     by_origin = kind == "origins"
     head = ["group", *(["origin"] if by_origin else []), "ranks", "times", "calls", "comm",
             "busbw GB/s (run)", "skew p50 (run)", "skew p99 (run)",
-            "wait (per instance: window vs run)", "skew p50 / window", "wait / window",
-            "busbw / window"]
+            "wait (per instance: window vs run)", "skew p50 / window", "wait / window"]
     body = []
     rows = last[kind]         # type: ignore[literal-required]
     for r in rows[:ROWS_SHOWN]:
@@ -157,8 +156,7 @@ def rows_table(windows: list[series.WindowFile], kind: str, title: str) -> str:
                  _vs(fmt_ns(w["skew_p50_ns"]), fmt_ns(run["skew_p50_ns"])),
                  _vs(fmt_ns(w["skew_p99_ns"]), fmt_ns(run["skew_p99_ns"])),
                  f"{fmt_ns(w['wait_ns'])} ({_per(w)} vs {_per(run)})",
-                 plot("skew_p50_ns", "skew p50", fmt_ns), plot("wait_ns", "wait", fmt_ns),
-                 plot("busbw_gbps", "busbw GB/s", fmt_gbps)]
+                 plot("skew_p50_ns", "skew p50", fmt_ns), plot("wait_ns", "wait", fmt_ns)]
         tds = "".join(f'<td class="cv-o">{c}</td>' if by_origin and i == 1 else f"<td>{c}</td>"
                       for i, c in enumerate(cells))
         body.append(f"<tr>{tds}</tr>")

@@ -37,7 +37,7 @@ DEFAULT_PORT = 8464
 REQUEST_TIMEOUT_S = 5.0
 NICENESS = 10
 PAGE_STYLE = """
-body{font-family:-apple-system,"Segoe UI",Roboto,Arial,sans-serif;margin:0 auto;max-width:1400px;
+body{font-family:-apple-system,"Segoe UI",Roboto,Arial,sans-serif;margin:0 auto;max-width:1500px;
      padding:10px 18px;color:#212529}
 h1{font-size:1.4rem} h2{font-size:1.15rem;margin-top:1.4rem} h3{font-size:1rem}
 pre{white-space:pre-wrap;background:#f6f8fa;padding:8px}
@@ -121,7 +121,9 @@ class Site:
 
     def after_body(self, query: dict[str, list[str]]) -> str:
         run_dir = self.run_dir
-        parts = [f"<h1>commviz: {escape(str(run_dir))}: the job has ended</h1>"]
+        parts = [f"<h1>commviz: {escape(str(run_dir))}: the job has ended</h1>",
+                 '<p><a href="#report">report</a> · <a href="#whole-run">over the whole run</a>'
+                 ' · <a href="#timeline-form">timeline</a></p>']
         trace = after.trace_of(run_dir)
         if trace is not None:
             size = trace.stat().st_size / 1e6
@@ -132,7 +134,7 @@ class Site:
                 "opens https://ui.perfetto.dev and hands it the trace from this server; the trace "
                 "itself is not uploaded anywhere</small></p>")
         report = after.report_html(run_dir)
-        parts.append(f'<div class="report">{report}</div>' if report is not None else
+        parts.append(f'<div class="report" id="report">{report}</div>' if report is not None else
                      f"<p>no {after.REPORT_NAME} yet: <code>commviz report {escape(str(run_dir))}"
                      "</code></p>")
         parts.append(after.whole_run_html(run_dir))
@@ -149,7 +151,8 @@ class Site:
         else:
             src = f"/timeline.png?window={escape(window)}&ranks={escape(ranks)}"
             picture = f'<img id="timeline" src="{src}" alt="timeline of {escape(trace.name)}">'
-        return (f"<h2>Timeline ({escape(trace.name)}, drawn by commviz preview)</h2>"
+        return (f'<h2 id="timeline-form">Timeline ({escape(trace.name)}, drawn by commviz '
+                "preview)</h2>"
                 '<form method="get" action="/">'
                 f'<label>window (ms since the first collective) <input name="window" '
                 f'value="{escape(window)}" placeholder="first step"></label> '
