@@ -8,8 +8,10 @@ as a user runs it, and Debian's ``chromium`` (driven by Playwright, never a down
 loads the pages: the late rank and its line are read from the rendered DOM of both live pages
 and must be the planted ones; after the job the page shows the report, its plots and the
 timeline (every image loads, no console error). Meanwhile the page is flooded and stopped
-(SIGSTOP): the job's records must still be exactly what the program does. The path checks run
-on an in-process server over a scratch run dir.
+(SIGSTOP): the job's records must still be exactly what the program does. Then one rank is
+held (SIGSTOP, as on a cluster) until the page shows a hung job's verdict, which must name it;
+let go, the job ends as programmed. The path checks run on an in-process server over a scratch
+run dir.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from harness import REPO, free_port
 
 CHROMIUM = shutil.which("chromium")
 CONFIG = REPO / "tests" / "jobs" / "late_allreduce.yaml"
-STEPS, LATE_FROM, STEP_S = 240, 20, 0.05
+STEPS, LATE_FROM, STEP_S = 280, 20, 0.05
+HANG_AFTER_S, HELD_S = 2.0, 20.0          # the page's --hang-after; the most a rank is held
 ALL_REDUCES_PER_STEP = 3
 COMMVIZ = [sys.executable, "-m", "commviz"]
 
@@ -51,7 +54,7 @@ class Job:
         self.debug_port = free_port()
         self.serve = subprocess.Popen(
             [*COMMVIZ, "serve", str(self.run_dir), "--address", "127.0.0.1:0", "--interval",
-             "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             "1", "--hang-after", str(HANG_AFTER_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.serve.stdout.readline() if self.serve.stdout else ""
         assert "serving" in line, line
         self.url = line.split()[3].rstrip("/")
@@ -178,6 +181,51 @@ def test_the_live_pages_name_the_late_rank_and_its_line(job: Job, browser: Any):
     assert torch_page.query_selector('nav a[href="/fr_trace"]') is not None   # torch's own
     page.close()
     torch_page.close()
+
+
+def _rank_pid(launch_pid: int, rank: int) -> int:
+    """The worker process of ``rank`` under the launch (torchrun's environment tells)."""
+    import psutil
+
+    for p in psutil.Process(launch_pid).children(recursive=True):
+        try:
+            if "commviz.launch.worker" in " ".join(p.cmdline()) and \
+                    p.environ().get("RANK") == str(rank):
+                return p.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker of rank {rank} under the launch")
+
+
+@needs_browser
+@pytest.mark.slow
+def test_a_held_rank_is_named_by_the_hung_jobs_verdict(job: Job, browser: Any):
+    """Rank 1 stopped (SIGSTOP) while the others go on into their next all_reduce: once nothing
+    has completed for --hang-after, the page shows commviz status's verdict with rank 1 as its
+    culprit. A rank stopped inside a collective its peers are in holds no one apart: the
+    stop is tried again then."""
+    from playwright.sync_api import TimeoutError as NotShown
+
+    assert job.launch.poll() is None, "the job ended before a rank could be held"
+    pid = _rank_pid(job.launch.pid, 1)
+    page, errors = _open(browser, job.url + "/")
+    for _ in range(3):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            shown = page.wait_for_selector(".cv-verdict", timeout=HELD_S * 1000)
+            text = shown.inner_text() if shown is not None else ""
+        except NotShown:
+            text = ""
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        if "culprit rank(s) 1" in text:
+            break
+        time.sleep(1)
+    assert "HANG? nothing has completed" in text and "VERDICT: hang - culprit rank(s) 1" in text, \
+        text
+    page.wait_for_selector(".cv-verdict", state="detached", timeout=30_000)   # it moves again
+    assert not errors, errors
+    page.close()
 
 
 def _records_as_programmed(run_dir: Path) -> None:

@@ -30,7 +30,7 @@ from commviz.errors import CommvizError, ConfigError
 from commviz.live.address import LOOPBACK, parse_address
 from commviz.record.journal import journal_ranks
 from commviz.serve import after
-from commviz.serve.live import DEFAULT_INTERVAL_S, LiveView
+from commviz.serve.live import DEFAULT_INTERVAL_S, HANG_AFTER_S, LiveView
 from commviz.serve.page import STYLE, refresh_script
 
 DEFAULT_PORT = 8464
@@ -92,9 +92,10 @@ def confined(run_dir: Path, rel: str) -> Path | None:
 class Site:
     """What the routes answer from: the run dir, its live view and its timelines."""
 
-    def __init__(self, run_dir: Path, interval: float) -> None:
+    def __init__(self, run_dir: Path, interval: float, hang_after_s: float = HANG_AFTER_S
+                 ) -> None:
         self.run_dir, self.interval = run_dir, interval
-        self.live = LiveView(run_dir, interval, links=self.rank_links)
+        self.live = LiveView(run_dir, interval, hang_after_s, links=self.rank_links)
         self._timelines: after.Timelines | None = None
 
     def rank_links(self, rank: int) -> list[tuple[str, str]]:
@@ -223,7 +224,8 @@ class _Server(ThreadingHTTPServer):
         pass                                     # a client gone mid-answer is its own business
 
 
-def serve(run_dir: Path, address: str, interval: float = DEFAULT_INTERVAL_S) -> None:
+def serve(run_dir: Path, address: str, interval: float = DEFAULT_INTERVAL_S,
+          hang_after_s: float = HANG_AFTER_S) -> None:
     """Serve the run's page on ``address`` until killed (says where on stdout once bound)."""
     try:
         host, port = parse_address(address)
@@ -232,7 +234,7 @@ def serve(run_dir: Path, address: str, interval: float = DEFAULT_INTERVAL_S) -> 
     if not run_dir.is_dir():
         raise ConfigError("RUN_DIR", f"{run_dir} is not a directory")
     os.nice(NICENESS)
-    site = Site(run_dir, interval)
+    site = Site(run_dir, interval, hang_after_s)
     try:
         server = _Server((host, port), _handler(site))
     except OSError as exc:
@@ -261,4 +263,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    f"{LOOPBACK}:{DEFAULT_PORT}); 0.0.0.0:PORT serves other hosts too")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
                    help=f"seconds between live refreshes (default {DEFAULT_INTERVAL_S:g})")
-    p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval))
+    p.add_argument("--hang-after", type=float, default=HANG_AFTER_S, metavar="S",
+                   help="show commviz status's verdict once no collective has completed for S "
+                   f"seconds while the job runs (default {HANG_AFTER_S:g})")
+    p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval, a.hang_after))
