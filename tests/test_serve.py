@@ -42,7 +42,8 @@ ALL_REDUCES_PER_STEP = 3
 COMMVIZ = [sys.executable, "-m", "commviz"]
 
 needs_browser = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup_tests.sh installs it as root)")
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed (scripts/setup_tests.sh installs it as root)")
 
 
 class Job:
@@ -54,7 +55,8 @@ class Job:
         self.debug_port = free_port()
         self.serve = subprocess.Popen(
             [*COMMVIZ, "serve", str(self.run_dir), "--address", "127.0.0.1:0", "--interval",
-             "1", "--hang-after", str(HANG_AFTER_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             "1", "--hang-after", str(HANG_AFTER_S)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.serve.stdout.readline() if self.serve.stdout else ""
         assert "serving" in line, line
         self.url = line.split()[3].rstrip("/")
@@ -248,7 +250,7 @@ def test_after_the_job_the_page_shows_the_report_plots_and_timeline(job: Job, br
     rank, line = job.planted()
     out = job.finish()
     assert job.launch.returncode == 0, out[-4000:]
-    assert "live.debug_server: torch's debug server on port" in out
+    assert "live.debug_server: torch's debug server starting on port" in out
     _records_as_programmed(job.run_dir)
     end = time.monotonic() + 30
     while b"the job has ended" not in urllib.request.urlopen(job.url + "/").read():

@@ -58,7 +58,8 @@ def start_in_job(run_dir: Path, port: int, rank: int, nccl: bool) -> None:
 
         start_debug_server(port=port, handlers=default_handlers() + [handler],
                            start_method="spawn")
-    except (CommvizError, ImportError, AttributeError, RuntimeError, OSError) as exc:
+    # torch's server is experimental: another torch's may lack a module, a name or an argument
+    except (CommvizError, ImportError, AttributeError, TypeError, RuntimeError, OSError) as exc:
         if rank == 0:
             said = exc if isinstance(exc, CommvizError) else _torch_lacks(exc)
             print(f"[commviz] live.debug_server: not started: {said}", file=sys.stderr,
@@ -66,8 +67,8 @@ def start_in_job(run_dir: Path, port: int, rank: int, nccl: bool) -> None:
         return
     if rank == 0:
         _FRONTEND.append(True)
-        print(f"[commviz] live.debug_server: torch's debug server on port {port}, commviz's "
-              f"page at /commviz", file=sys.stderr, flush=True)
+        print(f"[commviz] live.debug_server: torch's debug server starting on port {port}, "
+              "commviz's page at /commviz", file=sys.stderr, flush=True)
 
 
 def stop_in_job() -> None:

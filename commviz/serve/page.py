@@ -54,12 +54,12 @@ def late_items(stragglers: Iterable[dict[str, Any]], links: Links | None) -> str
     out = []
     items = list(stragglers)
     for s in items[:LATE_SHOWN]:
-        line = straggler_line(Straggler(**{k: s[k] for k in Straggler._fields}))
+        line = straggler_line(Straggler(**{k: s[k] for k in Straggler._fields if k in s}))
         cause = _cause(s.get("cause"))
         more = "".join(f'<a href="{escape(h)}">{escape(t)}</a>'
                        for h, t in (links(s["rank"]) if links else []))
-        out.append(f'<div class="cv-late" data-rank="{s["rank"]}" data-origin="{escape(s["origin"])}">'
-                   f"<b>{escape(line)}</b>"
+        out.append(f'<div class="cv-late" data-rank="{s["rank"]}" '
+                   f'data-origin="{escape(s["origin"])}"><b>{escape(line)}</b>'
                    + (f'<div class="cv-cause">cause: {escape(cause)}</div>' if cause else "")
                    + (f'<span class="cv-links">{more}</span>' if more else "") + "</div>")
     if len(items) > LATE_SHOWN:

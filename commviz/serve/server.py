@@ -65,8 +65,8 @@ async function openPerfetto(url, name) {
     }
     window.addEventListener("message", onMessage);
   });
-  if (!ready) { alert("The Perfetto UI did not answer (it needs https://ui.perfetto.dev)."); return; }
-  ui.postMessage({perfetto: {buffer: buffer, title: name, fileName: name}}, "*");
+  if (!ready) { alert("The Perfetto UI did not answer (it needs https://ui.perfetto.dev)."); }
+  else { ui.postMessage({perfetto: {buffer: buffer, title: name, fileName: name}}, "*"); }
 }
 </script>
 """
