@@ -365,3 +365,16 @@ def test_without_torchs_debug_server_the_handler_says_so(tmp_path: Path, monkeyp
     debug.start_in_job(tmp_path, free_port(), 0, False)
     assert "live.debug_server: not started: torch" in capsys.readouterr().err
     debug.stop_in_job()                           # nothing was started: nothing to stop
+
+
+def test_a_late_rank_is_shown_with_its_cause_when_the_window_has_one():
+    """A straggler entry with a ``cause`` (a later window version) shows it under its line;
+    one without shows the line alone. Text from the job is escaped."""
+    from commviz.serve.page import late_items
+
+    entry = {"rank": 3, "origin": "train.py:<12>", "group": "0", "group_label": "default_pg",
+             "instances": 8, "late_in": 7, "skew_ns": 2_000_000, "cost_ns": 5_000_000}
+    shown = late_items([{**entry, "cause": {"kind": "cpu", "detail": "throttled 40 %"}}], None)
+    assert 'data-rank="3"' in shown and "train.py:&lt;12&gt;" in shown
+    assert "cause: kind: cpu; detail: throttled 40 %" in shown
+    assert "cv-cause" not in late_items([entry], None)
