@@ -21,7 +21,7 @@ from commviz.lazy import lazy_api  # noqa: E402
 _API = {
     "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",
     "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
-    "mark": "commviz.capture", "gather": "commviz.gathering", "patch": "commviz.patching",
+    "mark": "commviz.capture", "debug_handler": "commviz.serve.debug", "gather": "commviz.gathering", "patch": "commviz.patching",
     "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
     "profile": "commviz.record", "start": "commviz.patching", "trace_handler": "commviz.record",
     "unrecorded": "commviz.record.calls",

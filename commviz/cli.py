@@ -1,5 +1,5 @@
 """The ``commviz`` command line: launch, merge, annotate, verify, report, status, overview,
-preview.
+preview, watch, diff, exporter, serve.
 
 Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
 adds its arguments and description and sets ``func``; this file only puts them together. Only
@@ -46,6 +46,8 @@ COMMANDS = (
             "what changed between two runs, per origin: transfer time or waiting, and for whom"),
     Command("exporter", "commviz.live.exporter",
             "while a job runs: its collectives as Prometheus metrics on /metrics"),
+    Command("serve", "commviz.serve.server",
+            "the run in a browser: live while the job runs, the report, timeline and trace after"),
 )
 
 

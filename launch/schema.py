@@ -230,6 +230,15 @@ class Live(Strict):
                         "(CPU times), and keeps the windows in RUN_DIR/windows.jsonl for the "
                         "report's \"over the whole run\" (docs/watch.md)")
     watch_interval_s: float = Field(5.0, gt=0, description="seconds a watch window lasts")
+    debug_server: int | None = Field(None, ge=1, le=65535, description="start torch's debug "
+                                     "server (`torch.distributed.debug`, torch 2.13) on every "
+                                     "rank, its frontend on rank 0 at this port (every "
+                                     "interface: torch's choice), with commviz's live page at "
+                                     "/commviz beside torch's stacks and Flight Recorder pages "
+                                     "(docs/serve.md; needs the extra `debug-server`); where "
+                                     "torch has none the launch says so and runs the job "
+                                     "without it (`commviz serve` shows the same page); null: "
+                                     "none")
 
     @field_validator("exporter", mode="before")
     @classmethod

@@ -193,6 +193,10 @@ def run(config_path: str) -> None:
     dist.init_process_group(cfg.job.backend, timeout=datetime.timedelta(seconds=cfg.job.timeout_s),
                             device_id=device if cfg.job.backend == "nccl" else None)
     commviz.start(run_dir, capacity=cfg.record.capacity)   # every collective, whoever calls it
+    if cfg.live.debug_server is not None:
+        from commviz.serve.debug import start_in_job
+
+        start_in_job(run_dir, cfg.live.debug_server, rank, C.uses_nccl(cfg))
     made = groups.create(cfg, rank)
     ctx = workloads.Context(rank=rank, world_size=world, local_rank=local_rank, device=device,
                             backend=cfg.job.backend, groups=made.pgs, group_ranks=made.ranks,
@@ -287,6 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     from commviz.record import stacks
 
     stacks.tidy()                   # os._exit runs no atexit hooks
+    debug = sys.modules.get("commviz.serve.debug")      # loaded only with live.debug_server
+    if debug is not None:
+        debug.stop_in_job()         # os._exit would leave torch's debug server's frontend up
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -35,21 +35,34 @@ DS_ACCELERATOR=cpu .venv/bin/python -c "
 from deepspeed.accelerator import get_accelerator
 get_accelerator().create_op_builder('ShareMemCommBuilder').load(verbose=False)" >/dev/null 2>&1 \
   || echo "deepspeed: its CPU comm op not built; tests/test_framework_deepspeed.py builds it"
-# The Prometheus server tests/test_prometheus.py scrapes a live job with (Debian's package),
-# where it is missing and we may install it. Its service must not start (a container's
-# policy-rc.d already says so; elsewhere one is put in place for the install only): the
-# tests run their own server on a scratch config, port and data dir.
-if ! command -v prometheus >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  made_policy=
+# Debian packages the tests start for real, where they are missing and we may install them (as
+# root with apt-get). Their services must not start (a container's policy-rc.d already says so;
+# elsewhere one is put in place for the install only): the tests run their own.
+debian_install() {  # PACKAGE...: install quietly; non-zero when apt-get failed
+  local made_policy= status=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     made_policy=1
   fi
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends prometheus; } >/dev/null 2>&1 \
-    || echo "prometheus: not installed (apt-get failed); tests/test_prometheus.py will skip"
+      --no-install-recommends "$@"; } >/dev/null 2>&1 || status=1
   if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  return $status
+}
+can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+# The Prometheus server tests/test_prometheus.py scrapes a live job with (Debian's package): the
+# tests run it on a scratch config, port and data dir.
+if ! command -v prometheus >/dev/null && can_install; then
+  debian_install prometheus \
+    || echo "prometheus: not installed (apt-get failed); tests/test_prometheus.py will skip"
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
+fi
+# Debian's chromium, the browser tests/test_serve.py loads commviz serve's pages in (through
+# Playwright, pointed at /usr/bin/chromium: a browser download fails here), and its driver for
+# Selenium users.
+if ! command -v chromium >/dev/null && can_install; then
+  debian_install chromium chromium-driver \
+    || echo "chromium: not installed (apt-get failed); tests/test_serve.py will skip"
 fi

@@ -57,6 +57,15 @@ def test_after_the_job_commands_import_no_torch(run: Path, tmp_path: Path) -> No
         assert _python(code) == "0 False", argv
 
 
+def test_serve_renders_its_pages_without_torch(run: Path) -> None:
+    """``commviz serve``: the live panel refreshed from the run's files and the page after the
+    job (report, whole run, timeline form) are made without torch."""
+    code = ("import sys\nfrom pathlib import Path\nfrom commviz.serve.server import Site\n"
+            "site = Site(Path(%r), 1.0)\nsite.live.refresh()\nsite.page({})\n"
+            "site.after_body({})\nprint('torch' in sys.modules)" % str(run))
+    assert _python(code) == "False"
+
+
 def test_importing_commviz_installs_nothing() -> None:
     code = """
 import torch, torch.distributed

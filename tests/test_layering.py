@@ -32,8 +32,9 @@ STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz.review",), "review: report, desyncs, overview"),
     (("commviz.verify",), "verify: checks the merged trace against the inputs"),
     (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
-      "commviz.gathered", "commviz.convert", "commviz.live.watch"),
-     "drivers: the command line, the launcher, and gather (which converts on the node)"),
+      "commviz.gathered", "commviz.convert", "commviz.live.watch", "commviz.serve"),
+     "drivers: the command line, the launcher, gather (which converts on the node), and the "
+     "pages (live windows beside the review)"),
 ]
 
 # The only modules that may import by name at run time, and why.

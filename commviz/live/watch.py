@@ -41,7 +41,7 @@ from commviz.errors import CommvizError
 from commviz.live import series
 from commviz.live.gpujoin import GpuJoin
 from commviz.live.tail import RunTail
-from commviz.live.window import Figures, Row, Window, Windows
+from commviz.live.window import Figures, Row, Straggler, Window, Windows
 from commviz.merge.select import format_ranks
 from commviz.review.report import fmt_gbps, fmt_ns
 
@@ -87,12 +87,18 @@ class Watcher:
 
 # -- rendering ---------------------------------------------------------------------------------
 
-def straggler_lines(w: Window) -> list[str]:
-    if not w.stragglers:
-        return ["late ranks: none (no rank was late persistently in this window)"]
-    return [f"LATE: rank {s.rank} to {s.origin} in {s.group_label}: last in {s.late_in} of "
+NO_LATE = "late ranks: none (no rank was late persistently in this window)"
+
+
+def straggler_line(s: Straggler) -> str:
+    """One late rank in the words every live view uses (this one, ``commviz serve``)."""
+    return (f"LATE: rank {s.rank} to {s.origin} in {s.group_label}: last in {s.late_in} of "
             f"{s.instances}, skew {fmt_ns(s.skew_ns)} (median), cost the others "
-            f"{fmt_ns(s.cost_ns)} of waiting" for s in w.stragglers]
+            f"{fmt_ns(s.cost_ns)} of waiting")
+
+
+def straggler_lines(w: Window) -> list[str]:
+    return [straggler_line(s) for s in w.stragglers] or [NO_LATE]
 
 
 def _vs(now: str, run: str) -> str:
