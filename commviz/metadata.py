@@ -81,7 +81,7 @@ MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 TID = "commviz.tid"              # the calling thread's OS id (the profiler trace's "tid")
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
-# where a call comes from (commviz.record.origin): one short string, its kind and unit
+# where a call comes from (commviz.record.origins): one short string, its kind and unit
 ORIGIN = "commviz.origin"                # "FSDP forward all-gather (layers.0)", "train.py:88"
 ORIGIN_KIND = "commviz.origin_kind"      # an OriginKind value
 ORIGIN_UNIT = "commviz.origin_unit"      # FSDP module fqn, "bucket 2", "stage 0", function
@@ -114,7 +114,7 @@ class OriginKind(StrEnum):
     DTENSOR = "DTensor"
     PIPELINE = "pipelining"
     COMPILED = "compiled"
-    DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origin_deepspeed.py)
+    DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origins/deepspeed.py)
     BACKWARD = "backward"      # an autograd thread's call: the line that called backward()
     UNKNOWN = "unknown"        # no Python caller and no framework range
 
