@@ -99,10 +99,15 @@ ZERO_BUCKET = "commviz.zero_bucket"      # DeepSpeed ZeRO: the gradient bucket, 
 ZERO_PARAMS = "commviz.zero_params"      # the parameters its bucket (or all-gather) holds
 ZERO_BUCKET_FIRST = "commviz.zero_bucket_first"    # its first parameter's name
 ZERO_BUCKET_LAST = "commviz.zero_bucket_last"      # its last parameter's name
+MEGATRON_PARALLELISM = "commviz.megatron_parallelism"  # Megatron-core: "TP", "PP", "EP", "DP"
+MEGATRON_MODULE = "commviz.megatron_module"  # its module, global layer index: decoder.layers.3.mlp
+MEGATRON_LAYER = "commviz.megatron_layer"    # its transformer layer (layer_number - 1)
+MEGATRON_BUCKET = "commviz.megatron_bucket"  # its DDP's bucket (bucket_id)
 ORIGIN_KEYS = (ORIGIN, ORIGIN_KIND, ORIGIN_UNIT, ORIGIN_PHASE, ORIGIN_MICROBATCH,
                BACKWARD_CALLSITE, COMPILED_AT, DDP_BUCKET, DDP_BUCKET_PARAMS, DDP_BUCKET_BYTES,
                DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST, ZERO_BUCKET, ZERO_PARAMS,
-               ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST)
+               ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST, MEGATRON_PARALLELISM, MEGATRON_MODULE,
+               MEGATRON_LAYER, MEGATRON_BUCKET)
 
 
 class OriginKind(StrEnum):
@@ -115,6 +120,7 @@ class OriginKind(StrEnum):
     PIPELINE = "pipelining"
     COMPILED = "compiled"
     DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origins/deepspeed.py)
+    MEGATRON = "Megatron"      # Megatron-core's parallelisms (record/origins/megatron.py)
     BACKWARD = "backward"      # an autograd thread's call: the line that called backward()
     UNKNOWN = "unknown"        # no Python caller and no framework range
 

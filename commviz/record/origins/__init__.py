@@ -11,6 +11,8 @@ framework is adding its module to that list:
   inside FSDP's or a schedule's range); a gradient norm made whole (``clip_grad_norm_``);
 - ``fsdp``: FSDP2's module and phase, from its ``FSDP::`` ranges;
 - ``deepspeed``: its ZeRO stages' and engine's units, from its frames;
+- ``megatron``: Megatron-core's tensor, pipeline, expert and data parallelism by module,
+  layer and phase, from its frames;
 - ``pipelining``: torch's pipeline stage, action and micro-batch, p2p transfers only;
 - ``ddp``: the reducer's bucket;
 - ``compiled``: the compiled function (``Torch-Compiled Region``);
@@ -33,14 +35,15 @@ import os
 from types import CodeType, FrameType
 from typing import Any, Callable
 
-from commviz.record.origins import compiled, ddp, deepspeed, dtensor, fsdp, pipelining, user
+from commviz.record.origins import (compiled, ddp, deepspeed, dtensor, fsdp, megatron,
+                                    pipelining, user)
 from commviz.record.origins.base import Call, Origin, Refresh, Resolver
 from commviz.record.origins.frames import read
 from commviz.record.origins.state import State
 
 RESOLVERS: tuple[Resolver, ...] = (
-    dtensor.RESOLVER, fsdp.RESOLVER, deepspeed.RESOLVER, pipelining.RESOLVER, ddp.RESOLVER,
-    compiled.RESOLVER, user.RESOLVER)
+    dtensor.RESOLVER, fsdp.RESOLVER, deepspeed.RESOLVER, megatron.RESOLVER, pipelining.RESOLVER,
+    ddp.RESOLVER, compiled.RESOLVER, user.RESOLVER)
 
 __all__ = ["RESOLVERS", "Origin", "Refresh", "State", "prefixes", "resolve"]
 
