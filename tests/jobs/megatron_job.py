@@ -13,14 +13,19 @@ is stood in for by ``cpu_shim`` (the only change to what Megatron sees):
 
 - ``ToCpu``, a ``TorchFunctionMode``: a tensor made or moved to ``"cuda"`` / a CUDA device
   index (``device=torch.cuda.current_device()``, ``.cuda()``, ``.to("cuda")``) is made on the
-  CPU; ``pin_memory`` is dropped;
+  CPU; ``pin_memory`` is dropped; a tensor's ``.type()`` names its CUDA type
+  (``torch.cuda.FloatTensor``: Megatron's optimizers take no other);
 - ``torch.cuda.current_device`` returns 0, ``torch.cuda.synchronize`` / ``empty_cache`` do
   nothing, ``torch.cuda.Stream`` / ``Event`` / ``stream`` / ``current_stream`` are stand-ins
   that order nothing (CPU work is ordered already), ``torch.cuda.nvtx`` ranges do nothing;
 - Megatron's CUDA RNG (``tensor_parallel.random``): the tracker's ``fork`` runs its block under
   a fork of the CPU generator, ``model_parallel_cuda_manual_seed`` seeds the CPU one, and the
   CUDA generator's state that activation recomputation saves and restores
-  (``_get_cuda_rng_state`` / ``_set_cuda_rng_state``) is an empty stand-in.
+  (``_get_cuda_rng_state`` / ``_set_cuda_rng_state``) is an empty stand-in;
+- ``moe_utils.te_general_gemm = None``: the MoE router's gating function asks whether
+  Transformer Engine's GEMM is there by that name, which 0.16.1 leaves undefined without it;
+- the MoE token dispatcher's copy of its split sizes from the GPU (``maybe_move_tensor_to_cpu``,
+  which leaves CPU tensors as they are) gives them as numpy arrays, as from a GPU.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class ToCpu(TorchFunctionMode):
         kwargs.pop("pin_memory", None)
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:   # the type's name
+            return func(*args).replace("torch.", "torch.cuda.", 1)
         if func is torch.Tensor.to and args and len(args) > 1 and not isinstance(
                 args[1], torch.dtype) and not isinstance(args[1], torch.Tensor):
             args = (args[0], _cpu(args[1]), *args[2:])
@@ -112,6 +119,7 @@ class _Event(_Stream):
 
 def cpu_shim() -> None:
     from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
     cuda = torch.cuda
     cuda.current_device = lambda: 0
@@ -127,6 +135,12 @@ def cpu_shim() -> None:
             yield
 
     mrandom.CudaRNGStatesTracker.fork = fork
+    moe_utils.te_general_gemm = None
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
     mrandom._set_cuda_rng_state = lambda *a, **k: None
     mrandom.model_parallel_cuda_manual_seed = lambda seed, *a, **k: torch.manual_seed(seed)

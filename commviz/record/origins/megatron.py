@@ -74,6 +74,7 @@ _NAMED = {
         ("DDP", "broadcast params"),
     ("distributed/param_and_grad_buffer.py", "_ParamAndGradBuffer.__init__"):
         ("DDP", "buffer warm-up"),
+    ("optimizer/__init__.py", "_get_param_groups"): ("optimizer", "param groups set-up"),
 }
 _RECOMPUTE = ("tensor_parallel/random.py", "CheckpointFunction.backward")
 _P2P = "pipeline_parallel/p2p_communication.py"
@@ -130,6 +131,8 @@ def _frames(frame: FrameType | None) -> list[_Frame]:
 
 
 def _op(op: str) -> str:
+    """The collective as Megatron's docs say it: all-gather, reduce-scatter (coalesced or not)."""
+    op = op.removesuffix("_coalesced")
     return _OPS.get(op, op.replace("_", "-"))
 
 
@@ -195,10 +198,14 @@ def _resolve(call: Call, cache: Cache) -> Origin | None:
     if not frames:
         return None
     recompute = any((f.where, f.name) == _RECOMPUTE for f in frames)
+    # the outermost of mappings' functions: a backward may apply one (_AllToAll's does)
+    mapped = next((f for f in reversed(frames) if f.where == "tensor_parallel/mappings.py"
+                   and f.name.rpartition(".")[0] in _MAPPINGS), None)
+    if mapped is not None:
+        cls, _, method = mapped.name.rpartition(".")
+        return _mapped(call, frames, mapped, _MAPPINGS[cls], method, recompute, cache)
     for f in frames:
         cls, _, method = f.name.rpartition(".")
-        if f.where == "tensor_parallel/mappings.py" and cls in _MAPPINGS:
-            return _mapped(call, frames, f, _MAPPINGS[cls], method, recompute, cache)
         if f.where == "tensor_parallel/layers.py" and cls == _LINEAR:
             ctx = f.frame.f_locals.get("ctx")
             sp = "TP sequence-parallel" if getattr(ctx, "sequence_parallel", False) else "TP"
