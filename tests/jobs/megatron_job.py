@@ -5,8 +5,9 @@ torchrun with ``commviz.start``: several parallel layouts one after another in o
 Megatron's model parallel state, builds a tiny ``GPTModel`` from its gpt package's local layer
 spec and trains ``STEPS`` steps through ``get_forward_backward_func()``; each rank then leaves
 ``OUT_DIR/rank{R}.pkl``: torch's Flight Recorder entries and commviz's records
-(``fr_compare.snapshot``), where each layout's records start (``marks``) and the model's module
-names as Megatron prints them (``named_modules``). ``TORCH_FR_BUFFER_SIZE`` must be set.
+(``fr_compare.snapshot``), where each layout's records start (``marks``) and what Megatron
+says of each layout's model (``facts``: module names and classes, layer numbers, stage,
+buckets). ``TORCH_FR_BUFFER_SIZE`` must be set.
 
 Megatron-core's model, layers, schedules, DDP and optimizer run as shipped. What CPU ranks lack
 is stood in for by ``cpu_shim`` (the only change to what Megatron sees):
@@ -195,8 +196,20 @@ def _forward_step(data: Iterator[dict[str, torch.Tensor]], model: torch.nn.Modul
     return out, loss
 
 
-def run(layout: Layout) -> dict[str, list[str]]:
-    """Train ``layout`` for ``STEPS`` steps; returns each model chunk's module names."""
+def _facts(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+    """What Megatron says of the model on this rank: each chunk's modules (name -> class) and
+    transformer layers (name -> ``layer_number``), this rank's pipeline stage."""
+    from megatron.core import parallel_state as ps
+
+    return {"modules": [{n: type(m).__name__ for n, m in c.named_modules()} for c in chunks],
+            "layers": [{n: m.layer_number for n, m in c.named_modules()
+                        if type(m).__name__ == "TransformerLayer"} for c in chunks],
+            "stage": ps.get_pipeline_model_parallel_rank()}
+
+
+def run(layout: Layout) -> dict[str, Any]:
+    """Train ``layout`` for ``STEPS`` steps; returns what Megatron says of its model
+    (``_facts``) and, with its DDP, its buckets per buffer."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -206,13 +219,14 @@ def run(layout: Layout) -> dict[str, list[str]]:
                                  expert_model_parallel_size=2 if layout.experts else 1)
     torch.manual_seed(0)
     chunks = [_model(layout, v) for v in (range(layout.vp) if layout.vp else [None])]
-    names = {f"chunk {i}": [n for n, _ in m.named_modules()] for i, m in enumerate(chunks)}
+    facts = _facts(chunks)
     optimizer = None
     if layout.ddp:
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=True, overlap_param_gather=False,
             use_distributed_optimizer=True, bucket_size=2000)
         chunks = [DistributedDataParallel(m.config, ddp_config, m) for m in chunks]
+        facts["buckets"] = [len(b.buckets) for m in chunks for b in m.buffers]
         optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True,
                             clip_grad=1.0), chunks)
@@ -232,7 +246,7 @@ def run(layout: Layout) -> dict[str, list[str]]:
         if optimizer is not None:
             optimizer.step()
     ps.destroy_model_parallel()
-    return names
+    return facts
 
 
 def _finalize(*args: Any, **kwargs: Any) -> None:
@@ -252,15 +266,15 @@ def main(run_dir: Path, out_dir: Path, layouts: list[str]) -> None:
     rank = dist.get_rank()
     commviz.start(run_dir, flush_interval=None)
     marks: list[tuple[str, int]] = []
-    names = {}
+    facts = {}
     for name in layouts:
         marks.append((name, len(commviz.RECORDER.records())))
-        names[name] = run(LAYOUTS[name])
+        facts[name] = run(LAYOUTS[name])
     marks.append(("end", len(commviz.RECORDER.records())))
     snap = snapshot()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{rank}.pkl").write_bytes(pickle.dumps(dict(snap, marks=marks,
-                                                                names=names)))
+                                                                facts=facts)))
     dist.destroy_process_group()
 
 

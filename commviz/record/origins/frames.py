@@ -14,6 +14,9 @@ from types import CodeType, FrameType
 from typing import Any, Callable, NamedTuple
 
 Look = Callable[[FrameType, dict[str, Any]], None]
+# dynamo's wrapper of what it must not compile (``torch._disable_dynamo``: c10d's collectives
+# under a dispatch mode run in it): not compiled code
+_DISABLED = "DisableContext."
 
 
 def torch_path(*parts: str) -> str:
@@ -88,7 +91,7 @@ def read(frame: FrameType | None, own: Callable[[CodeType], bool],
             if backward is None:
                 backward = user_site(frame.f_back, own)
         else:
-            if file.startswith(places.compilers):
+            if file.startswith(places.compilers) and not code.co_qualname.startswith(_DISABLED):
                 seen_compiler = True
             look = looks.get(file)
             if look is not None:
