@@ -8,6 +8,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable, NamedTuple
 
 from commviz import metadata as md
+from commviz.record.origins.frames import Frames
 
 
 class Refresh(Enum):
@@ -53,8 +54,8 @@ class Call(NamedTuple):
     own: Callable[[CodeType], bool]  # commviz's and torch's code: never a call site
     count: bool                     # False where the call is only looked at, not recorded
     ranges: list[str]               # the boundary kernel's open ranges, outermost first
-    frames: Any                     # frames.Frames
-    state: Any                      # state.State
+    frames: Frames
+    state: Any                      # state.State (which names the resolvers: no loop)
 
 
 class Resolver(NamedTuple):

@@ -194,6 +194,9 @@ def _module(call: Call, frames: list[_Frame], cache: Cache, param: Any = None
 def _resolve(call: Call, cache: Cache) -> Origin | None:
     if "megatron.core" not in sys.modules:
         return None
+    user = call.frames.user      # a call the job's own code makes, under Megatron's schedule
+    if user is not None and not user.f_code.co_filename.startswith(_package()):
+        return None              # (its loss function, say), is the job's line
     frames = _frames(call.frame)
     if not frames:
         return None
@@ -210,7 +213,8 @@ def _resolve(call: Call, cache: Cache) -> Origin | None:
             ctx = f.frame.f_locals.get("ctx")
             sp = "TP sequence-parallel" if getattr(ctx, "sequence_parallel", False) else "TP"
             param = f.frame.f_locals.get("weight") if method == "backward" else None
-            return _tensor_parallel(call, frames, sp, _phase(method, recompute), cache, param)
+            module, layer = _module(call, frames, cache, param)
+            return _layered(call, module, layer, sp, _phase(method, recompute))
         if f.where == "tensor_parallel/cross_entropy.py":
             return _layered(call, "loss", None, "TP vocab-parallel cross-entropy",
                             _phase(method, recompute))
@@ -249,12 +253,6 @@ def _mapped(call: Call, frames: list[_Frame], f: _Frame, parallelism: str, metho
         if method == "forward" and ctx is not None and call.count:
             cache.nodes[ctx] = (module, layer, parallelism)
     return _layered(call, module, layer, parallelism, _phase(method, recompute))
-
-
-def _tensor_parallel(call: Call, frames: list[_Frame], parallelism: str, phase: str,
-                     cache: Cache, param: Any) -> Origin:
-    module, layer = _module(call, frames, cache, param)
-    return _layered(call, module, layer, parallelism, phase)
 
 
 def _layered(call: Call, module: str | None, layer: int | None, parallelism: str,
