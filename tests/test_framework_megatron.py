@@ -1,6 +1,7 @@
-"""Megatron-core's own GPTModel, 1F1B and interleaved schedules, DDP, distributed optimizer and
-MoE token dispatcher under commviz on 4 gloo ranks (``tests/jobs/megatron_job.py``, one
-launch, four layouts): every collective recorded, each named as Megatron's users know it.
+"""Megatron-core's own GPTModel, 1F1B and interleaved schedules, sequence parallelism, DDP,
+distributed optimizer and MoE token dispatcher under commviz on 4 gloo ranks
+(``tests/jobs/megatron_job.py``, one launch, four layouts): every collective recorded, each
+named as Megatron's users know it.
 
 What is expected comes from torch and from Megatron, never from commviz: torch's Flight
 Recorder (every entry has its record, by group and sequence number), the job's marks of where
@@ -130,6 +131,31 @@ def test_tensor_parallel_by_module_layer_and_phase(ranks: list[dict[str, Any]]) 
             assert x[UNIT] == f"layer {x[LAYER]} TP"
 
 
+def test_sequence_parallel_gathers_and_scatters(ranks: list[dict[str, Any]]) -> None:
+    """TP 2 with sequence parallelism (the DDP layout): per micro-batch a column-parallel
+    linear all-gathers its input in forward, gathers it again and reduce-scatters its input's
+    gradient in backward; a row-parallel one reduce-scatters its output in forward and
+    all-gathers its output's gradient in backward. The embedding's output is split over the
+    sequence in forward (no communication) and its gradient all-gathered in backward: no
+    module runs then, and the split's forward said nothing, so Megatron's function names it."""
+    from jobs.megatron_job import MICROBATCHES, STEPS
+
+    calls = MICROBATCHES * STEPS
+    plan = {"ColumnParallelLinear": (("all-gather", "forward"), ("all-gather", "backward"),
+                                     ("reduce-scatter", "backward")),
+            "RowParallelLinear": (("reduce-scatter", "forward"), ("all-gather", "backward"))}
+    for rank in ranks:
+        modules = _global(rank["facts"]["ddp"])
+        sp = [x for x in _layout(rank, "ddp") if x[ORIGIN].split(": ")[-1].startswith(
+            "TP sequence-parallel")]
+        assert all(x[GROUP] == "TENSOR_MODEL_PARALLEL_GROUP" for x in sp)
+        assert Counter(x[ORIGIN] for x in sp) == {
+            f"{name}: TP sequence-parallel {op} ({phase})": calls
+            for name, cls, _ in modules.values() for op, phase in plan.get(cls, ())} | {
+            "scatter_to_sequence_parallel_region: TP sequence-parallel all-gather (backward)":
+                calls}
+
+
 def test_pipeline_transfers_by_stage_direction_and_microbatch(
         ranks: list[dict[str, Any]]) -> None:
     """1F1B sends and receives a step's micro-batches in order: the first stage sends each
@@ -172,7 +198,7 @@ def test_interleaved_schedule_transfers(ranks: list[dict[str, Any]]) -> None:
 
 
 def test_ddp_buckets_and_distributed_optimizer(ranks: list[dict[str, Any]]) -> None:
-    """TP 2 x DP 2, Megatron's DDP with overlapped gradient reduction and the distributed
+    """TP 2 (sequence-parallel) x DP 2, Megatron's DDP with overlapped gradient reduction and the distributed
     optimizer: each of its buckets reduce-scattered once a step and its parameters all-gathered
     after the step. From the second step on (the first learns the order in which gradients
     become ready: ``is_first_batch``) the first bucket is reduced while backward still runs,

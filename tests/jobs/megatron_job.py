@@ -51,13 +51,14 @@ class Layout(NamedTuple):
     ddp: bool = False              # Megatron's DDP, its distributed optimizer, overlapped grads
     experts: int = 0               # MoE: experts per layer, expert parallelism 2
     recompute: bool = False        # full activation recomputation, one layer at a time
+    sp: bool = False               # sequence parallelism (with Megatron's L2Norm: ``_spec``)
     layers: int = 4
 
 
 LAYOUTS = {
     "pp": Layout(tp=2, pp=2, recompute=True),
     "interleaved": Layout(tp=2, pp=2, vp=2),
-    "ddp": Layout(tp=2, pp=1, ddp=True),
+    "ddp": Layout(tp=2, pp=1, ddp=True, sp=True),
     "moe": Layout(tp=1, pp=1, ddp=True, experts=4, layers=2),
 }
 
@@ -150,10 +151,28 @@ def cpu_shim() -> None:
 
 # -- the layouts --------------------------------------------------------------------------------
 
+def _spec(layout: Layout) -> Any:
+    """The gpt package's local layer spec; with sequence parallelism, its norms Megatron's
+    ``L2Norm`` (the torch norm the local spec takes refuses sequence parallelism, Apex's and
+    Transformer Engine's need CUDA)."""
+    import dataclasses
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import L2Norm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    spec = get_gpt_layer_local_spec(num_experts=layout.experts or None, moe_grouped_gemm=False)
+    if not layout.sp:
+        return spec
+    layer = ModuleSpec(module=spec.module, submodules=dataclasses.replace(
+        spec.submodules, input_layernorm=L2Norm, pre_mlp_layernorm=L2Norm))
+    return TransformerBlockSubmodules(layer_specs=[layer] * layout.layers, layer_norm=L2Norm)
+
+
 def _model(layout: Layout, vp_rank: int | None) -> torch.nn.Module:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
     config = TransformerConfig(
@@ -169,10 +188,8 @@ def _model(layout: Layout, vp_rank: int | None) -> torch.nn.Module:
         num_moe_experts=layout.experts or None, moe_router_topk=2 if layout.experts else 2,
         expert_model_parallel_size=2 if layout.experts else 1,
         moe_token_dispatcher_type="alltoall", moe_aux_loss_coeff=0.0,
-        moe_grouped_gemm=False, add_bias_linear=False)
-    spec = get_gpt_layer_local_spec(num_experts=layout.experts or None,
-                                    moe_grouped_gemm=False)
-    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+        moe_grouped_gemm=False, add_bias_linear=False, sequence_parallel=layout.sp)
+    return GPTModel(config, _spec(layout), vocab_size=VOCAB, max_sequence_length=SEQ,
                     pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_rank),
                     post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_rank),
                     vp_stage=vp_rank)

@@ -40,15 +40,22 @@ _OPS = {"all_reduce": "all-reduce", "all_gather_into_tensor": "all-gather",
         "all_gather": "all-gather", "reduce_scatter_tensor": "reduce-scatter",
         "reduce_scatter": "reduce-scatter", "all_to_all_single": "all-to-all",
         "broadcast": "broadcast", "barrier": "barrier"}
-# tensor_parallel/mappings.py's autograd functions: the parallelism each serves
-_MAPPINGS = {"_CopyToModelParallelRegion": "TP", "_ReduceFromModelParallelRegion": "TP",
-             "_ScatterToModelParallelRegion": "TP", "_GatherFromModelParallelRegion": "TP",
-             "_AllGatherFromTensorParallelRegion": "TP",
-             "_ReduceScatterToTensorParallelRegion": "TP",
-             "_ScatterToSequenceParallelRegion": "TP sequence-parallel",
-             "_GatherFromSequenceParallelRegion": "TP sequence-parallel",
-             "_ReduceScatterToSequenceParallelRegion": "TP sequence-parallel",
-             "_AllToAll": "EP"}
+# tensor_parallel/mappings.py's autograd functions: the parallelism each serves, and the
+# function of Megatron's that applies it (what names a call no module is known for)
+_SP = "TP sequence-parallel"
+_MAPPINGS = {
+    "_CopyToModelParallelRegion": ("TP", "copy_to_tensor_model_parallel_region"),
+    "_ReduceFromModelParallelRegion": ("TP", "reduce_from_tensor_model_parallel_region"),
+    "_ScatterToModelParallelRegion": ("TP", "scatter_to_tensor_model_parallel_region"),
+    "_GatherFromModelParallelRegion": ("TP", "gather_from_tensor_model_parallel_region"),
+    "_AllGatherFromTensorParallelRegion": (
+        "TP", "all_gather_last_dim_from_tensor_parallel_region"),
+    "_ReduceScatterToTensorParallelRegion": (
+        "TP", "reduce_scatter_last_dim_to_tensor_parallel_region"),
+    "_ScatterToSequenceParallelRegion": (_SP, "scatter_to_sequence_parallel_region"),
+    "_GatherFromSequenceParallelRegion": (_SP, "gather_from_sequence_parallel_region"),
+    "_ReduceScatterToSequenceParallelRegion": (_SP, "reduce_scatter_to_sequence_parallel_region"),
+    "_AllToAll": ("EP", "all_to_all")}
 _LINEAR = "LinearWithGradAccumulationAndAsyncCommunication"
 # the MoE token dispatcher's steps
 _DISPATCHER = {"preprocess": "token counts", "dispatch_preprocess": "token counts",
@@ -206,12 +213,12 @@ def _resolve(call: Call, cache: Cache) -> Origin | None:
                    and f.name.rpartition(".")[0] in _MAPPINGS), None)
     if mapped is not None:
         cls, _, method = mapped.name.rpartition(".")
-        return _mapped(call, frames, mapped, _MAPPINGS[cls], method, recompute, cache)
+        return _mapped(call, frames, mapped, method, recompute, cache)
     for f in frames:
         cls, _, method = f.name.rpartition(".")
         if f.where == "tensor_parallel/layers.py" and cls == _LINEAR:
             ctx = f.frame.f_locals.get("ctx")
-            sp = "TP sequence-parallel" if getattr(ctx, "sequence_parallel", False) else "TP"
+            sp = _SP if getattr(ctx, "sequence_parallel", False) else "TP"
             param = f.frame.f_locals.get("weight") if method == "backward" else None
             module, layer = _module(call, frames, cache, param)
             return _layered(call, module, layer, sp, _phase(method, recompute))
@@ -235,11 +242,13 @@ def _phase(method: str, recompute: bool) -> str:
     return "backward" if method == "backward" else "recompute" if recompute else "forward"
 
 
-def _mapped(call: Call, frames: list[_Frame], f: _Frame, parallelism: str, method: str,
-            recompute: bool, cache: Cache) -> Origin:
+def _mapped(call: Call, frames: list[_Frame], f: _Frame, method: str, recompute: bool,
+            cache: Cache) -> Origin:
     """A collective of one of ``mappings``' autograd functions. The MoE token dispatcher's
     are expert parallelism's whatever the group; a backward takes what its node's forward
-    was (the module, the dispatcher's step) where that communicated."""
+    was (the module, the dispatcher's step) where that communicated, else it is named by the
+    function that applied it (``scatter_to_sequence_parallel_region``)."""
+    parallelism, function = _MAPPINGS[f.name.rpartition(".")[0]]
     ctx = f.frame.f_locals.get("ctx")
     step = next((_DISPATCHER[d.name.rpartition(".")[2]] for d in frames
                  if d.where.startswith("transformer/moe/token_dispatcher")
@@ -252,13 +261,14 @@ def _mapped(call: Call, frames: list[_Frame], f: _Frame, parallelism: str, metho
             parallelism = f"EP {step}"
         if method == "forward" and ctx is not None and call.count:
             cache.nodes[ctx] = (module, layer, parallelism)
-    return _layered(call, module, layer, parallelism, _phase(method, recompute))
+    return _layered(call, module, layer, parallelism, _phase(method, recompute), function)
 
 
 def _layered(call: Call, module: str | None, layer: int | None, parallelism: str,
-             phase: str) -> Origin:
+             phase: str, function: str | None = None) -> Origin:
     """``decoder.layers.3.self_attention.linear_proj: TP all-reduce (forward)``; its unit the
-    layer and parallelism (``layer 3 TP``), else the module's first part (``embedding TP``)."""
+    layer and parallelism (``layer 3 TP``), else the module's first part (``embedding TP``).
+    Where no module is known, ``function`` names it."""
     what = f"{parallelism} {_op(call.op)} ({phase})"
     unit = (f"layer {layer}" if layer is not None else (module or "model").split(".")[0])
     extra: list[tuple[str, Any]] = [(md.MEGATRON_PARALLELISM, parallelism.split(" ")[0])]
@@ -266,7 +276,8 @@ def _layered(call: Call, module: str | None, layer: int | None, parallelism: str
         extra.append((md.MEGATRON_MODULE, module))
     if layer is not None:
         extra.append((md.MEGATRON_LAYER, layer))
-    return Origin(f"{module}: {what}" if module else what, md.OriginKind.MEGATRON,
+    named = module or function
+    return Origin(f"{named}: {what}" if named else what, md.OriginKind.MEGATRON,
                   f"{unit} {parallelism.split(' ')[0]}", phase, tuple(extra), Refresh.ALL)
 
 
