@@ -17,7 +17,8 @@ import torch
 
 from commviz import metadata as md
 from commviz.capture import region  # noqa: F401 - connects the capture hand-off (its graph nodes)
-from commviz.record import calls, capturing, origin
+from commviz.record import calls, capturing
+from commviz.record.recorder import RECORDER
 
 # Keyword names of annotate_collective's **extra that map onto commviz keys.
 _EXTRA_KEYS = {
@@ -99,7 +100,7 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
             # hooks in, any capture may be open: ask the stream, not the long path)
             if not (device == "cuda" and capturing.capture_possible()
                     and capturing.capturing_here()):
-                native = origin.NATIVE
+                native = RECORDER.origins.native
                 key = (site, native.current_origin() if native is not None else 0, name,
                        id(info), in_n, out_n, torch_dtype, device, seq is None)
                 rec = calls.open_repeated(key, info, seq)

@@ -81,7 +81,7 @@ MARK_LANE = "commviz.mark_lane"  # the display lane a commviz.mark asked for
 DEVICE = "commviz.device"        # "cuda" | "cpu": where the tensors live (cuda: the CPU span is launch only)
 TID = "commviz.tid"              # the calling thread's OS id (the profiler trace's "tid")
 ERROR = "commviz.error"          # repr of the exception the call raised, if it raised
-# where a call comes from (commviz.record.origin): one short string, its kind and unit
+# where a call comes from (commviz.record.origins): one short string, its kind and unit
 ORIGIN = "commviz.origin"                # "FSDP forward all-gather (layers.0)", "train.py:88"
 ORIGIN_KIND = "commviz.origin_kind"      # an OriginKind value
 ORIGIN_UNIT = "commviz.origin_unit"      # FSDP module fqn, "bucket 2", "stage 0", function
@@ -99,10 +99,15 @@ ZERO_BUCKET = "commviz.zero_bucket"      # DeepSpeed ZeRO: the gradient bucket, 
 ZERO_PARAMS = "commviz.zero_params"      # the parameters its bucket (or all-gather) holds
 ZERO_BUCKET_FIRST = "commviz.zero_bucket_first"    # its first parameter's name
 ZERO_BUCKET_LAST = "commviz.zero_bucket_last"      # its last parameter's name
+MEGATRON_PARALLELISM = "commviz.megatron_parallelism"  # Megatron-core: "TP", "PP", "EP", "DP"
+MEGATRON_MODULE = "commviz.megatron_module"  # its module, global layer index: decoder.layers.3.mlp
+MEGATRON_LAYER = "commviz.megatron_layer"    # its transformer layer (layer_number - 1)
+MEGATRON_BUCKET = "commviz.megatron_bucket"  # its DDP's bucket (bucket_id)
 ORIGIN_KEYS = (ORIGIN, ORIGIN_KIND, ORIGIN_UNIT, ORIGIN_PHASE, ORIGIN_MICROBATCH,
                BACKWARD_CALLSITE, COMPILED_AT, DDP_BUCKET, DDP_BUCKET_PARAMS, DDP_BUCKET_BYTES,
                DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST, ZERO_BUCKET, ZERO_PARAMS,
-               ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST)
+               ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST, MEGATRON_PARALLELISM, MEGATRON_MODULE,
+               MEGATRON_LAYER, MEGATRON_BUCKET)
 
 
 class OriginKind(StrEnum):
@@ -114,7 +119,8 @@ class OriginKind(StrEnum):
     DTENSOR = "DTensor"
     PIPELINE = "pipelining"
     COMPILED = "compiled"
-    DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origin_deepspeed.py)
+    DEEPSPEED = "DeepSpeed"    # its engine and ZeRO optimizers (record/origins/deepspeed.py)
+    MEGATRON = "Megatron"      # Megatron-core's parallelisms (record/origins/megatron.py)
     BACKWARD = "backward"      # an autograd thread's call: the line that called backward()
     UNKNOWN = "unknown"        # no Python caller and no framework range
 

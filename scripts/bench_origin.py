@@ -1,8 +1,8 @@
-"""What working out a DTensor origin costs per call, in Python (``commviz.record.origin``).
+"""What working out a DTensor origin costs per call, in Python (``commviz.record.origins``).
 
 A DTensor redistribute's origin is worked out per call (layers called in a loop share call
-site and sizes): the live frames are read (``origin.read``) and the innermost module named
-(``origin.module_name``). This prints the thread CPU time of those two for a redistribute
+site and sizes): the live frames are read (``frames.read``) and the innermost module named
+(``names.module_name``). This prints the thread CPU time of those two for a redistribute
 ``--depth`` modules deep (default 8, about a transformer block's nesting under its model),
 median and best of ``--rounds`` rounds of ``--calls`` calls. No process group: the stack is
 real nn.Module calls down to a function compiled under DTensor's own file and name, which is
@@ -19,7 +19,9 @@ from typing import Any, Callable
 
 import torch
 
-from commviz.record import calls, origin
+from commviz.record import calls
+from commviz.record.origins import dtensor, frames, names
+from commviz.record.recorder import RECORDER
 
 
 def _stack(depth: int) -> torch.nn.Module:
@@ -27,7 +29,7 @@ def _stack(depth: int) -> torch.nn.Module:
     (a stand-in compiled under that file and name), which calls the measure."""
     scope: dict[str, Any] = {}
     exec(compile("def redistribute_local_tensor(measure):\n    return measure()\n",
-                 origin._where().redistribute, "exec"), scope)
+                 dtensor.redistribute_file(), "exec"), scope)
 
     class Nested(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module | None) -> None:
@@ -52,16 +54,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args()
 
+    state = RECORDER.origins
+
     def measure() -> float:
         caller = sys._getframe(1)
         start = time.thread_time_ns()
         for _ in range(args.calls):
-            origin.module_name(origin.read(caller, calls.own_code).modules)
+            names.module_name(frames.read(caller, calls.own_code, state.looks).modules,
+                              state.modules)
         return (time.thread_time_ns() - start) / args.calls / 1000
 
     model = _stack(args.depth)
     runs = [model(measure) for _ in range(args.rounds)]
-    print(f"read + module_name, {args.depth} modules deep ({origin.__file__}): "
+    print(f"read + module_name, {args.depth} modules deep ({frames.__file__}): "
           f"median {statistics.median(runs):.2f} us, best {min(runs):.2f} us per call")
 
 

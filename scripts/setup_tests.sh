@@ -35,6 +35,13 @@ DS_ACCELERATOR=cpu .venv/bin/python -c "
 from deepspeed.accelerator import get_accelerator
 get_accelerator().create_op_builder('ShareMemCommBuilder').load(verbose=False)" >/dev/null 2>&1 \
   || echo "deepspeed: its CPU comm op not built; tests/test_framework_deepspeed.py builds it"
+# Megatron-core, whose GPTModel, schedules, DDP and optimizer tests/test_framework_megatron.py
+# runs on CPU: with --no-deps (Transformer Engine and Apex are optional; it imports torch,
+# numpy and packaging, which are here). 0.16.1 is the newest built for Python 3.11.
+MCORE="megatron-core==0.16.1"
+if ! pinned $MCORE; then
+  pip install --no-deps $MCORE
+fi
 # Debian packages the tests start for real, where they are missing and we may install them (as
 # root with apt-get). Their services must not start (a container's policy-rc.d already says so;
 # elsewhere one is put in place for the install only): the tests run their own.

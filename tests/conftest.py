@@ -37,6 +37,16 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_origins():
+    """Each test starts with the origin resolvers' state empty (where commviz's recorder is
+    loaded in this process: loading it here would change what tests of imports see)."""
+    recorder = sys.modules.get("commviz.record.recorder")
+    if recorder is not None:
+        recorder.RECORDER.origins.reset()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _quiet_env(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))

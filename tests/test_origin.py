@@ -9,6 +9,7 @@ and the records each made are told apart by their order.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -171,13 +172,41 @@ def _pipelines(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def _modes(rank: int, world: int) -> dict[str, Any]:
+    """Calls made under a torch function mode (``isend`` / ``irecv`` ask it) and under a
+    dispatch mode (c10d's ops pass through it): the modes' hooks run between the line that
+    made each call and torch's kernel. Returns the records and each call's line."""
+    import torch.distributed as dist
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001,ANN204
+            return func(*args, **(kwargs or {}))
+
+    class Dispatching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001,ANN204
+            return func(*args, **(kwargs or {}))
+
+    lines = []
+    mark = len(_records())
+    with Passing():
+        lines.append(sys._getframe().f_lineno + 1)
+        work = dist.isend(torch.ones(4), 1) if rank == 0 else dist.irecv(torch.ones(4), 0)
+        work.wait()
+    with Dispatching():
+        lines.append(sys._getframe().f_lineno + 1)
+        dist.all_reduce(torch.ones(4))
+    return {"records": _since(mark), "lines": lines}
+
+
 def _job(rank: int, world: int, run_dir: str) -> dict[str, Any]:
     import commviz
 
     commviz.RECORDER.clear()
     commviz.start(run_dir, flush_interval=None)
     out = {"ddp": _ddp(rank, world), "fsdp_tp_compiled": _fsdp_tp_compiled(rank, world),
-           "pipelines": _pipelines(rank, world)}
+           "pipelines": _pipelines(rank, world), "modes": _modes(rank, world)}
     out["all"] = _records()
     commviz.flush()
     return out
@@ -211,6 +240,19 @@ def pipelines4(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
 
 
 # -- the checks ----------------------------------------------------------------------------------
+
+def test_a_mode_is_never_where_a_call_comes_from(ranks: list[dict[str, Any]]) -> None:
+    """A torch function mode's and a dispatch mode's hooks run between the program's line and
+    torch's kernel; the call was made where the program made it (its line, as Python counts
+    it), in the record's call site and origin."""
+    for rank, result in enumerate(ranks):
+        modes = result["modes"]
+        assert [r["commviz.op"] for r in modes["records"]] == [
+            "send" if rank == 0 else "recv", "all_reduce"]
+        for r, line in zip(modes["records"], modes["lines"]):
+            assert r[ORIGIN] == f"test_origin.py:{line}", r[ORIGIN]
+            assert r["commviz.callsite"].endswith(f"test_origin.py:{line}"), r["commviz.callsite"]
+
 
 def test_no_record_without_an_origin(ranks: list[dict[str, Any]]) -> None:
     for snap in ranks:

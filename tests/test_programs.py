@@ -29,7 +29,7 @@ def _start(run_dir: str) -> None:
 
 
 def _every_record_has_an_origin(snap: dict[str, Any]) -> None:
-    """Each record names the code or framework unit it comes from (commviz.record.origin)."""
+    """Each record names the code or framework unit it comes from (commviz.record.origins)."""
     assert snap["records"]
     assert [r["commviz.op"] for r in snap["records"]
             if not r.get("commviz.origin") or r.get("commviz.origin_kind") == "unknown"] == []

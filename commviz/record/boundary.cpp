@@ -106,7 +106,7 @@ struct Python {
   py::object begin, finish;   // build / finish a full record
   py::object shape;           // register a call site's shape: (index, GroupInfo, slots, src,
                               // dst) | ...
-  py::object microbatch;      // a 1F1B p2p call's micro-batch (origin.MicroBatches), or -1
+  py::object microbatch;      // a 1F1B p2p call's micro-batch (origins.pipelining), or -1
   py::object scoped;          // a call in a calls.SCOPE block: (GroupInfo, slots) | None
   py::object failed;          // a natively recorded call raised: (ordinal, error)
   py::object hooks;           // commviz.record.capturing: its installed(), looked up per
@@ -181,16 +181,28 @@ const py::object& pg_name(c10d::ProcessGroup& pg) {
 
 // The call site: the first Python frame outside torch and commviz (``g_own_dirs``), found by
 // walking this thread's frames with a per-code-object verdict cached (code objects are kept).
+// A torch function or dispatch mode's hook (``__torch_function__``, ``__torch_dispatch__``,
+// calls.MODE_HOOKS) is never one: the call was made where the code it intercepted made it.
 std::vector<std::string>* g_own_dirs = new std::vector<std::string>();
 auto* g_skip = new std::unordered_map<PyObject*, bool>();
+
+bool mode_hook(PyCodeObject* code) {
+  const char* name = PyUnicode_AsUTF8(code->co_name);
+  if (name == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  return std::strcmp(name, "__torch_function__") == 0 ||
+         std::strcmp(name, "__torch_dispatch__") == 0;
+}
 
 bool own_code(PyCodeObject* code) {
   auto it = g_skip->find(reinterpret_cast<PyObject*>(code));
   if (it != g_skip->end()) return it->second;
-  bool own = false;
-  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  bool own = mode_hook(code);
+  const char* file = own ? nullptr : PyUnicode_AsUTF8(code->co_filename);
   if (file == nullptr) {
-    PyErr_Clear();
+    if (!own) PyErr_Clear();
   } else {
     for (const std::string& dir : *g_own_dirs) {
       if (std::strncmp(file, dir.c_str(), dir.size()) == 0) {
@@ -363,7 +375,7 @@ bool seen_site(Site*) { return false; }  // (no fast path before Python 3.11)
 // record_function enters and exits a range through two ops (profiler::_record_function_enter_new
 // and _record_function_exit), which take no tensors and so pass the BackendSelect key: commviz
 // puts a kernel there too (`RangeEnter`, `RangeExit`), which keeps, per thread, the chain of
-// open ranges whose names start with one of commviz.record.origin's prefixes, interned as an
+// open ranges whose names start with one of the origin resolvers' prefixes, interned as an
 // id. A call's origin is then one thread-local read, and its shape is per (call site, origin).
 // No RecordFunction callback is added: with one on USER_SCOPE, c10d's Work would build its own
 // profiling range on every collective.
@@ -1389,7 +1401,8 @@ class Kernel {
     return g_shapes->insert_or_assign(key, std::move(shape)).first->second;
   }
 
-  // This 1F1B p2p call's micro-batch (origin.MicroBatches), -2 where it has none. Needs the GIL.
+  // This 1F1B p2p call's micro-batch (origins.pipelining.MicroBatches), -2 where it has none.
+  // Needs the GIL.
   int32_t microbatch() const {
     py::object got = g_py->microbatch(spec_.code);
     return got.is_none() ? -2 : got.cast<int32_t>();

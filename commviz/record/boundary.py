@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from commviz import metadata as md
-from commviz.record import calls, capturing, ddp_buckets, origin
+from commviz.record import calls, capturing, ddp_buckets, origins
 from commviz.record.ops import CODES, OPS, OpSpec
 from commviz.record.recorder import RECORDER
 
@@ -194,15 +194,16 @@ class _Boundary:
                   "failed": calls.failed, "hooks": capturing, "coalescing": calls.COALESCING}
         boxed, unrecorded = ext.install(specs, python,
                                         (md.R_SEQ, md.R_T_END, md.R_META, md.R_REGION),
-                                        list(calls.OWN_DIRS), list(origin.prefixes()))
+                                        list(calls.OWN_DIRS),
+                                        list(origins.prefixes(RECORDER.origins)))
         self._ext = ext
         stack = calls.SCOPE.stack
         ext.set_scope(len(stack), stack[-1] if stack else None)
         calls.MIRROR = ext.set_scope
         capturing.NOTIFY = ext.set_capture_possible
         capturing.changed()
-        origin.NATIVE = ext
-        ext.watch_exit(origin.DDP_FORWARD, ddp_buckets.learn)
+        RECORDER.origins.native = ext
+        ext.watch_exit(origins.ddp.FORWARD, ddp_buckets.learn)
         self.boxed, self.unrecorded = tuple(boxed), tuple(unrecorded)
         if unrecorded:
             warnings.warn("commviz: another kernel sits at BackendSelect for "

@@ -39,7 +39,7 @@ from torch.distributed import distributed_c10d as _c10d
 
 from commviz import metadata as md
 from commviz.record import capturing as _capture
-from commviz.record import origin as _origin
+from commviz.record import origins as _origins
 from commviz.record import recorder as _rec
 from commviz.record.ops import OPS
 
@@ -144,14 +144,19 @@ def _own_dirs() -> tuple[str, ...]:
 
 
 OWN_DIRS = _own_dirs()
+# a torch function or dispatch mode's hooks (a tensor subclass's too): never a call site, the
+# call was made where the code they intercepted made it (boundary.cpp's ``mode_hook`` too)
+MODE_HOOKS = frozenset({"__torch_function__", "__torch_dispatch__"})
 _skip_code: dict[CodeType, bool] = {}
 
 
 def own_code(code: CodeType) -> bool:
-    """Whether a frame of ``code`` is torch's or commviz's (cached per code object)."""
+    """Whether a frame of ``code`` is torch's or commviz's, or a mode's hook (cached per code
+    object)."""
     skip = _skip_code.get(code)
     if skip is None:
-        skip = _skip_code[code] = code.co_filename.startswith(OWN_DIRS)
+        skip = _skip_code[code] = (code.co_filename.startswith(OWN_DIRS)
+                                   or code.co_name in MODE_HOOKS)
     return skip
 
 
@@ -168,12 +173,14 @@ def callsite(depth: int = 2) -> tuple[str | None, int | None]:
     return None, None
 
 
-# -- the origin: the unit a call serves (commviz.record.origin), per call shape ----------------
+# -- the origin: the unit a call serves (commviz.record.origins), per call shape ---------------
 
+_STATE = _rec.RECORDER.origins
 # per shape: its origin keys, and whether each call adds its micro-batch (Refresh.MICROBATCH)
-_origins: dict[tuple[Any, ...], tuple[dict[str, Any], bool]] = {}
-_merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-Refresh = _origin.Refresh
+_shapes = _STATE.shapes
+_merged = _STATE.merged
+_PIPELINING = _origins.pipelining.RESOLVER.name
+Refresh = _origins.Refresh
 _NOTHING = Refresh.NOTHING        # read on every call: an enum member's lookup costs a call
 _PIPELINE = md.OriginKind.PIPELINE
 
@@ -190,26 +197,26 @@ def with_origin(extra: dict[str, Any] | None, op: str, kind: str, numel: int, nb
     function's caller; ``count``: False where the call is only being looked at (``shape``:
     ``begin`` records it)."""
     if origin is None:
-        native = _origin.NATIVE
+        native = _STATE.native
         origin = native.current_origin() if native is not None else 0
     # a p2p call's peer is part of its shape: one pipeline call site sends forward to the
     # next stage and backward to the previous one
     key = (origin, site, op, kind, numel, extra.get(md.PEER) if extra and kind == "p2p" else None)
-    cached = _origins.get(key)
+    cached = _shapes.get(key)
     if cached is None or cached[1]:
         try:
             frame: FrameType | None = _getframe(depth + 1)
         except ValueError:                  # no Python frame: an autograd device thread
             frame = None
     if cached is None:
-        keys, refresh = _origin.resolve(origin, op, kind, numel, nbytes, frame, own_code,
-                                        count)
+        keys, refresh = _origins.resolve(_STATE, origin, op, kind, numel, nbytes, frame,
+                                         own_code, count)
         if refresh is Refresh.ALL:
             return dict(extra or {}, **keys), Refresh.ALL
-        cached = _origins[key] = (keys, refresh is Refresh.MICROBATCH)
+        cached = _shapes[key] = (keys, refresh is Refresh.MICROBATCH)
     keys, batched = cached
     if batched:
-        keys = _origin.MICRO_BATCHES.keys(keys, frame)
+        keys = _STATE.caches[_PIPELINING].keys(keys, frame)
     if kind != "collective":
         return dict(extra or {}, **keys), Refresh.MICROBATCH if batched else Refresh.NOTHING
     content = (id(keys), *extra.items()) if extra else (id(keys),)
@@ -359,7 +366,7 @@ def open_record(op: str, kind: str, info: md.GroupInfo, in_n: int, out_n: int, d
     shape = None
     if want_meta:                  # an annotation repeating its site's shape takes its extra
         if origin is None:
-            native = _origin.NATIVE
+            native = _STATE.native
             origin = native.current_origin() if native is not None else 0
         shape = _repeated(rec, site, extra, origin)
     if shape is None:
@@ -491,12 +498,13 @@ def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
 
 
 def microbatch(code: int) -> int | None:
-    """The micro-batch of the 1F1B p2p call being made (``origin.MicroBatches``), if any."""
+    """The micro-batch of the 1F1B p2p call being made (``pipelining.MicroBatches``), if
+    any."""
     try:
         frame: FrameType | None = _getframe(1)
     except ValueError:                      # no Python frame: an autograd device thread
         return None
-    return _origin.MICRO_BATCHES.of(frame, _SPECS[code].op == "send")
+    return _STATE.caches[_PIPELINING].of(frame, _SPECS[code].op == "send")
 
 
 def scoped(code: int, pg_name: str, cuda: bool) -> tuple[md.GroupInfo, int] | None:
@@ -534,7 +542,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
         seq = None
         async_op = True      # c10d's send/recv only enqueue (torch's send() waits afterwards)
         extra, src, dst = _peers(spec, info, root)
-        fr, pair = _origin.NATIVE.take_p2p(info.name, -1 if src is None else src,
+        fr, pair = _STATE.native.take_p2p(info.name, -1 if src is None else src,
                                            -1 if dst is None else dst, _coalescing_block(info))
         extra[md.FR_P2P_SEQ] = fr
         if pair >= 0:

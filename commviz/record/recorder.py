@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from commviz import metadata as md
 from commviz.record import schema, store
+from commviz.record.origins import RESOLVERS, State
 from commviz.record.journal import (CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal,
                                     flush_lock, native_numbers)
 
@@ -65,6 +66,7 @@ class Recorder:
         self.before_payload: list[Callable[[], None]] = []
         self._identity: dict[str, Any] = {}
         self.journal: Journal | None = None   # every record, kept on disk past a SIGKILL
+        self.origins = State(RESOLVERS)       # what working out origins keeps (``origins``)
 
     @property
     def enabled(self) -> bool:

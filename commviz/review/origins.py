@@ -1,6 +1,6 @@
 """Communication per origin: which part of the program (``commviz.origin``) costs the time.
 
-Each record names where its call comes from (``commviz.record.origin``): the user's call site,
+Each record names where its call comes from (``commviz.record.origins``): the user's call site,
 or the framework unit it serves (an FSDP module and phase, a DDP bucket, a pipeline stage and
 action, a DTensor redistribute, a compiled function). ``rollup`` adds the instances' comm
 time and wait time up per origin (``ORIGIN``: the origin string) or per unit (``UNIT``: one

@@ -1,5 +1,5 @@
-"""DeepSpeed's units, named as its users know them (``origin.resolve`` asks here only once
-``deepspeed`` is imported).
+"""DeepSpeed's units, named as its users know them (looked for only once ``deepspeed`` is
+imported).
 
 DeepSpeed opens no profiler range of its own on CPU (its ``instrument_w_nvtx`` ranges go to the
 accelerator's NVTX, not to ``record_function``), so, as for pipelining's stages, the units come
@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from commviz import metadata as md
+from commviz.record.origins.base import Call, Origin, Refresh, Resolver
 
 ZERO3 = "ZeRO-3"
 # (file under deepspeed/, function) -> the unit a call made inside it serves
@@ -55,9 +56,9 @@ _WRAPPERS = ("comm/", "utils/nvtx.py", "runtime/comm/")
 
 
 class Unit(NamedTuple):
-    """The DeepSpeed unit a call serves (``origin.resolve`` makes it an ``Origin`` of kind
-    DeepSpeed, worked out per call: DeepSpeed issues every collective from the same few lines
-    of its ``comm`` wrappers, so a call's site and sizes do not tell its units apart, a bucket's
+    """The DeepSpeed unit a call serves (``_resolve`` makes it an ``Origin`` of kind DeepSpeed,
+    worked out per call: DeepSpeed issues every collective from the same few lines of its
+    ``comm`` wrappers, so a call's site and sizes do not tell its units apart, a bucket's
     all_reduce and the gradient norm's among them)."""
 
     text: str
@@ -105,7 +106,28 @@ def _stage(frames: list[_Frame]) -> str:
     return ZERO3
 
 
-def unit(frame: FrameType | None, op: str, count: bool) -> Unit | None:
+class Cache:
+    """What DeepSpeed's units keep: each ZeRO optimizer's buckets, each model's owners of
+    parameters."""
+
+    def __init__(self) -> None:
+        self.buckets = ZeroBuckets()
+        self.owned: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = (
+            weakref.WeakKeyDictionary())
+
+
+def _resolve(call: Call, cache: Cache) -> Origin | None:
+    if "deepspeed" not in sys.modules:
+        return None
+    found = unit(call.frame, call.op, call.count, cache)
+    if found is None:
+        return None
+    # per call: DeepSpeed issues all from a few lines
+    return Origin(found.text, md.OriginKind.DEEPSPEED, found.unit, found.phase, found.extra,
+                  Refresh.ALL)
+
+
+def unit(frame: FrameType | None, op: str, count: bool, cache: Cache) -> Unit | None:
     """The DeepSpeed unit a call made from ``frame`` serves; None outside DeepSpeed."""
     frames = _frames(frame)
     if not frames:
@@ -113,10 +135,10 @@ def unit(frame: FrameType | None, op: str, count: bool) -> Unit | None:
     keys = {(f.where, f.name): f for f in frames}
     if _GATHER in keys:
         return _gathered(keys[_GATHER].frame, next(
-            (f.frame for f in frames if (f.where, f.name) in _OFFLOAD), None))
+            (f.frame for f in frames if (f.where, f.name) in _OFFLOAD), None), cache.owned)
     for bucket in (_BUCKET3, _BUCKET12):
         if bucket in keys:
-            return BUCKETS.unit(keys[bucket].frame, _stage(frames), op,
+            return cache.buckets.unit(keys[bucket].frame, _stage(frames), op,
                                 any(f.name == _EPILOGUE for f in frames), count)
     for f in frames:
         if (f.where, f.name) == _TRACE:
@@ -138,28 +160,27 @@ def _named(text: str, unit: str) -> Unit:
     return Unit(text, unit, text.removeprefix(unit).strip())
 
 
-def _gathered(gather: FrameType, offload: FrameType | None) -> Unit:
+def _gathered(gather: FrameType, offload: FrameType | None,
+              owned: "weakref.WeakKeyDictionary[Any, dict[int, str]]") -> Unit:
     """ZeRO-3's all-gather of ``params`` (the coordinator's ``__all_gather_params``): the
     modules whose parameters it gathers, in the model's order."""
     loc = gather.f_locals
     phase = ("forward" if loc.get("forward") else "backward") + " allgather params"
     root = getattr(offload.f_locals.get("self"), "module", None) if offload is not None else None
-    names = _owners(root, loc.get("params") or ())
+    names = _owners(root, loc.get("params") or (), owned)
     modules = _span(names) if names else "?"
     return Unit(f"{ZERO3} {phase} ({modules})", modules, phase,
                 ((md.ZERO_PARAMS, len(loc.get("params") or ())),))
 
 
-_owned: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
-
-
-def _owners(root: Any, params: Any) -> list[str]:
+def _owners(root: Any, params: Any, owned: "weakref.WeakKeyDictionary[Any, dict[int, str]]"
+            ) -> list[str]:
     """The names of the modules (in ``root.named_modules()`` order) owning ``params``."""
     if root is None:
         return []
-    owner = _owned.get(root)
+    owner = owned.get(root)
     if owner is None or any(id(p) not in owner for p in params):
-        owner = _owned[root] = {}
+        owner = owned[root] = {}
         for name, mod in root.named_modules():
             for p in mod.parameters(recurse=False):
                 owner.setdefault(id(p), name or "<root>")
@@ -216,4 +237,4 @@ def _bucket_params(opt: Any, frame: FrameType) -> list[Any]:
     return [lookup[i] for _, _, i in getattr(bucket, "params", ()) if i in lookup]
 
 
-BUCKETS = ZeroBuckets()
+RESOLVER = Resolver("DeepSpeed", _resolve, Cache)
