@@ -35,7 +35,7 @@ what was named: a slowdown that lasts half the run does not become the measure i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -82,6 +82,30 @@ class Straggler(NamedTuple):
     cause: str = Cause.LATE
     peer: int | None = None          # p2p_link: the receiver (``rank`` sends)
     waited: tuple[int, ...] = ()     # ranks it made late elsewhere (never named themselves)
+
+
+def said(s: Mapping[str, Any], fmt_ns: Callable[[int], str]) -> str:
+    """One named rank in one line, as the watcher and the report say it (``s``: a
+    ``Straggler._asdict()`` or its windows-series line; a line without a cause is late)."""
+    cause, rank, cost = s.get("cause", Cause.LATE), s["rank"], fmt_ns(s["cost_ns"])
+    waited = s.get("waited") or []
+    held = (f"; ranks {', '.join(map(str, waited))} waited for it there (not named)"
+            if waited else "")
+    where = f"{s['origin']} in {s['group_label']}"
+    if cause == Cause.TRANSFER:
+        return (f"TRANSFER: rank {rank}'s transfers are slow: the {s['late_in']} groups it "
+                f"shares run {fmt_ns(s['skew_ns'])} slower per instance than their sibling "
+                f"groups (worst at {where}), cost the others {cost}{held}")
+    if cause == Cause.PAUSE:
+        return (f"PAUSE: rank {rank} stopped: {s['late_in']} of its groups stalled at once "
+                f"waiting for it (longest {fmt_ns(s['skew_ns'])}, at {where}), cost the "
+                f"others {cost}{held}")
+    if cause == Cause.P2P_LINK:
+        return (f"P2P LINK: rank {rank} -> rank {s['peer']} at {s['origin']}: delivery "
+                f"{fmt_ns(s['skew_ns'])} slower than its sibling links (slow in "
+                f"{s['late_in']} of {s['instances']} transfers), cost {cost}{held}")
+    return (f"LATE: rank {rank} to {where}: last in {s['late_in']} of {s['instances']}, skew "
+            f"{fmt_ns(s['skew_ns'])} (median), cost the others {cost} of waiting{held}")
 
 
 def quantile(hist: np.ndarray, q: float) -> int | None:
