@@ -110,13 +110,18 @@ def said(s: Mapping[str, Any], fmt_ns: Callable[[int], str]) -> str:
 
 def quantile(hist: np.ndarray, q: float) -> int | None:
     """A histogram's ``q`` quantile over ``BINS``, to within a bin (12 %)."""
-    total = int(hist.sum())
-    if not total:
-        return None
-    i = int(np.searchsorted(np.cumsum(hist), q * total, side="left"))
-    lo = BINS[i - 1] if i > 0 else 0.0
-    hi = BINS[min(i, len(BINS) - 1)]
-    return int((lo * hi) ** 0.5 if lo else hi / 2)
+    got = quantiles(hist[None, :], q)[0]
+    return None if got < 0 else int(got)
+
+
+def quantiles(hists: np.ndarray, q: float) -> np.ndarray:
+    """``quantile`` of each row of ``hists`` (-1: an empty row)."""
+    total = hists.sum(axis=1)
+    i = (np.cumsum(hists, axis=1) < (q * total)[:, None]).sum(axis=1)
+    lo = np.where(i > 0, BINS[np.maximum(i - 1, 0)], 0.0)
+    hi = BINS[np.minimum(i, len(BINS) - 1)]
+    out = np.where(lo > 0, np.sqrt(lo * hi), hi / 2).astype(np.int64)
+    return np.where(total > 0, out, -1)
 
 
 @dataclass
@@ -282,17 +287,19 @@ class Judge:
         for rank, idx in by_rank.items():
             idx.sort(key=lambda i: int(sub.first_start[i]))
             best: list[int] = []
+            best_groups: set[int] = set()
             episode: list[int] = []
+            in_episode: set[int] = set()
             end = -1
             for i in idx:                     # stalls overlapping in time: one episode
                 if episode and int(sub.first_start[i]) > end:
-                    episode = []
+                    episode, in_episode = [], set()
                 episode.append(i)
+                in_episode.add(int(sub.group[i]))
                 end = max(end, int(sub.last_start[i]))
-                if len({int(sub.group[j]) for j in episode}) > \
-                        len({int(sub.group[j]) for j in best}):
-                    best = list(episode)
-            groups = {int(sub.group[j]) for j in best}
+                if len(in_episode) > len(best_groups):
+                    best, best_groups = list(episode), set(in_episode)
+            groups = best_groups
             if len(groups) < 2 or sub.inherited[best].all():
                 continue
             worst = max(best, key=lambda j: int(skew[j]))

@@ -44,12 +44,12 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.live.cause import BINS as SKEW_BINS
-from commviz.live.cause import Judge, Straggler, quantile
+from commviz.live.cause import Judge, Straggler, quantile, quantiles
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import WARMUP
 
-SHAPES_REMEMBERED = 4096
+SHAPES_REMEMBERED = 1 << 19          # shape objects known by identity (p2p: one per peer)
 P2P_GROUP = "p2p"                # the rows of transfers: one group, a row per origin
 INHERIT_SHARE = 0.5              # a late arrival its previous collective held this much of
 CHAIN = 16                       # links followed back to the rank whose lateness it is
@@ -60,6 +60,7 @@ class Calls:
 
     def __init__(self) -> None:
         self.shapes: list[Shape] = []
+        self.tabled = _Tabled()
         self._index: dict[Shape, int] = {}
         self._content: dict[tuple, int] = {}
         self.rank, self.shape = array("i"), array("i")
@@ -83,6 +84,7 @@ class Calls:
             if i is None:
                 i = self._content[content] = len(self.shapes)
                 self.shapes.append(shape)
+                self.tabled.add(shape)
             if len(self._index) > SHAPES_REMEMBERED:
                 self._index.clear()
             self._index[shape] = i
@@ -96,12 +98,16 @@ class Calls:
             return
         rank, _, seq, pair, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
         index = list(map(self._index.get, shapes))
-        if None in index:
-            index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
+        if None in index:              # each new shape once, then every call by identity
+            for shape in {s for s, i in zip(shapes, index) if i is None}:
+                self.shape_index(shape)
+            index = list(map(self._index.get, shapes))
+            if None in index:          # the identities were forgotten meanwhile (many shapes)
+                index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
         if None in seq:
-            seq = tuple(-1 if n is None else n for n in seq)
+            seq = [-1 if n is None else n for n in seq]
         if None in pair:
-            pair = tuple(-1 if n is None else n for n in pair)
+            pair = [-1 if n is None else n for n in pair]
         self.rank.extend(rank)
         self.shape.extend(index)
         self.seq.extend(seq)
@@ -120,6 +126,7 @@ class Calls:
         """A new ``Calls`` holding ``rows`` of these (the same shapes)."""
         out = Calls()
         out.shapes, out._index, out._content = self.shapes, self._index, self._content
+        out.tabled = self.tabled
         for name, col in self.columns().items():
             getattr(out, name).frombytes(col[rows].tobytes())
         return out
@@ -160,8 +167,8 @@ class Instances:
     launch_only: np.ndarray
     gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
     size: np.ndarray             # bytes (nccl-tests' S)
-    root: np.ndarray             # the rank whose lateness it was (``_roots``; -1: not known)
-    inherited: np.ndarray        # its late rank's lateness was carried in (``_held``)
+    root: np.ndarray             # the rank whose lateness it was (``roots``; -1: not known)
+    inherited: np.ndarray        # its late rank's lateness was carried in (``held``)
 
     @property
     def skew(self) -> np.ndarray:
@@ -252,31 +259,44 @@ _TRANSFER_ARRAYS = ("group", "origin", "src", "dst", "link", "size", "send_post"
                     "delivery")
 
 
-def _shape_table(shapes: list[Shape]) -> _ShapeTable:
-    groups: dict[str, int] = {}
-    origins: dict[str, int] = {}
-    g_list: list[Group] = []
-    cols: dict[str, list[Any]] = {k: [] for k in ("group", "origin", "size", "launch", "factor",
-                                                  "collective", "src", "dst")}
-    for s in shapes:
-        if s.group not in groups:
-            groups[s.group] = len(g_list)
-            g_list.append(Group(s.group, s.group_desc, s.group_ranks))
-        origin = s.origin or s.op
-        cols["group"].append(groups[s.group])
-        cols["origin"].append(origins.setdefault(origin, len(origins)))
+class _Tabled:
+    """The shape table's columns, grown by each new shape once (``Calls.shape_index``): a
+    window's join reads them as arrays, never walking every shape again."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, int] = {}
+        self.origins: dict[str, int] = {}
+        self.g_list: list[Group] = []
+        self.cols: dict[str, list[Any]] = {k: [] for k in (
+            "group", "origin", "size", "launch", "factor", "collective", "src", "dst")}
+        self._table: _ShapeTable | None = None
+
+    def add(self, s: Shape) -> None:
+        if s.group not in self.groups:
+            self.groups[s.group] = len(self.g_list)
+            self.g_list.append(Group(s.group, s.group_desc, s.group_ranks))
+        cols = self.cols
+        cols["group"].append(self.groups[s.group])
+        cols["origin"].append(self.origins.setdefault(s.origin or s.op, len(self.origins)))
         cols["size"].append(s.size_bytes or 0)
         cols["launch"].append(s.async_op or s.device == "cuda")
         cols["factor"].append(bw.bus_factor(s.ctype, len(s.group_ranks)) or 0.0)
         cols["collective"].append(s.kind == "collective")
-        for end in ("src", "dst"):
-            peer = s.meta.get(md.SRC if end == "src" else md.DST) if s.kind == "p2p" else None
+        for end, key in (("src", md.SRC), ("dst", md.DST)):
+            peer = s.meta.get(key) if s.kind == "p2p" else None
             cols[end].append(-1 if peer is None else int(peer))
-    src, dst = np.array(cols["src"], np.int64), np.array(cols["dst"], np.int64)
-    return _ShapeTable(np.array(cols["group"], np.int32), np.array(cols["origin"], np.int32),
-                       np.array(cols["size"], np.int64), np.array(cols["launch"], bool),
-                       np.array(cols["factor"], np.float64), np.array(cols["collective"], bool),
-                       (src >= 0) & (dst >= 0), src, dst, g_list, list(origins))
+        self._table = None
+
+    def table(self) -> _ShapeTable:
+        if self._table is None:
+            c = self.cols
+            src, dst = np.array(c["src"], np.int64), np.array(c["dst"], np.int64)
+            self._table = _ShapeTable(
+                np.array(c["group"], np.int32), np.array(c["origin"], np.int32),
+                np.array(c["size"], np.int64), np.array(c["launch"], bool),
+                np.array(c["factor"], np.float64), np.array(c["collective"], bool),
+                (src >= 0) & (dst >= 0), src, dst, list(self.g_list), list(self.origins))
+        return self._table
 
 
 def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.ndarray]:
@@ -285,7 +305,7 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.nd
 
     ``seen``: the ranks whose calls this reader has; an instance is complete when every rank
     of its group among them made the call."""
-    table = _shape_table(calls.shapes)
+    table = calls.tabled.table()
     full = calls.columns()
     joins = table.collective[full["shape"]] & (full["seq"] >= 0)
     transfers = table.p2p[full["shape"]] & (full["pair"] >= 0)
@@ -339,16 +359,16 @@ def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
     late_rank = rank[lasts]
-    own, held = _held(rank, begin, end, starts, lasts, complete & ~launch)
+    own, carried = held(rank, begin, end, starts, lasts, complete & ~launch)
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
                      last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
                      comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed, size=size,
-                     root=_roots(own, held, late_rank), inherited=~own)
+                     root=roots(own, carried, late_rank), inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
 
 
-def _held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
+def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
           lasts: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per instance: whether its late rank was late by its own doing, and else the instance
     its lateness came from (-1: not known).
@@ -375,7 +395,7 @@ def _held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarr
     return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
 
 
-def _roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
     """Per instance the rank whose lateness it was: its late rank's when its own, else along
     ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
     longer than ``CHAIN``)."""
@@ -472,17 +492,16 @@ class Totals:
     wait_ns: int = 0
     skews: np.ndarray = field(default_factory=lambda: np.zeros(len(SKEW_BINS) + 1, np.int64))
 
-    def add(self, inst: Instances) -> None:
-        has_comm = inst.comm >= 0
-        self.instances += len(inst)
-        self.timed += int(inst.gpu.sum())
-        self.calls += int(inst.n.sum())
-        self.comm_ns += int(inst.comm[has_comm].sum())
-        self.bus_bytes += float(inst.bus_bytes.sum())
-        self.bus_ns += int(inst.comm[inst.bus_bytes > 0].sum())
-        self.wait_ns += int(inst.wait.sum())
-        self.skews += np.bincount(np.searchsorted(SKEW_BINS, inst.arrivals()),
-                                  minlength=len(SKEW_BINS) + 1)
+    def merge(self, sums: _RowSums, i: int) -> None:
+        """Add row ``i`` of ``sums``."""
+        self.instances += int(sums.instances[i])
+        self.timed += int(sums.timed[i])
+        self.calls += int(sums.calls[i])
+        self.comm_ns += int(sums.comm_ns[i])
+        self.bus_bytes += float(sums.bus_bytes[i])
+        self.bus_ns += int(sums.bus_ns[i])
+        self.wait_ns += int(sums.wait_ns[i])
+        self.skews += sums.skews[i]
 
     @property
     def busbw_gbps(self) -> float | None:
@@ -508,16 +527,6 @@ class Figures(NamedTuple):
     wait_ns: int
 
 
-def figures(t: Totals, skews: np.ndarray | None = None) -> Figures:
-    """``skews``: the window's own, for exact quantiles (else read off the histogram)."""
-    if skews is not None and len(skews):
-        ordered = np.sort(skews)            # the inverted-CDF quantiles: values that occurred
-        p50, p99 = (int(ordered[max(0, int(np.ceil(q * len(ordered))) - 1)]) for q in (0.5, 0.99))
-    else:
-        p50, p99 = t.skew_ns(0.5), t.skew_ns(0.99)
-    return Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps, p50, p99, t.wait_ns)
-
-
 class Row(NamedTuple):
     """One group (``origin`` None) or one origin of a group: the window and the run so far."""
 
@@ -531,19 +540,61 @@ class Row(NamedTuple):
     run: Figures
 
 
-Key = tuple[int, int]                # (group index, origin index; -1: the group's row)
+@dataclass(slots=True)
+class _RowSums:
+    """Every row's sums over some instances at once (``of``), and its window's exact skew
+    quantiles: the rows of a 131,072-rank window are numbered in numpy, not one by one."""
 
+    keys: np.ndarray                 # per row: group index x origins + origin (or the group)
+    instances: np.ndarray
+    timed: np.ndarray
+    calls: np.ndarray
+    comm_ns: np.ndarray
+    bus_bytes: np.ndarray
+    bus_ns: np.ndarray
+    wait_ns: np.ndarray
+    skews: np.ndarray                # (rows, bins) histogram of the arrivals' skews
+    p50: np.ndarray                  # the inverted-CDF quantiles: values that occurred
+    p99: np.ndarray
 
-def _segments(inst: Instances, by_origin: bool) -> Iterable[tuple[Key, np.ndarray]]:
-    """The instances' indices per group (``by_origin``: per group and origin)."""
-    width = len(inst.origins) if by_origin else 1
-    row = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
-    order = np.argsort(row, kind="stable")
-    ordered = row[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(row) else []
-    for a, b in zip(starts, np.r_[starts[1:], len(order)] if len(row) else []):
-        g, o = divmod(int(ordered[a]), width)
-        yield (g, o if by_origin else -1), order[a:b]
+    @classmethod
+    def of(cls, inst: Instances, by_origin: bool) -> _RowSums:
+        width = len(inst.origins) if by_origin else 1
+        raw = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
+        keys, row = np.unique(raw, return_inverse=True)
+        row = row.reshape(-1)
+        R = len(keys)
+
+        def total(w: np.ndarray) -> np.ndarray:
+            return np.bincount(row, weights=w, minlength=R)
+        has_comm = inst.comm >= 0
+        usable = ~inst.launch_only     # a row's arrivals: its usable instances', else all
+        arrivals = usable | (total(usable.astype(np.float64)) == 0)[row]
+        skew = inst.skew
+        b = np.searchsorted(SKEW_BINS, skew[arrivals])
+        skews = np.bincount(row[arrivals] * (len(SKEW_BINS) + 1) + b,
+                            minlength=R * (len(SKEW_BINS) + 1)).reshape(R, -1)
+        order = np.lexsort((skew[arrivals], row[arrivals]))
+        ordered = skew[arrivals][order]
+        n = np.bincount(row[arrivals], minlength=R)
+        first = np.r_[0, np.cumsum(n)[:-1]]
+        p50, p99 = (np.where(n > 0, ordered[np.minimum(first + np.maximum(
+            np.ceil(q * n).astype(np.int64) - 1, 0), max(len(ordered) - 1, 0))], -1)
+            if len(ordered) else np.full(R, -1) for q in (0.5, 0.99))
+        comm = np.where(has_comm, inst.comm, 0)
+        return cls(keys, np.bincount(row, minlength=R), total(inst.gpu.astype(np.float64)),
+                   total(inst.n.astype(np.float64)), total(comm.astype(np.float64)),
+                   total(inst.bus_bytes),
+                   total(np.where(inst.bus_bytes > 0, inst.comm, 0).astype(np.float64)),
+                   total(inst.wait.astype(np.float64)), skews, p50, p99)
+
+    def figures(self, i: int) -> Figures:
+        bus_ns = int(self.bus_ns[i])
+        p50, p99 = int(self.p50[i]), int(self.p99[i])
+        return Figures(int(self.instances[i]), int(self.timed[i]), int(self.calls[i]),
+                       int(self.comm_ns[i]), float(self.bus_bytes[i]) / bus_ns if bus_ns
+                       else None, None if p50 < 0 else p50, None if p99 < 0 else p99,
+                       int(self.wait_ns[i]))
 
 
 @dataclass
@@ -608,26 +659,38 @@ class Windows:
     def _rows(self, inst: Instances, here: Instances, seen: list[int],
               by_origin: bool) -> list[Row]:
         """Every row's run-so-far sums grow by ``inst``; the window's rows are ``here``'s."""
-        for (g, o), idx in _segments(inst, by_origin):
-            key = inst.groups[g].name, None if o < 0 else inst.origins[o]
-            self.run.setdefault(key, Totals()).add(inst.take(idx))
-        out = []
+        width = len(inst.origins) if by_origin else 1
+
+        def key(k: int) -> tuple[int, str, str | None]:
+            g, o = divmod(k, width)
+            return g, inst.groups[g].name, inst.origins[o] if by_origin else None
+        sums = _RowSums.of(inst, by_origin)
+        for i, k in enumerate(sums.keys.tolist()):
+            _, name, origin = key(k)
+            self.run.setdefault((name, origin), Totals()).merge(sums, i)
+        window = _RowSums.of(here, by_origin)
         seen_set = set(seen)
-        for (g, o), idx in _segments(here, by_origin):
-            group = here.groups[g]
-            origin = None if o < 0 else here.origins[o]
-            part = here.take(idx)
-            win = Totals()
-            win.add(part)
-            out.append(Row(group.name, group.label, origin,
-                           sum(r in seen_set for r in group.ranks), len(group.ranks),
-                           "gpu" if win.timed else "cpu", figures(win, part.arrivals()),
-                           figures(self.run[group.name, origin])))
+        counted: dict[int, int] = {}
+        named = [key(k) for k in window.keys.tolist()]
+        runs = [self.run[name, origin] for _, name, origin in named]
+        hists = np.stack([t.skews for t in runs]) if runs else np.zeros((0, len(SKEW_BINS) + 1))
+        p50, p99 = (quantiles(hists, q).tolist() for q in (0.5, 0.99))
+        out = []
+        for i, ((g, name, origin), t) in enumerate(zip(named, runs)):
+            group = inst.groups[g]
+            if g not in counted:
+                counted[g] = sum(r in seen_set for r in group.ranks)
+            f = window.figures(i)
+            run = Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps,
+                          None if p50[i] < 0 else p50[i], None if p99[i] < 0 else p99[i],
+                          t.wait_ns)
+            out.append(Row(name, group.label, origin, counted[g], len(group.ranks),
+                           "gpu" if f.timed else "cpu", f, run))
         out.sort(key=lambda r: (-r.window.wait_ns, r.group, r.origin or ""))
         return out
 
 
 def _instance_keys(calls: Calls, rows: np.ndarray) -> np.ndarray:
     cols = calls.columns()
-    group = _shape_table(calls.shapes).group
+    group = calls.tabled.table().group
     return group[cols["shape"][rows]].astype(np.int64) << 40 | cols["seq"][rows]
