@@ -35,15 +35,13 @@ what was named: a slowdown that lasts half the run does not become the measure i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
 from commviz.metadata import StrEnum
+from commviz.live.instances import Instances, Transfers
 from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
-
-if TYPE_CHECKING:
-    from commviz.live.window import Instances, Transfers
 
 LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
 MIN_LATE = 4

@@ -16,7 +16,8 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.live.cause import Judge, Straggler
-from commviz.live.window import Group, Instances, held, roots
+from commviz.live.instances import Group, Instances
+from commviz.live.window import held, roots
 from commviz.merge.instances import WARMUP
 from commviz.merge.table import Flag
 from commviz.review.fold import Fold
