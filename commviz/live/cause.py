@@ -13,7 +13,8 @@ names from ``Judge.name``. A slowdown shows as one of:
 - ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end: the
   transfer, waiting left out) runs ``SLOW_FACTOR`` times slower than their sibling groups' (same
   origin, size and bytes: the lower median of the siblings, so two siblings compare with the
-  faster) and than the run so far, and the rank is the one those slow groups share: in at least
+  faster) and than the run so far (before there is one: against three siblings or more), and
+  the rank is the one those slow groups share: in at least
   two of them, more than any other member. The peers it made late elsewhere (a TP peer, done
   late with it, arrives late to its DP all_reduce) are listed as having waited (``waited``) and
   their lateness is added to its cost: they are never named.
@@ -49,6 +50,7 @@ NORMAL_MIN = 20                 # instances (transfers) a normal figure is read 
 SLOW_FACTOR = 3.0               # a slow group or link: this times its siblings and the run so far
 SLOW_MIN = 3                    # instances (transfers) a slow group (link) shows in a window
 TRANSFER_MIN_NS = 1_000_000     # and this much slower per instance than its siblings
+SIBLINGS_ALONE = 3              # groups of a class judged with no run so far (two say little)
 PAUSE_MIN_NS = 100_000_000      # a stall: arrived last by this much (jitter is shorter)
 PAUSE_FACTOR = 10.0             # and this times its group's normal skew
 WAITED_SHOWN = 8
@@ -191,7 +193,8 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
     sib = usual[at]
     known = np.array([normal.median(class_names[int(c)]) or 0 for c in ck.tolist()],
                      np.int64)[at]
-    slow = ((groups[at] >= 2) & (n >= SLOW_MIN) & (med >= SLOW_FACTOR * sib)
+    siblings = np.where(known > 0, 2, SIBLINGS_ALONE)
+    slow = ((groups[at] >= siblings) & (n >= SLOW_MIN) & (med >= SLOW_FACTOR * sib)
             & (med - sib >= TRANSFER_MIN_NS) & (med >= SLOW_FACTOR * known))
     return _Slow(keys[slow] % width, k_of[slow], med[slow], sib[slow], n[slow], at_of[slow])
 
@@ -210,11 +213,14 @@ class Judge:
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
         from what they did not cause."""
-        sub = inst.take(~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1))
+        sub = inst.take(inst.arrived & (inst.seq > WARMUP) & (inst.n > 1))
         classes, class_names = _classes(sub)
         late = self._late(sub)
-        slow = _slower(sub.group, classes, sub.comm, self.comm, class_names) if len(sub) \
-            else None
+        timed = sub.comm >= 0
+        slow = _slower(sub.group[timed], classes[timed], sub.comm[timed], self.comm,
+                       class_names) if timed.any() else None
+        if slow is not None:
+            slow.at = np.flatnonzero(timed)[slow.at]
         transfer, held = _shared(sub, slow) if slow is not None else ([], {})
         named = {s.rank for s in late} | {s.rank for s in transfer}
         pauses = self._paused(sub, named | set(held))
@@ -227,7 +233,7 @@ class Judge:
 
     def learn(self, inst: Instances) -> None:
         """Instances no window shows (older than a ``--once`` window), for the run so far."""
-        sub = inst.take(~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1))
+        sub = inst.take(inst.arrived & (inst.seq > WARMUP) & (inst.n > 1))
         classes, class_names = _classes(sub)
         self._learn(sub, classes, class_names, [], None, None, None)
 
@@ -246,8 +252,9 @@ class Judge:
         pairs, pair_of, pair_n = np.unique(row_of.astype(np.int64) * width + own.late_rank,
                                            return_inverse=True, return_counts=True)
         order, starts, ends = _segments(pair_of.reshape(-1))
-        _, by_group, _, _ = _group_medians(own.group, own.skew, len(own.groups))
         _, by_origin, _, _ = _group_medians(own.origin, own.skew, len(own.origins))
+        g_order = np.argsort(own.group, kind="stable")
+        g_sorted = own.group[g_order]
         out = []
         for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist())):
             r_i, rank = divmod(p, width)
@@ -259,8 +266,11 @@ class Judge:
             g, o = divmod(int(rows[r_i]), len(own.origins))
             group = own.groups[g]
             usual = self.skew.median(group.name)
-            if usual is None:          # none yet: the window's, its group's or its siblings'
-                usual = min(by_group[g], by_origin[o])
+            if usual is None:          # none yet: its group's other instances', or siblings'
+                mine = g_order[np.searchsorted(g_sorted, g):np.searchsorted(g_sorted, g, "right")]
+                others = own.skew[mine][own.late_rank[mine] != rank]
+                usual = min(int(np.median(others)) if len(others) else by_origin[o],
+                            by_origin[o])
             if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
                 continue
             out.append(Straggler(int(rank), own.origins[o], group.name, group.label, total, k,

@@ -43,6 +43,7 @@ class Instances:
     comm: np.ndarray             # ns; -1: none (launch only, failed)
     bus_bytes: np.ndarray        # size x bus factor where there is a bandwidth, else 0
     launch_only: np.ndarray
+    arrived: np.ndarray          # its calls' starts are the ranks' arrivals (not an NCCL launch)
     gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
     size: np.ndarray             # bytes (nccl-tests' S)
     root: np.ndarray             # the rank whose lateness it was (``roots``; -1: not known)
@@ -54,9 +55,9 @@ class Instances:
 
     def arrivals(self) -> np.ndarray:
         """The skews a row's figures are read from: those of instances with real arrivals
-        (GPU-timed, or CPU calls that are not launch only); all of them when there are none
-        (NCCL without GPU times: the launch skew, said as CPU times)."""
-        usable = ~self.launch_only
+        (GPU-timed, or CPU calls); all of them when there are none (NCCL without GPU times:
+        the launch skew, said as CPU times)."""
+        usable = self.arrived
         return self.skew[usable] if usable.any() else self.skew
 
     def take(self, mask: np.ndarray) -> Instances:
@@ -68,7 +69,7 @@ class Instances:
 
 
 _INSTANCE_ARRAYS = ("group", "origin", "seq", "n", "first_start", "last_start", "last_end",
-                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu", "size",
+                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "arrived", "gpu", "size",
                     "root", "inherited")
 
 
@@ -111,7 +112,8 @@ class Transfers:
             late_rank=np.where(self.send_post > self.recv_post, self.src, self.dst),
             wait=np.maximum(0, self.send_post - self.recv_post), comm=self.delivery,
             bus_bytes=np.where(known & (self.delivery > 0), self.size, 0).astype(np.float64),
-            launch_only=np.zeros(len(self), bool), gpu=np.zeros(len(self), bool),
+            launch_only=np.zeros(len(self), bool), arrived=np.ones(len(self), bool),
+            gpu=np.zeros(len(self), bool),
             size=self.size, root=np.where(self.send_post > self.recv_post, self.src, self.dst),
             inherited=np.zeros(len(self), bool))
 

@@ -26,8 +26,11 @@ Times are the calls' CPU times (``t_begin``/``t_end`` of the record), except whe
 of an instance has its NCCL ops' GPU times (``Call.gpu_begin_ns``, ``commviz.live.gpujoin``):
 then arrivals, ends, skew, wait, comm time and the late rank are the GPU's (a late rank's
 kernel starts last; its peers wait inside their own kernels, so the arrival names it, not a
-kernel's length). Untimed launch-only instances (the plugin off, or a call it did not sample)
-get no comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
+kernel's length). A CPU collective launched asynchronously (``async_op``: DDP's buckets on
+gloo) covers its launch only, but its launch is its arrival (gloo takes the data in then): it
+gets no comm time or bandwidth, and its wait is the others' time from their launch to the last
+launch. Untimed NCCL launch-only instances (the plugin off, or a call it did not sample) get no
+comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
 no timed instance (``Instances.arrivals``).
 
 The ranks a window names, and why (late, slow transfers, a pause, a slow pipeline link), are
@@ -144,6 +147,7 @@ class _ShapeTable:
     origin: np.ndarray
     size: np.ndarray
     launch_only: np.ndarray
+    cpu: np.ndarray             # not a CUDA tensor: its call starts when its data goes in
     factor: np.ndarray          # bus factor of its type over its group's rank count; 0: none
     collective: np.ndarray      # a collective (what joins by its number)
     p2p: np.ndarray             # a send or receive with a known peer (joins as a transfer)
@@ -162,7 +166,7 @@ class _Tabled:
         self.origins: dict[str, int] = {}
         self.g_list: list[Group] = []
         self.cols: dict[str, list[Any]] = {k: [] for k in (
-            "group", "origin", "size", "launch", "factor", "collective", "src", "dst")}
+            "group", "origin", "size", "launch", "cpu", "factor", "collective", "src", "dst")}
         self._table: _ShapeTable | None = None
 
     def add(self, s: Shape) -> None:
@@ -174,6 +178,7 @@ class _Tabled:
         cols["origin"].append(self.origins.setdefault(s.origin or s.op, len(self.origins)))
         cols["size"].append(s.size_bytes or 0)
         cols["launch"].append(s.async_op or s.device == "cuda")
+        cols["cpu"].append(s.device != "cuda")
         cols["factor"].append(bw.bus_factor(s.ctype, len(s.group_ranks)) or 0.0)
         cols["collective"].append(s.kind == "collective")
         for end, key in (("src", md.SRC), ("dst", md.DST)):
@@ -188,7 +193,7 @@ class _Tabled:
             self._table = _ShapeTable(
                 np.array(c["group"], np.int32), np.array(c["origin"], np.int32),
                 np.array(c["size"], np.int64), np.array(c["launch"], bool),
-                np.array(c["factor"], np.float64), np.array(c["collective"], bool),
+                np.array(c["cpu"], bool), np.array(c["factor"], np.float64), np.array(c["collective"], bool),
                 (src >= 0) & (dst >= 0), src, dst, list(self.g_list), list(self.origins))
         return self._table
 
@@ -244,20 +249,24 @@ def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
     timed = gpu[starts]
     launch = np.maximum.reduceat(table.launch_only[shape].astype(np.int8), starts).astype(bool)
     launch &= ~timed
+    arrived = timed | (np.minimum.reduceat(table.cpu[shape].astype(np.int8), starts) > 0)
     failed = np.maximum.reduceat(c["failed"][order], starts).astype(bool)
     waited = np.clip(np.minimum(np.repeat(last_start, n), end) - begin, 0, None)
-    wait = np.where(launch, 0, np.add.reduceat(waited, starts))
+    behind = np.clip(np.repeat(last_start, n) - begin, 0, None)   # launched: waited later
+    wait = np.where(~launch, np.add.reduceat(waited, starts),
+                    np.where(arrived, np.add.reduceat(behind, starts), 0))
     last_end = np.maximum.reduceat(end, starts)
     comm = np.where(launch | failed, -1, np.maximum(0, last_end - last_start))
     size = np.maximum.reduceat(table.size[shape], starts)
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
     late_rank = rank[lasts]
-    own, carried = held(rank, begin, end, starts, lasts, complete & ~launch)
+    own, carried = held(rank, begin, end, starts, lasts, complete & arrived)
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
                      last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
-                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed, size=size,
+                     comm=comm, bus_bytes=bus, launch_only=launch, arrived=arrived, gpu=timed,
+                     size=size,
                      root=roots(own, carried, late_rank), inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
 
@@ -367,7 +376,8 @@ def _empty(table: _ShapeTable) -> Instances:
     z = np.zeros(0, np.int64)
     return Instances(table.groups, table.origins, group=z, origin=z, seq=z, n=z, first_start=z,
                      last_start=z, last_end=z, late_rank=z, wait=z, comm=z,
-                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool),
+                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool),
+                     arrived=np.zeros(0, bool), gpu=np.zeros(0, bool),
                      size=z, root=z, inherited=np.zeros(0, bool))
 
 
@@ -462,7 +472,7 @@ class _RowSums:
         def total(w: np.ndarray) -> np.ndarray:
             return np.bincount(row, weights=w, minlength=R)
         has_comm = inst.comm >= 0
-        usable = ~inst.launch_only     # a row's arrivals: its usable instances', else all
+        usable = inst.arrived          # a row's arrivals: its usable instances', else all
         arrivals = usable | (total(usable.astype(np.float64)) == 0)[row]
         skew = inst.skew
         b = np.searchsorted(SKEW_BINS, skew[arrivals])

@@ -62,6 +62,7 @@ def instances(fold: Fold, calls: tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         seq=np.where(fold.warmup[ids], WARMUP, WARMUP + 1), n=fold.count[ids].astype(np.int64),
         first_start=first, last_start=last, last_end=fold.last_end[ids], late_rank=late,
         wait=fold.wait[ids], comm=comm, bus_bytes=np.zeros(len(ids)), launch_only=launch,
+        arrived=~launch,
         gpu=np.zeros(len(ids), bool), size=fold.size[ids], root=roots(own, carried, late),
         inherited=~own)
     return full.take(key_pg[ids] >= 0)
