@@ -133,12 +133,16 @@ class _Normal:
     def add(self, keys: np.ndarray, values: np.ndarray, names: list) -> None:
         if not len(keys):
             return
-        order = np.argsort(keys, kind="stable")
-        keys, values = keys[order], values[order]
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        for a, b in zip(starts.tolist(), np.r_[starts[1:], len(keys)].tolist()):
-            h = self.hists.setdefault(names[int(keys[a])], np.zeros(len(BINS) + 1, np.int64))
-            h += np.bincount(np.searchsorted(BINS, values[a:b]), minlength=len(BINS) + 1)
+        width = len(BINS) + 1
+        present, row = np.unique(keys, return_inverse=True)
+        hists = np.bincount(row.reshape(-1) * width + np.searchsorted(BINS, values),
+                            minlength=len(present) * width).reshape(len(present), width)
+        for k, h in zip(present.tolist(), hists):
+            got = self.hists.get(names[k])
+            if got is None:
+                self.hists[names[k]] = h.copy()
+            else:
+                got += h
 
     def median(self, name: object) -> int | None:
         h = self.hists.get(name)

@@ -47,7 +47,7 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.live.cause import BINS as SKEW_BINS
-from commviz.live.cause import Judge, Straggler, quantile, quantiles
+from commviz.live.cause import Judge, Straggler, quantiles
 from commviz.live.instances import Group, Instances, Transfers
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
@@ -412,10 +412,6 @@ class Totals:
         """nccl-tests' bus bandwidth over the row's instances together (bytes x factor over
         their comm time)."""
         return self.bus_bytes / self.bus_ns if self.bus_ns else None
-
-    def skew_ns(self, q: float) -> int | None:
-        """The ``q`` quantile of the skews, to within a bin (12 %)."""
-        return quantile(self.skews, q)
 
 
 class Figures(NamedTuple):
