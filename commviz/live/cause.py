@@ -211,9 +211,6 @@ class Judge:
         self.comm = _Normal()           # per sibling class: comm times of groups not slow
         self.delivery = _Normal()       # per link class: deliveries of links not slow
 
-    def normal_skew(self, group: str) -> int | None:
-        return self.skew.median(group)
-
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
         from what they did not cause."""
