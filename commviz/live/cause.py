@@ -215,9 +215,12 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
 
 
 class Judge:
-    """Names a window's roots (``name``) and keeps the run so far they are judged against."""
+    """Names a window's roots (``name``) and keeps the run so far they are judged against.
+    ``alone``: a whole run judged as one window (``commviz diff``): before a run so far, a late
+    rank's skew is judged against the median skew of the instances no candidate was last in."""
 
-    def __init__(self) -> None:
+    def __init__(self, alone: bool = False) -> None:
+        self.alone = alone
         self.skew = _Normal()           # per group name: skews the named did not cause
         self.origin_skew = _Normal()    # per origin: the same, its groups together
         self.comm = _Normal()           # per sibling class: comm times of groups not slow
@@ -270,17 +273,22 @@ class Judge:
         pairs, pair_of, pair_n = np.unique(row_of.astype(np.int64) * width + own.late_rank,
                                            return_inverse=True, return_counts=True)
         order, starts, ends = _segments(pair_of.reshape(-1))
+        candidates = [(i, p, k) for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist()))
+                      if k >= MIN_LATE and k >= LATE_SHARE * int(row_n[p // width])]
+        alone = None                   # a whole run judged alone: the others' median skew
+        if self.alone and candidates:
+            others = own.skew[~np.isin(own.late_rank, [p % width for _, p, _ in candidates])]
+            alone = int(np.median(others)) if len(others) else None
         out = []
-        for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist())):
+        for i, p, k in candidates:
             r_i, rank = divmod(p, width)
             total = int(row_n[r_i])
-            if k < MIN_LATE or k < LATE_SHARE * total:
-                continue
             these = order[starts[i]:ends[i]]
             skew = int(np.median(own.skew[these]))
             g, o = divmod(int(rows[r_i]), len(own.origins))
             group = own.groups[g]
             usual = self._usual(group.name, own.origins[o])
+            usual = alone if usual is None else usual
             if usual is None:          # no run so far yet (the warm-up window): not judged
                 continue
             if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
