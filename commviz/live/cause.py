@@ -217,7 +217,8 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
 class Judge:
     """Names a window's roots (``name``) and keeps the run so far they are judged against.
     ``alone``: a whole run judged as one window (``commviz diff``): before a run so far, a late
-    rank's skew is judged against the median skew of the instances no candidate was last in."""
+    rank's skew is judged against the median skew of the instances outside the candidates'
+    (each a rank last in three quarters of an origin's instances)."""
 
     def __init__(self, alone: bool = False) -> None:
         self.alone = alone
@@ -277,8 +278,10 @@ class Judge:
                       if k >= MIN_LATE and k >= LATE_SHARE * int(row_n[p // width])]
         alone = None                   # a whole run judged alone: the others' median skew
         if self.alone and candidates:
-            others = own.skew[~np.isin(own.late_rank, [p % width for _, p, _ in candidates])]
-            alone = int(np.median(others)) if len(others) else None
+            others = np.ones(len(own), bool)
+            for i, _, _ in candidates:
+                others[order[starts[i]:ends[i]]] = False
+            alone = int(np.median(own.skew[others])) if others.any() else None
         out = []
         for i, p, k in candidates:
             r_i, rank = divmod(p, width)

@@ -6,7 +6,7 @@ whether its lateness was its own or carried in from a collective where it waited
 they are the live join's ``Instances``, and ``live.cause.Judge`` names their roots with their
 causes, as ``commviz watch`` does a window: one reading of "why" (docs/reviewing.md). The run is
 one window: a late rank is named when it was late in three quarters of an origin's instances of
-the whole run, by five times the median skew of the instances no such rank was last in (no run
+the whole run, by five times the median skew of the other instances (no run
 so far precedes it; a pause, judged against one, is not named here). Point-to-point transfers are not in the fold's numbered collectives: no link is
 named here.
 """
