@@ -5,7 +5,8 @@ its windows series (so the report's "over the whole run") and ``commviz diff`` a
 names from ``Judge.name``. A slowdown shows as one of:
 
 - ``late``: the rank arrived last persistently (its work before the collective was slow): last
-  in at least ``LATE_SHARE`` of an origin's instances of a group, at least ``MIN_LATE`` of them,
+  by its own doing in at least ``LATE_SHARE`` of an origin's instances of a group (those whose
+  lateness was carried in count, against it), at least ``MIN_LATE`` of them,
   by a median skew of at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's
   normal skew (its own over the run so far, else its sibling groups' at that origin together;
   with neither, in the warm-up window, nobody is judged late or paused; a group's first
@@ -267,9 +268,10 @@ class Judge:
         own = sub.take(~sub.inherited)
         if not len(own):
             return []
-        row = own.group.astype(np.int64) * len(own.origins) + own.origin
-        rows, row_of, row_n = np.unique(row, return_inverse=True, return_counts=True)
-        row_of = row_of.reshape(-1)
+        rows, row_n = np.unique(sub.group.astype(np.int64) * len(sub.origins) + sub.origin,
+                                return_counts=True)      # every instance of a row counts
+        row_of = np.searchsorted(rows, own.group.astype(np.int64) * len(own.origins)
+                                 + own.origin)
         width = int(own.late_rank.max()) + 1
         pairs, pair_of, pair_n = np.unique(row_of.astype(np.int64) * width + own.late_rank,
                                            return_inverse=True, return_counts=True)
