@@ -6,29 +6,27 @@ names from ``Judge.name``. A slowdown shows as one of:
 
 - ``late``: the rank arrived last persistently (its work before the collective was slow): last
   by its own doing in at least ``LATE_SHARE`` of an origin's instances of a group (those whose
-  lateness was carried in count, against it), at least ``MIN_LATE`` of them,
-  by a median skew of at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's
-  normal skew (its own over the run so far, else its sibling groups' at that origin together;
-  with neither, in the warm-up window, nobody is judged late or paused; a group's first
-  collective never counts). Three quarters, not a
-  bare majority: four ranks sharing two loaded cores made one of them last in 5 of 9 instances
-  of a second, by 4 ms, with nobody slow.
-- ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end: the
-  transfer, waiting left out) runs ``SLOW_FACTOR`` times slower, in ``LATE_SHARE`` of their
-  instances, than their sibling groups' (same
-  origin, size and bytes: the lower median of the siblings, so two siblings compare with the
-  faster) and than the run so far (before there is one: against three siblings or more), and
-  the rank is the one those slow groups share: in at least
-  two of them, more than any other member. The peers it made late elsewhere (a TP peer, done
-  late with it, arrives late to its DP all_reduce) are listed as having waited (``waited``) and
-  their lateness is added to its cost: they are never named.
-- ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more and
+  lateness was carried in count against it), at least ``MIN_LATE`` of them, by a median skew of
+  at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's normal skew (its own
+  over the run so far, else its sibling groups' at that origin together; with neither, in the
+  warm-up window, nobody is judged late or paused; a group's first collective never counts).
+  Three quarters, not a bare majority: four ranks sharing two loaded cores made one of them
+  last in 5 of 9 instances of a second, by 4 ms, with nobody slow.
+- ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end:
+  the transfer, waiting left out) runs ``SLOW_FACTOR`` times slower, in ``LATE_SHARE`` of their
+  instances, than their sibling groups' (same origin, size and bytes: the siblings' lower
+  median, so two siblings compare with the faster) and than the run so far (before there is
+  one: against three siblings or more), and the rank is the one those slow groups share: in at
+  least two of them, more than any other member. The peers it made late elsewhere (a TP peer,
+  done late with it, arrives late to its DP all_reduce) are listed as having waited
+  (``waited``) and their lateness is added to its cost: they are never named.
+- ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more,
   ``PAUSE_FACTOR`` times the group's normal skew and the window's median skew at that origin
   (of the instances late by their own doing: a slowdown of every instance is no pause), and
   ``PAUSE_COMM_FACTOR`` times the window's comm time there (every link slow alike stalls the
-  ranks that much), in at least two of its groups at once
-  (stalls overlapping in time). Its peers, held inside the first group's call, are late to
-  their own other group once each: one group, not named.
+  ranks that much), in at least two of its groups at once (stalls overlapping in time). Its
+  peers, held inside the first group's call, carry that lateness into their other group: it
+  is the paused rank's.
 - ``p2p_link``: a pipeline link (sender ``rank``, receiver ``peer``) delivers slowly: its
   transfers' *delivery* (both sides posted to the receiver's next call) runs ``SLOW_FACTOR``
   times slower than the sibling links' of the same origin and bytes, and than the run so far;
