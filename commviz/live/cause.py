@@ -7,8 +7,7 @@ names from ``Judge.name``. A slowdown shows as one of:
 - ``late``: the rank arrived last persistently (its work before the collective was slow): last
   by its own doing in at least ``LATE_SHARE`` of an origin's instances of a group (those whose
   lateness was carried in count against it), at least ``MIN_LATE`` of them, by a median skew of
-  at least ``STRAGGLER_MIN_NS``, its normal skew's p99 (a loaded machine stalls a whole job
-  for a few ms now and then) and ``STRAGGLER_FACTOR`` times the group's normal skew (its own
+  at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's normal skew (its own
   over the run so far, else its sibling groups' at that origin together, else the window's;
   in the window that holds the group's warm-up, its first collective, nobody is judged late
   or paused there: the ranks' start-up is in it).
@@ -52,7 +51,6 @@ from commviz.live.instances import Instances, Transfers
 from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
 
 LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
-LATE_BEYOND = 0.99              # and later than this quantile of the group's normal skews
 MIN_LATE = 4
 NORMAL_MIN = 20                 # instances (transfers) a normal figure is read from
 SLOW_FACTOR = 3.0               # a slow group or link: this times its siblings and the run so far
@@ -153,10 +151,9 @@ class _Normal:
             else:
                 got += h
 
-    def median(self, name: object, q: float = 0.5) -> int | None:
-        """The ``q`` quantile (the median by default) once ``NORMAL_MIN`` values are in."""
+    def median(self, name: object) -> int | None:
         h = self.hists.get(name)
-        return quantile(h, q) if h is not None and h.sum() >= NORMAL_MIN else None
+        return quantile(h, 0.5) if h is not None and h.sum() >= NORMAL_MIN else None
 
 
 def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -232,11 +229,10 @@ class Judge:
         self.comm = _Normal()           # per sibling class: comm times of groups not slow
         self.delivery = _Normal()       # per link class: deliveries of links not slow
 
-    def _usual(self, group: str, origin: str, q: float = 0.5) -> int | None:
-        """A group's normal skew at an origin (its ``q`` quantile): its own, else its sibling
-        groups' together."""
-        usual = self.skew.median(group, q)
-        return usual if usual is not None else self.origin_skew.median(origin, q)
+    def _usual(self, group: str, origin: str) -> int | None:
+        """A group's normal skew at an origin: its own, else its sibling groups' together."""
+        usual = self.skew.median(group)
+        return usual if usual is not None else self.origin_skew.median(origin)
 
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
@@ -305,8 +301,7 @@ class Judge:
                 usual = alone
             if usual is None:          # the warm-up window (the ranks' start-up): not judged
                 continue
-            worst = self._usual(group.name, own.origins[o], LATE_BEYOND)
-            if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual, worst or 0):
+            if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
                 continue
             out.append(Straggler(int(rank), own.origins[o], group.name, group.label, total, k,
                                  skew, int(own.wait[these].sum())))
