@@ -12,28 +12,29 @@ number), the definitions of ``commviz.merge.instances`` computed over columns (a
   none where a call covers only its launch (``async_op``, or a CUDA tensor: on NCCL the call
   returns once the kernel is enqueued) or raised.
 
-Only collectives with a sequence number join (p2p transfers are left out here). An instance is
-complete when every rank of its group *that this reader sees* made the call (on a node that sees
-only its own ranks, a group with ranks elsewhere is joined over those here: ``Row.seen`` says
-how many of its ranks that is). Calls of an instance not complete yet are carried to the next
-window (``Calls.keep``).
+Collectives join by their sequence number. An instance is complete when every rank of its group
+*that this reader sees* made the call (on a node that sees only its own ranks, a group with
+ranks elsewhere is joined over those here: ``Row.seen`` says how many of its ranks that is).
+Point-to-point calls join as *transfers* (``Transfers``): a send matched to its receive by
+(group, source, destination, their number between the two: ``commviz.p2p_seq``, which the
+record numbers per pair as Flight Recorder's keys name it). A transfer's *delivery* runs from
+the later of its two postings (a gloo or NCCL send or receive returns once posted) to the
+receiver's next call: the data came and the receiver went on. Calls of an instance or transfer
+not complete yet are carried to the next window (``Calls.keep``).
 
 Times are the calls' CPU times (``t_begin``/``t_end`` of the record), except where every call
 of an instance has its NCCL ops' GPU times (``Call.gpu_begin_ns``, ``commviz.live.gpujoin``):
 then arrivals, ends, skew, wait, comm time and the late rank are the GPU's (a late rank's
 kernel starts last; its peers wait inside their own kernels, so the arrival names it, not a
-kernel's length). Untimed launch-only instances (the plugin off, or a call it did not sample)
-get no comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
+kernel's length). A CPU collective launched asynchronously (``async_op``: DDP's buckets on
+gloo) covers its launch only, but its launch is its arrival (gloo takes the data in then): it
+gets no comm time or bandwidth, and its wait is the others' time from their launch to the last
+launch. Untimed NCCL launch-only instances (the plugin off, or a call it did not sample) get no
+comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
 no timed instance (``Instances.arrivals``).
 
-A *late rank* (``Straggler``) at an origin of a group is late persistently, not by one-off
-jitter: in the window it arrived last in at least ``LATE_SHARE`` of that origin's instances,
-at least ``MIN_LATE`` of them, by a median skew of at least ``merge.instances.STRAGGLER_MIN_NS``
-and ``STRAGGLER_FACTOR`` times the group's normal skew; a group's first collective (its
-warm-up, ``merge.instances.WARMUP``) never counts. Three quarters, not a bare majority: four
-ranks sharing two loaded cores made one of them last in 5 of 9 instances of a second, by 4 ms,
-with nobody slow (a rank is last by chance in 6 of 8 about once in 250 such tries, and must
-then also stand out by its skew).
+The ranks a window names, and why (late, slow transfers, a pause, a slow pipeline link), are
+``commviz.live.cause``'s: one reading of "why" for the watcher, the report and the diff.
 """
 
 from __future__ import annotations
@@ -45,16 +46,15 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from commviz import metadata as md
+from commviz.live.cause import BINS as SKEW_BINS
+from commviz.live.cause import Judge, Straggler, quantiles
+from commviz.live.instances import Group, Instances, Transfers
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
-from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
 
-LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
-NORMAL_MIN = 20                 # instances a group's normal skew is read from
-MIN_LATE = 4
-SHAPES_REMEMBERED = 4096
-# skews (ns) run-so-far figures are read from: 20 bins a decade from 1 µs to 100 s
-SKEW_BINS = np.geomspace(1e3, 1e11, 161)
+SHAPES_REMEMBERED = 1 << 19          # shape objects known by identity (p2p: one per peer)
+INHERIT_SHARE = 0.5              # a late arrival its previous collective held this much of
+CHAIN = 16                       # links followed back to the rank whose lateness it is
 
 
 class Calls:
@@ -62,10 +62,12 @@ class Calls:
 
     def __init__(self) -> None:
         self.shapes: list[Shape] = []
+        self.tabled = _Tabled()
         self._index: dict[Shape, int] = {}
         self._content: dict[tuple, int] = {}
         self.rank, self.shape = array("i"), array("i")
-        self.seq, self.begin, self.end = array("q"), array("q"), array("q")
+        self.seq, self.pair = array("q"), array("q")
+        self.begin, self.end = array("q"), array("q")
         self.gpu_begin, self.gpu_end = array("q"), array("q")
         self.failed = array("b")
 
@@ -78,11 +80,13 @@ class Calls:
         i = self._index.get(shape)
         if i is None:
             content = (shape.group, shape.group_desc, shape.group_ranks, shape.origin, shape.op,
-                       shape.ctype, shape.size_bytes, shape.async_op, shape.device)
+                       shape.ctype, shape.size_bytes, shape.async_op, shape.device,
+                       shape.meta.get(md.SRC), shape.meta.get(md.DST))
             i = self._content.get(content)
             if i is None:
                 i = self._content[content] = len(self.shapes)
                 self.shapes.append(shape)
+                self.tabled.add(shape)
             if len(self._index) > SHAPES_REMEMBERED:
                 self._index.clear()
             self._index[shape] = i
@@ -94,15 +98,22 @@ class Calls:
         calls = calls if isinstance(calls, list) else list(calls)
         if not calls:
             return
-        rank, _, seq, _, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
+        rank, _, seq, pair, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
         index = list(map(self._index.get, shapes))
-        if None in index:
-            index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
+        if None in index:              # each new shape once, then every call by identity
+            for shape in {s for s, i in zip(shapes, index) if i is None}:
+                self.shape_index(shape)
+            index = list(map(self._index.get, shapes))
+            if None in index:          # the identities were forgotten meanwhile (many shapes)
+                index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
         if None in seq:
-            seq = tuple(-1 if n is None else n for n in seq)
+            seq = [-1 if n is None else n for n in seq]
+        if None in pair:
+            pair = [-1 if n is None else n for n in pair]
         self.rank.extend(rank)
         self.shape.extend(index)
         self.seq.extend(seq)
+        self.pair.extend(pair)
         self.begin.extend(begin)
         self.end.extend(end)
         self.gpu_begin.extend(gpu_begin)
@@ -117,66 +128,15 @@ class Calls:
         """A new ``Calls`` holding ``rows`` of these (the same shapes)."""
         out = Calls()
         out.shapes, out._index, out._content = self.shapes, self._index, self._content
+        out.tabled = self.tabled
         for name, col in self.columns().items():
             getattr(out, name).frombytes(col[rows].tobytes())
         return out
 
 
-_COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("begin", np.int64),
+_COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("pair", np.int64),
+            ("begin", np.int64),
             ("end", np.int64), ("gpu_begin", np.int64), ("gpu_end", np.int64), ("failed", np.int8))
-
-
-class Group(NamedTuple):
-    name: str
-    desc: str
-    ranks: tuple[int, ...]
-
-    @property
-    def label(self) -> str:
-        return md.group_label(self.desc, self.ranks)
-
-
-@dataclass(slots=True)
-class Instances:
-    """Complete instances, one element per instance in each array (``join``)."""
-
-    groups: list[Group]
-    origins: list[str]
-    group: np.ndarray            # index into ``groups``
-    origin: np.ndarray           # index into ``origins`` (the late rank's call's)
-    seq: np.ndarray
-    n: np.ndarray                # ranks that made the call
-    first_start: np.ndarray
-    last_start: np.ndarray
-    last_end: np.ndarray
-    late_rank: np.ndarray
-    wait: np.ndarray             # the other ranks' wait for the late one, summed
-    comm: np.ndarray             # ns; -1: none (launch only, failed)
-    bus_bytes: np.ndarray        # size x bus factor where there is a bandwidth, else 0
-    launch_only: np.ndarray
-    gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
-
-    @property
-    def skew(self) -> np.ndarray:
-        return self.last_start - self.first_start
-
-    def arrivals(self) -> np.ndarray:
-        """The skews a row's figures are read from: those of instances with real arrivals
-        (GPU-timed, or CPU calls that are not launch only); all of them when there are none
-        (NCCL without GPU times: the launch skew, said as CPU times)."""
-        usable = ~self.launch_only
-        return self.skew[usable] if usable.any() else self.skew
-
-    def take(self, mask: np.ndarray) -> Instances:
-        return Instances(self.groups, self.origins, **{
-            name: getattr(self, name)[mask] for name in _INSTANCE_ARRAYS})
-
-    def __len__(self) -> int:
-        return len(self.group)
-
-
-_INSTANCE_ARRAYS = ("group", "origin", "seq", "n", "first_start", "last_start", "last_end",
-                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu")
 
 
 @dataclass(slots=True)
@@ -187,43 +147,77 @@ class _ShapeTable:
     origin: np.ndarray
     size: np.ndarray
     launch_only: np.ndarray
+    cpu: np.ndarray             # not a CUDA tensor: its call starts when its data goes in
     factor: np.ndarray          # bus factor of its type over its group's rank count; 0: none
-    collective: np.ndarray      # a collective (what joins here)
+    collective: np.ndarray      # a collective (what joins by its number)
+    p2p: np.ndarray             # a send or receive with a known peer (joins as a transfer)
+    src: np.ndarray
+    dst: np.ndarray
     groups: list[Group]
     origins: list[str]
 
 
-def _shape_table(shapes: list[Shape]) -> _ShapeTable:
-    groups: dict[str, int] = {}
-    origins: dict[str, int] = {}
-    g_list: list[Group] = []
-    cols: dict[str, list[Any]] = {k: [] for k in ("group", "origin", "size", "launch", "factor",
-                                                  "collective")}
-    for s in shapes:
-        if s.group not in groups:
-            groups[s.group] = len(g_list)
-            g_list.append(Group(s.group, s.group_desc, s.group_ranks))
-        origin = s.origin or s.op
-        cols["group"].append(groups[s.group])
-        cols["origin"].append(origins.setdefault(origin, len(origins)))
+class _Tabled:
+    """The shape table's columns, grown by each new shape once (``Calls.shape_index``): a
+    window's join reads them as arrays, never walking every shape again."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, int] = {}
+        self.origins: dict[str, int] = {}
+        self.g_list: list[Group] = []
+        self.cols: dict[str, list[Any]] = {k: [] for k in (
+            "group", "origin", "size", "launch", "cpu", "factor", "collective", "src", "dst")}
+        self._table: _ShapeTable | None = None
+
+    def add(self, s: Shape) -> None:
+        if s.group not in self.groups:
+            self.groups[s.group] = len(self.g_list)
+            self.g_list.append(Group(s.group, s.group_desc, s.group_ranks))
+        cols = self.cols
+        cols["group"].append(self.groups[s.group])
+        cols["origin"].append(self.origins.setdefault(s.origin or s.op, len(self.origins)))
         cols["size"].append(s.size_bytes or 0)
         cols["launch"].append(s.async_op or s.device == "cuda")
+        cols["cpu"].append(s.device != "cuda")
         cols["factor"].append(bw.bus_factor(s.ctype, len(s.group_ranks)) or 0.0)
         cols["collective"].append(s.kind == "collective")
-    return _ShapeTable(np.array(cols["group"], np.int32), np.array(cols["origin"], np.int32),
-                       np.array(cols["size"], np.int64), np.array(cols["launch"], bool),
-                       np.array(cols["factor"], np.float64), np.array(cols["collective"], bool),
-                       g_list, list(origins))
+        for end, key in (("src", md.SRC), ("dst", md.DST)):
+            peer = s.meta.get(key) if s.kind == "p2p" else None
+            cols[end].append(-1 if peer is None else int(peer))
+        self._table = None
+
+    def table(self) -> _ShapeTable:
+        if self._table is None:
+            c = self.cols
+            src, dst = np.array(c["src"], np.int64), np.array(c["dst"], np.int64)
+            self._table = _ShapeTable(
+                np.array(c["group"], np.int32), np.array(c["origin"], np.int32),
+                np.array(c["size"], np.int64), np.array(c["launch"], bool),
+                np.array(c["cpu"], bool), np.array(c["factor"], np.float64), np.array(c["collective"], bool),
+                (src >= 0) & (dst >= 0), src, dst, list(self.g_list), list(self.origins))
+        return self._table
 
 
-def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
-    """The complete instances among ``calls``, and the rows of those not complete yet.
+def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.ndarray]:
+    """The complete instances and transfers among ``calls``, and the rows of those not
+    complete yet.
 
     ``seen``: the ranks whose calls this reader has; an instance is complete when every rank
     of its group among them made the call."""
-    table = _shape_table(calls.shapes)
-    c = calls.columns()
-    joins = table.collective[c["shape"]] & (c["seq"] >= 0)
+    table = calls.tabled.table()
+    full = calls.columns()
+    joins = table.collective[full["shape"]] & (full["seq"] >= 0)
+    transfers = table.p2p[full["shape"]] & (full["pair"] >= 0)
+    links, pending_p2p = (_transfers(full, np.flatnonzero(transfers), table) if transfers.any()
+                          else (_no_transfers(table), np.zeros(0, np.int64)))
+    inst, pending = _instances(full, joins, table, seen)
+    if len(pending_p2p):
+        pending = np.sort(np.r_[pending, pending_p2p])
+    return inst, links, pending
+
+
+def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
+               seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     if not joins.all():
         c = {name: col[joins] for name, col in c.items()}
         rows = np.flatnonzero(joins)
@@ -255,19 +249,114 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     timed = gpu[starts]
     launch = np.maximum.reduceat(table.launch_only[shape].astype(np.int8), starts).astype(bool)
     launch &= ~timed
+    arrived = timed | (np.minimum.reduceat(table.cpu[shape].astype(np.int8), starts) > 0)
     failed = np.maximum.reduceat(c["failed"][order], starts).astype(bool)
     waited = np.clip(np.minimum(np.repeat(last_start, n), end) - begin, 0, None)
-    wait = np.where(launch, 0, np.add.reduceat(waited, starts))
+    behind = np.clip(np.repeat(last_start, n) - begin, 0, None)   # launched: waited later
+    wait = np.where(~launch, np.add.reduceat(waited, starts),
+                    np.where(arrived, np.add.reduceat(behind, starts), 0))
     last_end = np.maximum.reduceat(end, starts)
     comm = np.where(launch | failed, -1, np.maximum(0, last_end - last_start))
     size = np.maximum.reduceat(table.size[shape], starts)
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
+    late_rank = rank[lasts]
+    own, carried = held(rank, begin, end, starts, lasts, complete & arrived)
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
-                     last_start=last_start, last_end=last_end, late_rank=rank[lasts], wait=wait,
-                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed)
+                     last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
+                     comm=comm, bus_bytes=bus, launch_only=launch, arrived=arrived, gpu=timed,
+                     size=size,
+                     root=roots(own, carried, late_rank), inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
+
+
+def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
+          lasts: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance: whether its late rank was late by its own doing, and else the instance
+    its lateness came from (-1: not known).
+
+    A rank arrives late by its own doing when the time it took since its previous call (its
+    work before this one) was longer than the others' by at least ``INHERIT_SHARE`` of the
+    skew (or nothing tells: its first call in the window). Otherwise its previous call ended
+    late (it waited there, arrived late there too, or the data of a transfer came late) and
+    the lateness is carried in: from that call's instance, where it is a collective. The
+    calls are in the join's order (``starts``/``lasts``: each instance's first and last)."""
+    by_rank = np.lexsort((begin, rank))
+    prev = np.full(len(rank), -1, np.int64)
+    same = rank[by_rank[1:]] == rank[by_rank[:-1]]
+    prev[by_rank[1:][same]] = by_rank[:-1][same]
+    has = prev >= 0
+    gap = np.where(has, begin - end[np.maximum(prev, 0)], 0)
+    x = lasts
+    others = np.add.reduceat(has.astype(np.int64), starts) - has[x]
+    mean = (np.add.reduceat(gap, starts) - gap[x]) / np.maximum(others, 1)
+    skew = begin[lasts] - begin[starts]
+    own = ~has[x] | (others == 0) | (gap[x] - mean >= INHERIT_SHARE * skew)
+    instance = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rank)]))
+    held = np.where(has[x], instance[np.maximum(prev[x], 0)], -1)
+    return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
+
+
+def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+    """Per instance the rank whose lateness it was: its late rank's when its own, else along
+    ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
+    longer than ``CHAIN``)."""
+    at = np.arange(len(held))
+    root = np.full(len(held), -1, np.int64)
+    settled = np.zeros(len(held), bool)
+    for _ in range(CHAIN):
+        mine = ~settled & own[at]
+        root[mine] = late_rank[at[mine]]
+        settled |= mine | (held[at] < 0)
+        if settled.all():
+            break
+        at = np.where(settled, at, held[at])
+    return root
+
+
+def _transfers(c: dict[str, np.ndarray], rows: np.ndarray, table: _ShapeTable
+               ) -> tuple[Transfers, np.ndarray]:
+    """Sends matched to receives (``rows``: the p2p calls); the rows of those whose other side
+    has not come yet. Each rank's next call (for a transfer's delivery) is read off the
+    window's calls in the rank's order (a stable sort: the tail hands them over in order)."""
+    shape = c["shape"][rows]
+    src, dst = table.src[shape], table.dst[shape]
+    group = table.group[shape].astype(np.int64)
+    key = np.stack([group, src, dst, c["pair"][rows]])
+    order = np.lexsort(key[::-1])
+    k = key[:, order]
+    new = np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]
+    starts = np.flatnonzero(new)
+    n = np.diff(np.r_[starts, len(order)])
+    a, b = order[starts[n == 2]], order[starts[n == 2] + 1]
+    rank = c["rank"][rows]
+    send = np.where(rank[a] == src[a], a, b)
+    recv = np.where(send == a, b, a)
+    ok = (rank[send] == src[send]) & (rank[recv] == dst[recv])
+    send, recv = send[ok], recv[ok]
+    pending = rows[order[np.repeat(n == 1, n)]]
+    by_rank = np.argsort(c["rank"], kind="stable")
+    at = np.empty(len(by_rank), np.int64)
+    at[by_rank] = np.arange(len(by_rank))
+    following = at[rows[recv]] + 1
+    has_next = following < len(by_rank)
+    nxt = by_rank[np.minimum(following, len(by_rank) - 1)]
+    has_next &= c["rank"][nxt] == c["rank"][rows[recv]]
+    send_post, recv_post = c["begin"][rows[send]], c["begin"][rows[recv]]
+    later = np.maximum(send_post, recv_post)
+    delivery = np.where(has_next, np.maximum(0, c["begin"][nxt] - later), -1)
+    return Transfers([g.name for g in table.groups], [g.label for g in table.groups],
+                     table.origins, group=group[recv], origin=table.origin[shape[recv]],
+                     src=src[send], dst=dst[send], link=src[send] << 32 | dst[send],
+                     size=table.size[shape[send]], send_post=send_post, recv_post=recv_post,
+                     delivery=delivery), pending
+
+
+def _no_transfers(table: _ShapeTable) -> Transfers:
+    z = np.zeros(0, np.int64)
+    return Transfers([g.name for g in table.groups], [g.label for g in table.groups],
+                     table.origins, z, z, z, z, z, z, z, z, z)
 
 
 def _all_timed(key: np.ndarray, timed: np.ndarray) -> np.ndarray:
@@ -287,7 +376,9 @@ def _empty(table: _ShapeTable) -> Instances:
     z = np.zeros(0, np.int64)
     return Instances(table.groups, table.origins, group=z, origin=z, seq=z, n=z, first_start=z,
                      last_start=z, last_end=z, late_rank=z, wait=z, comm=z,
-                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool))
+                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool),
+                     arrived=np.zeros(0, bool), gpu=np.zeros(0, bool),
+                     size=z, root=z, inherited=np.zeros(0, bool))
 
 
 # -- what a window says ---------------------------------------------------------------------------
@@ -305,81 +396,22 @@ class Totals:
     wait_ns: int = 0
     skews: np.ndarray = field(default_factory=lambda: np.zeros(len(SKEW_BINS) + 1, np.int64))
 
-    def add(self, inst: Instances) -> None:
-        has_comm = inst.comm >= 0
-        self.instances += len(inst)
-        self.timed += int(inst.gpu.sum())
-        self.calls += int(inst.n.sum())
-        self.comm_ns += int(inst.comm[has_comm].sum())
-        self.bus_bytes += float(inst.bus_bytes.sum())
-        self.bus_ns += int(inst.comm[inst.bus_bytes > 0].sum())
-        self.wait_ns += int(inst.wait.sum())
-        self.skews += np.bincount(np.searchsorted(SKEW_BINS, inst.arrivals()),
-                                  minlength=len(SKEW_BINS) + 1)
+    def merge(self, sums: _RowSums, i: int) -> None:
+        """Add row ``i`` of ``sums``."""
+        self.instances += int(sums.instances[i])
+        self.timed += int(sums.timed[i])
+        self.calls += int(sums.calls[i])
+        self.comm_ns += int(sums.comm_ns[i])
+        self.bus_bytes += float(sums.bus_bytes[i])
+        self.bus_ns += int(sums.bus_ns[i])
+        self.wait_ns += int(sums.wait_ns[i])
+        self.skews += sums.skews[i]
 
     @property
     def busbw_gbps(self) -> float | None:
         """nccl-tests' bus bandwidth over the row's instances together (bytes x factor over
         their comm time)."""
         return self.bus_bytes / self.bus_ns if self.bus_ns else None
-
-    def skew_ns(self, q: float) -> int | None:
-        """The ``q`` quantile of the skews, to within a bin (12 %)."""
-        total = int(self.skews.sum())
-        if not total:
-            return None
-        i = int(np.searchsorted(np.cumsum(self.skews), q * total, side="left"))
-        lo = SKEW_BINS[i - 1] if i > 0 else 0.0
-        hi = SKEW_BINS[min(i, len(SKEW_BINS) - 1)]
-        return int((lo * hi) ** 0.5 if lo else hi / 2)
-
-
-class Straggler(NamedTuple):
-    """A rank late persistently to one origin of one group in a window."""
-
-    rank: int
-    origin: str
-    group: str
-    group_label: str
-    instances: int                   # the origin's instances in the window
-    late_in: int                     # of those, where this rank arrived last
-    skew_ns: int                     # median skew of those
-    cost_ns: int                     # the other ranks' wait in those, summed
-
-
-def stragglers(inst: Instances, normal: dict[str, int]) -> list[Straggler]:
-    """The persistently late ranks of a window's instances (the module docstring);
-    ``normal``: each group's normal skew (``Windows``), which a late rank's median skew must
-    exceed ``STRAGGLER_FACTOR`` times (a group's median where it has none)."""
-    mask = ~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1)
-    sub = inst.take(mask)
-    if not len(sub):
-        return []
-    row = sub.group.astype(np.int64) * len(sub.origins) + sub.origin
-    rows, row_of, row_n = np.unique(row, return_inverse=True, return_counts=True)
-    width = int(sub.late_rank.max()) + 1
-    pairs, pair_n = np.unique(row_of.astype(np.int64) * width + sub.late_rank,
-                              return_counts=True)
-    out = []
-    for p, k in zip(pairs.tolist(), pair_n.tolist()):
-        r_i, rank = divmod(p, width)
-        total = int(row_n[r_i])
-        if k < MIN_LATE or k < LATE_SHARE * total:
-            continue
-        these = (row_of == r_i) & (sub.late_rank == rank)
-        skew = int(np.median(sub.skew[these]))
-        g, o = divmod(int(rows[r_i]), len(sub.origins))
-        group = sub.groups[g]
-        usual = normal.get(group.name)
-        if usual is None:
-            usual = int(np.median(sub.skew[sub.group == g]))
-        if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
-            continue
-        out.append(Straggler(rank=int(rank), origin=sub.origins[o], group=group.name,
-                             group_label=group.label, instances=total, late_in=k,
-                             skew_ns=skew, cost_ns=int(sub.wait[these].sum())))
-    out.sort(key=lambda s: -s.cost_ns)
-    return out
 
 
 class Figures(NamedTuple):
@@ -395,16 +427,6 @@ class Figures(NamedTuple):
     wait_ns: int
 
 
-def figures(t: Totals, skews: np.ndarray | None = None) -> Figures:
-    """``skews``: the window's own, for exact quantiles (else read off the histogram)."""
-    if skews is not None and len(skews):
-        ordered = np.sort(skews)            # the inverted-CDF quantiles: values that occurred
-        p50, p99 = (int(ordered[max(0, int(np.ceil(q * len(ordered))) - 1)]) for q in (0.5, 0.99))
-    else:
-        p50, p99 = t.skew_ns(0.5), t.skew_ns(0.99)
-    return Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps, p50, p99, t.wait_ns)
-
-
 class Row(NamedTuple):
     """One group (``origin`` None) or one origin of a group: the window and the run so far."""
 
@@ -418,19 +440,61 @@ class Row(NamedTuple):
     run: Figures
 
 
-Key = tuple[int, int]                # (group index, origin index; -1: the group's row)
+@dataclass(slots=True)
+class _RowSums:
+    """Every row's sums over some instances at once (``of``), and its window's exact skew
+    quantiles: the rows of a 131,072-rank window are numbered in numpy, not one by one."""
 
+    keys: np.ndarray                 # per row: group index x origins + origin (or the group)
+    instances: np.ndarray
+    timed: np.ndarray
+    calls: np.ndarray
+    comm_ns: np.ndarray
+    bus_bytes: np.ndarray
+    bus_ns: np.ndarray
+    wait_ns: np.ndarray
+    skews: np.ndarray                # (rows, bins) histogram of the arrivals' skews
+    p50: np.ndarray                  # the inverted-CDF quantiles: values that occurred
+    p99: np.ndarray
 
-def _segments(inst: Instances, by_origin: bool) -> Iterable[tuple[Key, np.ndarray]]:
-    """The instances' indices per group (``by_origin``: per group and origin)."""
-    width = len(inst.origins) if by_origin else 1
-    row = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
-    order = np.argsort(row, kind="stable")
-    ordered = row[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(row) else []
-    for a, b in zip(starts, np.r_[starts[1:], len(order)] if len(row) else []):
-        g, o = divmod(int(ordered[a]), width)
-        yield (g, o if by_origin else -1), order[a:b]
+    @classmethod
+    def of(cls, inst: Instances, by_origin: bool) -> _RowSums:
+        width = len(inst.origins) if by_origin else 1
+        raw = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
+        keys, row = np.unique(raw, return_inverse=True)
+        row = row.reshape(-1)
+        R = len(keys)
+
+        def total(w: np.ndarray) -> np.ndarray:
+            return np.bincount(row, weights=w, minlength=R)
+        has_comm = inst.comm >= 0
+        usable = inst.arrived          # a row's arrivals: its usable instances', else all
+        arrivals = usable | (total(usable.astype(np.float64)) == 0)[row]
+        skew = inst.skew
+        b = np.searchsorted(SKEW_BINS, skew[arrivals])
+        skews = np.bincount(row[arrivals] * (len(SKEW_BINS) + 1) + b,
+                            minlength=R * (len(SKEW_BINS) + 1)).reshape(R, len(SKEW_BINS) + 1)
+        order = np.lexsort((skew[arrivals], row[arrivals]))
+        ordered = skew[arrivals][order]
+        n = np.bincount(row[arrivals], minlength=R)
+        first = np.r_[0, np.cumsum(n)[:-1]]
+        p50, p99 = (np.where(n > 0, ordered[np.minimum(first + np.maximum(
+            np.ceil(q * n).astype(np.int64) - 1, 0), max(len(ordered) - 1, 0))], -1)
+            if len(ordered) else np.full(R, -1) for q in (0.5, 0.99))
+        comm = np.where(has_comm, inst.comm, 0)
+        return cls(keys, np.bincount(row, minlength=R), total(inst.gpu.astype(np.float64)),
+                   total(inst.n.astype(np.float64)), total(comm.astype(np.float64)),
+                   total(inst.bus_bytes),
+                   total(np.where(inst.bus_bytes > 0, inst.comm, 0).astype(np.float64)),
+                   total(inst.wait.astype(np.float64)), skews, p50, p99)
+
+    def figures(self, i: int) -> Figures:
+        bus_ns = int(self.bus_ns[i])
+        p50, p99 = int(self.p50[i]), int(self.p99[i])
+        return Figures(int(self.instances[i]), int(self.timed[i]), int(self.calls[i]),
+                       int(self.comm_ns[i]), float(self.bus_bytes[i]) / bus_ns if bus_ns
+                       else None, None if p50 < 0 else p50, None if p99 < 0 else p99,
+                       int(self.wait_ns[i]))
 
 
 @dataclass
@@ -443,10 +507,11 @@ class Window:
     ranks: list[int]
     groups: list[Row]
     origins: list[Row]
-    stragglers: list[Straggler]
+    stragglers: list[Straggler]      # the roots named, each with its cause (``live.cause``)
     incomplete: int                  # instances given up on: some rank's call never came
     missed: dict[int, int]           # rank -> calls that could not be read
     problems: list[str]
+    links: list[Row] = field(default_factory=list)   # transfers, per origin (``P2P_GROUP``)
 
 
 class Windows:
@@ -454,15 +519,14 @@ class Windows:
 
     Calls of instances not complete yet are carried into the next window; those whose first
     call is older than ``carry_ns`` are given up (``Window.incomplete``). Run-so-far sums are
-    kept per row (bounded: a skew histogram, never the instances), and so is each group's
-    *normal* skew, the late ranks' instances left out: a slowdown that lasts half the run does
-    not become the measure it is judged by."""
+    kept per row (bounded: a skew histogram, never the instances); what the causes are judged
+    against is the ``Judge``'s."""
 
     def __init__(self, carry_ns: int = 30_000_000_000) -> None:
         self.calls = Calls()
         self.carry_ns = carry_ns
         self.run: dict[tuple[str, str | None], Totals] = {}
-        self.normal: dict[str, Totals] = {}
+        self.judge = Judge()
         self.index = 0
 
     def add(self, calls: Iterable[Call]) -> None:
@@ -473,60 +537,60 @@ class Windows:
         """Join what was added; the instances complete now make the window (``since_ns``:
         only those that ended after it; earlier ones count for the run so far alone)."""
         seen = sorted(set(seen))
-        inst, pending = join(self.calls, seen)
+        inst, links, pending = join(self.calls, seen)
         given_up = pending[self.calls.columns()["begin"][pending] < end_ns - self.carry_ns]
         incomplete = len(np.unique(_instance_keys(self.calls, given_up)))
         self.calls = self.calls.keep(np.setdiff1d(pending, given_up))
+        p2p = links.as_instances()
         if since_ns is not None:
-            self._normal(inst.take(inst.last_end <= since_ns), [])
+            self.judge.learn(inst.take(inst.last_end <= since_ns))
             here = inst.take(inst.last_end > since_ns)
+            links = links.take(p2p.last_end > since_ns)
+            p2p_here = p2p.take(p2p.last_end > since_ns)
         else:
-            here = inst
-        normal = {g: t.skew_ns(0.5) or 0 for g, t in self.normal.items()
-                  if t.instances >= NORMAL_MIN}
-        late = stragglers(here, normal)
-        self._normal(here, late)
+            here, p2p_here = inst, p2p
+        named = self.judge.name(here, links)
         rows = {by_origin: self._rows(inst, here, seen, by_origin) for by_origin in (False, True)}
-        window = Window(self.index, start_ns, end_ns, seen, rows[False], rows[True], late,
-                        incomplete, {}, [])
+        window = Window(self.index, start_ns, end_ns, seen, rows[False], rows[True], named,
+                        incomplete, {}, [], self._rows(p2p, p2p_here, seen, True))
         self.index += bool(len(here))         # windows are numbered as they hold instances
         return window
 
     def _rows(self, inst: Instances, here: Instances, seen: list[int],
               by_origin: bool) -> list[Row]:
         """Every row's run-so-far sums grow by ``inst``; the window's rows are ``here``'s."""
-        for (g, o), idx in _segments(inst, by_origin):
-            key = inst.groups[g].name, None if o < 0 else inst.origins[o]
-            self.run.setdefault(key, Totals()).add(inst.take(idx))
-        out = []
+        width = len(inst.origins) if by_origin else 1
+
+        def key(k: int) -> tuple[int, str, str | None]:
+            g, o = divmod(k, width)
+            return g, inst.groups[g].name, inst.origins[o] if by_origin else None
+        sums = _RowSums.of(inst, by_origin)
+        for i, k in enumerate(sums.keys.tolist()):
+            _, name, origin = key(k)
+            self.run.setdefault((name, origin), Totals()).merge(sums, i)
+        window = _RowSums.of(here, by_origin)
         seen_set = set(seen)
-        for (g, o), idx in _segments(here, by_origin):
-            group = here.groups[g]
-            origin = None if o < 0 else here.origins[o]
-            part = here.take(idx)
-            win = Totals()
-            win.add(part)
-            out.append(Row(group.name, group.label, origin,
-                           sum(r in seen_set for r in group.ranks), len(group.ranks),
-                           "gpu" if win.timed else "cpu", figures(win, part.arrivals()),
-                           figures(self.run[group.name, origin])))
+        counted: dict[int, int] = {}
+        named = [key(k) for k in window.keys.tolist()]
+        runs = [self.run[name, origin] for _, name, origin in named]
+        hists = np.stack([t.skews for t in runs]) if runs else np.zeros((0, len(SKEW_BINS) + 1))
+        p50, p99 = (quantiles(hists, q).tolist() for q in (0.5, 0.99))
+        out = []
+        for i, ((g, name, origin), t) in enumerate(zip(named, runs)):
+            group = inst.groups[g]
+            if g not in counted:
+                counted[g] = sum(r in seen_set for r in group.ranks)
+            f = window.figures(i)
+            run = Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps,
+                          None if p50[i] < 0 else p50[i], None if p99[i] < 0 else p99[i],
+                          t.wait_ns)
+            out.append(Row(name, group.label, origin, counted[g], len(group.ranks),
+                           "gpu" if f.timed else "cpu", f, run))
         out.sort(key=lambda r: (-r.window.wait_ns, r.group, r.origin or ""))
         return out
-
-    def _normal(self, inst: Instances, late: list[Straggler]) -> None:
-        """Add to each group's normal skews those of ``inst`` the late ranks did not cause."""
-        mask = ~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1)
-        names = np.array([g.name for g in inst.groups], dtype=object)
-        origins = np.array(inst.origins, dtype=object)
-        for s in late:
-            mask &= ~((names[inst.group] == s.group) & (origins[inst.origin] == s.origin)
-                      & (inst.late_rank == s.rank)) if len(inst) else mask
-        kept = inst.take(mask)
-        for (g, _), idx in _segments(kept, False):
-            self.normal.setdefault(kept.groups[g].name, Totals()).add(kept.take(idx))
 
 
 def _instance_keys(calls: Calls, rows: np.ndarray) -> np.ndarray:
     cols = calls.columns()
-    group = _shape_table(calls.shapes).group
+    group = calls.tabled.table().group
     return group[cols["shape"][rows]].astype(np.int64) << 40 | cols["seq"][rows]

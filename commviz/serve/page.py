@@ -3,7 +3,7 @@ the run so far, each row with small plots of its windows (inline SVG: no script,
 
 It renders the windows ``commviz watch`` makes (``commviz.live.series``' lines, kept in memory
 while the job runs or read from ``windows.jsonl`` after it), in the words ``commviz watch`` and
-``commviz report`` use (``commviz.live.watch.straggler_line``, ``fmt_ns``). Everything shown is
+``commviz report`` use (``commviz.live.cause.said``, ``fmt_ns``). Everything shown is
 escaped: group names, origins and a verdict's stacks come from the job. At most ``ROWS_SHOWN``
 rows and ``LATE_SHOWN`` late ranks a table, so the page stays small for any number of ranks.
 """
@@ -14,8 +14,8 @@ from html import escape
 from typing import Any, Callable, Iterable, NamedTuple
 
 from commviz.live import series
-from commviz.live.watch import NO_LATE, ROWS_SHOWN, TIMES_NOTE, straggler_line
-from commviz.live.window import Straggler
+from commviz.live.cause import said
+from commviz.live.watch import NO_NAME, ROWS_SHOWN, TIMES_NOTE
 from commviz.merge.select import format_ranks
 from commviz.review.report import fmt_gbps, fmt_ns
 
@@ -54,7 +54,7 @@ def late_items(stragglers: Iterable[dict[str, Any]], links: Links | None) -> str
     out = []
     items = list(stragglers)
     for s in items[:LATE_SHOWN]:
-        line = straggler_line(Straggler(**{k: s[k] for k in Straggler._fields if k in s}))
+        line = said(s, fmt_ns)
         cause = _cause(s.get("cause"))
         more = "".join(f'<a href="{escape(h)}">{escape(t)}</a>'
                        for h, t in (links(s["rank"]) if links else []))
@@ -65,7 +65,7 @@ def late_items(stragglers: Iterable[dict[str, Any]], links: Links | None) -> str
     if len(items) > LATE_SHOWN:
         out.append(f"<div>{len(items) - LATE_SHOWN} more late ranks (commviz watch --format "
                    "json has them all)</div>")
-    return "".join(out) or f'<div class="cv-ok">{escape(NO_LATE)}</div>'
+    return "".join(out) or f'<div class="cv-ok">{escape(NO_NAME)}</div>'
 
 
 def _cause(cause: Any) -> str:
