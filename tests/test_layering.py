@@ -2,10 +2,9 @@
 import each other (directly or round a loop), and no module hides an import behind
 ``importlib`` (where a misspelled name would fail only when reached).
 
-Every module under ``commviz/`` and ``launch/`` (installed as ``commviz.launch``) is parsed with
-``ast``; every ``import`` in it, at module level or inside a function, is checked against the
-stage order below and for loops. Imports within one stage are free, as long as they run one
-way.
+Every module under ``commviz/`` is parsed with ``ast``; every ``import`` in it, at module level
+or inside a function, is checked against the stage order below and for loops. Imports within one
+stage are free, as long as they run one way.
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ def _module_files() -> dict[str, Path]:
     files = {}
     for path in sorted((ROOT / "commviz").rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    for path in sorted((ROOT / "launch").rglob("*.py")):
-        parts = ("commviz", "launch", *path.relative_to(ROOT / "launch").with_suffix("").parts)
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return files
 
