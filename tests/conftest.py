@@ -22,7 +22,9 @@ def _gpu_count() -> int:
 
 # What starts a process. A test that reaches one, in its own code or its fixtures' (through the
 # functions of its module and of the helpers of tests/ it imports), runs real jobs or commands,
-# seconds each: it is the slow tier, and ``pytest -m "not slow"`` runs the in-process rest.
+# seconds each: it is the slow tier, and ``pytest -m "not slow"`` runs the in-process rest. A
+# job that commviz itself starts (an in-process ``cli.main(["launch", ...])``) is not seen
+# here: such a test is marked ``slow`` where it stands.
 _STARTERS = frozenset({"subprocess", "multiprocessing", "Popen", "Process", "Pool", "spawn",
                        "start_processes"})
 
@@ -36,16 +38,16 @@ def _used(node: ast.AST) -> set[str]:
 def starting_names(path: Path) -> frozenset[str]:
     """The top-level functions and classes of the module at ``path`` (and the names it imports
     from a helper of tests/) that can start a process, read from the code, not run."""
-    uses: dict[str, set[str]] = {}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    uses = {node.name: _used(node) for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     starting = set(_STARTERS)
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in ast.walk(tree):             # a helper's names, imported at the top or in a def
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
             helper = path.parent / f"{node.module}.py"
             if helper.is_file() and helper != path:
                 starting |= {a.asname or a.name for a in node.names
                              if a.name in starting_names(helper)}
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            uses[node.name] = _used(node)
     grew = True
     while grew:
         grew = False

@@ -16,6 +16,7 @@ def test_a_job_through_a_fixture_or_a_helper_is_slow() -> None:
     assert {"scenario", "test_first_rank_can_be_the_culprit"} <= verdict   # harness.torchrun
     assert "test_launch_prints_the_verdict_of_a_stuck_rank" in verdict     # subprocess.run
     assert {"run_ranks", "torchrun"} <= starting_names(TESTS / "harness.py")
+    assert "real_record" in starting_names(TESTS / "test_records.py")     # imported in the def
 
 
 def test_in_process_tests_stay_fast() -> None:
