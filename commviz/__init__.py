@@ -5,18 +5,11 @@ The flow, one subpackage a step: ``record`` (wrappers + per-rank records) -> ``g
 Perfetto trace) -> ``review`` (skew, stragglers, bandwidth, desyncs).
 """
 
-from pathlib import Path as _Path
-
-# launch/ at the repository root is the package commviz.launch (pyproject maps it there); let a
-# plain source checkout on PYTHONPATH resolve it the same way an install does.
-if (_Path(__file__).resolve().parent.parent / "launch" / "__init__.py").is_file():
-    __path__.append(str(_Path(__file__).resolve().parent.parent))  # noqa: F821 - package __path__
-
 __version__ = "0.1.0"
 
 # The job-side API, loaded on first use: importing commviz (the after-the-job CLI does) imports
 # no torch and installs nothing; ``start``, ``patch`` and ``graph`` install what they need.
-from commviz.lazy import lazy_api  # noqa: E402
+from commviz.lazy import lazy_api
 
 _API = {
     "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",

@@ -17,7 +17,7 @@ import torch
 
 from commviz import metadata as md
 from commviz.capture import region  # noqa: F401 - connects the capture hand-off (its graph nodes)
-from commviz.record import calls, capturing
+from commviz.record import calls, capturing, process_groups
 from commviz.record.recorder import RECORDER
 
 # Keyword names of annotate_collective's **extra that map onto commviz keys.
@@ -44,7 +44,7 @@ def _mapped(name: str, extra: dict[str, Any]) -> tuple[str, str, str, bool, dict
     for key, value in extra.items():
         target = _EXTRA_KEYS.get(key, key)
         if target == md.REDUCE_OP and not isinstance(value, str):
-            value = md.reduce_op_name(value)
+            value = process_groups.reduce_op_name(value)
         if target in (md.IN_SPLIT, md.OUT_SPLIT) and not isinstance(value, str):
             value = str(list(value))
         mapped[target] = value
@@ -79,7 +79,7 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
         in_n, tensor = (inp.numel(), inp) if isinstance(inp, _Tensor) else _nelems(inp)
         out_n, out_tensor = ((in_n, tensor) if out is inp else
                              (out.numel(), out) if isinstance(out, _Tensor) else _nelems(out))
-        info = md.group_info(self._group)
+        info = process_groups.group_info(self._group)
         if not info.member:               # torch skips calls on groups this rank is not in
             self.rec, self.open = None, False
             calls.push_scope(self)
@@ -120,7 +120,8 @@ class annotate_collective(calls.Claim):  # noqa: N801 - used like a function, as
         else:
             kind, in_split, out_split, async_op, mapped = (
                 "p2p" if name in _P2P else "collective", "[]", "[]", False, None)
-        dtype, esize = ("Byte", 0) if torch_dtype is None else md.dtype_info(torch_dtype)
+        dtype, esize = (("Byte", 0) if torch_dtype is None
+                        else process_groups.dtype_info(torch_dtype))
         # the number torch gives the next collective on the group; taken only if one runs
         seq = info.last_seq + 1 if kind == "collective" else None
         return calls.open_record(name, kind, info, in_n, out_n, dtype, esize, device, in_split,

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from commviz import metadata as md
-from commviz.trace.kernels import parse_nccl
+from commviz.kernels import parse_nccl
 from commviz.verify import read_slices
 
 

@@ -46,7 +46,7 @@ from commviz.errors import CommvizError  # noqa: E402
 from commviz.review import flightrec  # noqa: E402
 from commviz.match import match_run  # noqa: E402
 from commviz.record.store import loads_plain  # noqa: E402
-from commviz.trace.kernels import parse_nccl  # noqa: E402
+from commviz.kernels import parse_nccl  # noqa: E402
 from commviz.trace.run import load_run  # noqa: E402
 from commviz.verify import read_slices  # noqa: E402
 

@@ -141,8 +141,11 @@ def relocated_copy(kept: Path, name: str, scratch: Path, repo: Path) -> Path:
     run = shutil.copytree(kept / name, scratch / name)
     # once per file: a file two patterns match, rewritten twice, would name ``repo`` twice over
     # where ``there`` is in ``repo`` (/work/main in /check/work/main)
+    # The runs kept before the launcher moved into the package (it stood at the checkout's top,
+    # launch/) name its files there: they are its files at commviz/launch/ now.
     for path in {path for pattern in RELOCATED for path in run.glob(pattern)}:
-        path.write_text(path.read_text().replace(there, str(repo)))
+        text = path.read_text().replace(f"{there}/launch/", f"{there}/commviz/launch/")
+        path.write_text(text.replace(there, str(repo)))
     return run
 
 

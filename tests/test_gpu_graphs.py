@@ -194,7 +194,7 @@ def _eager_keys() -> tuple[str, ...]:
 
 
 def _nccl(ev: dict) -> bool:
-    from commviz.trace.kernels import parse_nccl
+    from commviz.kernels import parse_nccl
 
     return ev.get("ph") == "X" and ev.get("cat") == "kernel" and \
         parse_nccl(str(ev.get("name", ""))) is not None

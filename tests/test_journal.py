@@ -127,6 +127,7 @@ def test_torn_or_hostile_journal_reads_what_is_whole(killed: Path, tmp_path: Pat
     assert not Path("/tmp/commviz-pwned").exists()
 
 
+@pytest.mark.timeout(60)       # a deadlock waits forever: no bar on a loaded machine's time
 def test_signal_flush_while_the_lock_is_held_writes_the_record(tmp_path: Path) -> None:
     """SIGTERM's whole flush (the record's payload too) on the thread that holds the
     recorder's lock, as when the signal lands while it records a call or flushes at exit."""
@@ -138,13 +139,12 @@ def test_signal_flush_while_the_lock_is_held_writes_the_record(tmp_path: Path) -
     rec.run_dir = tmp_path
     done: list[Path | None] = []
     with rec._lock:                          # as if interrupted inside append or records()
-        started = time.monotonic()
         done.append(rec.flush("SIGTERM"))
-        assert time.monotonic() - started < 2 * journal.LOCK_WAIT_S + 2
     (path,) = done
     assert path is not None and pickle.loads(path.read_bytes())["exit"] == "SIGTERM"
 
 
+@pytest.mark.timeout(60)
 def test_flush_interrupting_add_does_not_deadlock(tmp_path: Path) -> None:
     """SIGTERM's flush runs on the thread that may be inside ``add``, holding the lock."""
     import threading
@@ -152,8 +152,6 @@ def test_flush_interrupting_add_does_not_deadlock(tmp_path: Path) -> None:
     lock = threading.Lock()
     j = journal.Journal(tmp_path, lock)
     with lock:                               # as if interrupted inside Recorder.append
-        started = time.monotonic()
         j.rotate()
         j.flushed(tmp_path)
-        assert time.monotonic() - started < 2 * journal.LOCK_WAIT_S + 0.5
     j.close()

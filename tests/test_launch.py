@@ -239,6 +239,7 @@ def test_tables_gather_writes_the_overview_instead_of_the_merge(tmp_path):
     assert len(procs) == 2 and all(p.startswith(("rank 0 ", "rank 1 ")) for p in procs)
 
 
+@pytest.mark.slow             # the launch runs in this process, its job in torchrun's
 def test_the_launcher_reads_each_record_once(tmp_path, monkeypatch, capsys):
     """The merge, the report and the summary share one reading of the run dir: the launching
     process unpickles each rank's record once (the merge's workers read theirs apart)."""

@@ -2,10 +2,9 @@
 import each other (directly or round a loop), and no module hides an import behind
 ``importlib`` (where a misspelled name would fail only when reached).
 
-Every module under ``commviz/`` and ``launch/`` (installed as ``commviz.launch``) is parsed with
-``ast``; every ``import`` in it, at module level or inside a function, is checked against the
-stage order below and for loops. Imports within one stage are free, as long as they run one
-way.
+Every module under ``commviz/`` is parsed with ``ast``; every ``import`` in it, at module level
+or inside a function, is checked against the stage order below and for loops. Imports within one
+stage are free, as long as they run one way.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Stage order, earliest first: (module prefixes, why they stand there). A module belongs to the
 # longest prefix that names it.
 STAGES: list[tuple[tuple[str, ...], str]] = [
-    (("commviz", "commviz.errors", "commviz.metadata", "commviz.lazy", "commviz.trace.kernels"),
-     "shared facts: errors, metadata keys, lazy API, kernel names and event categories"),
+    (("commviz",), "shared facts: errors, metadata keys and wording, lazy API, kernel names"),
     (("commviz.record", "commviz.capture", "commviz.annotate", "commviz.patching",
       "commviz.distributed"), "record: in the job, every call as it is made"),
     (("commviz.trace",), "trace: loading profiler traces and run dirs"),
@@ -32,10 +30,18 @@ STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz.review",), "review: report, desyncs, overview"),
     (("commviz.verify",), "verify: checks the merged trace against the inputs"),
     (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
-      "commviz.gathered", "commviz.convert", "commviz.live.watch", "commviz.serve"),
+      "commviz.gathered", "commviz.convert", "commviz.serve"),
      "drivers: the command line, the launcher, gather (which converts on the node), and the "
      "pages (live windows beside the review)"),
 ]
+
+# Modules that never import torch, not even inside a function: the ground floor (the vocabulary
+# every reader shares with the job), the record's on-disk formats, and every after-the-job stage.
+# The job's side of the record (its registry of groups, its wrappers, its journal writer) stands
+# above them in ``commviz.record``.
+TORCH_FREE = ("commviz.record.schema", "commviz.record.store", "commviz.record.stacks",
+              "commviz.trace", "commviz.match", "commviz.write", "commviz.merge", "commviz.live",
+              "commviz.review", "commviz.verify")
 
 # The only modules that may import by name at run time, and why.
 IMPORTLIB_ALLOWED = {
@@ -49,9 +55,6 @@ def _module_files() -> dict[str, Path]:
     files = {}
     for path in sorted((ROOT / "commviz").rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    for path in sorted((ROOT / "launch").rglob("*.py")):
-        parts = ("commviz", "launch", *path.relative_to(ROOT / "launch").with_suffix("").parts)
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return files
 
@@ -149,6 +152,21 @@ def _loop(graph: dict[str, set[str]], group: set[str]) -> list[str]:
     return back[::-1]
 
 
+def torch_imports(path: Path) -> list[int]:
+    """Lines that import torch or a module of it, wherever they stand."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] == "torch" for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
 def uses_importlib(path: Path) -> list[int]:
     """Lines that import by name at run time: ``importlib`` (but its ``resources``),
     ``__import__``, ``pkgutil``/``runpy``."""
@@ -208,6 +226,25 @@ def test_the_checker_sees_an_import_cycle(tmp_path: Path) -> None:
     assert graph["commviz.capture.region"] == {"commviz.capture.hooks"}
     assert import_cycles(graph) == [["commviz.capture.hooks", "commviz.record.calls",
                                      "commviz.capture.region", "commviz.capture.hooks"]]
+
+
+def test_the_ground_floor_and_the_readers_import_no_torch() -> None:
+    """What reads a run after the job, and the vocabulary it shares with the job, loads without
+    torch wherever a reader's call leads (test_imports runs the commands; this reads every
+    function)."""
+    free = [m for m in MODULES if stage_of(m) == 0 or
+            any(m == p or m.startswith(p + ".") for p in TORCH_FREE)]
+    assert {"commviz.metadata", "commviz.kernels", "commviz.record.schema",
+            "commviz.live.window"} <= set(free)
+    found = [f"{MODULES[m].relative_to(ROOT)}:{line}" for m in free
+             for line in torch_imports(MODULES[m])]
+    assert found == []
+
+
+def test_the_checker_sees_a_torch_import(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("import os\ndef f():\n    from torch.distributed import group\n")
+    assert torch_imports(path) == [3]
 
 
 def test_no_import_is_hidden_behind_importlib() -> None:

@@ -29,8 +29,8 @@ import torch
 import commviz
 from commviz import metadata as md
 from commviz.match import instance_key, match_rank
-from commviz.trace.kernels import incompatibility
-from commviz.trace.kernels import parse_nccl
+from commviz.kernels import incompatibility
+from commviz.kernels import parse_nccl
 from commviz.trace.load import load_trace
 from harness import run_ranks
 

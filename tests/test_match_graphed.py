@@ -24,7 +24,7 @@ from commviz.capture.marks import MARK, MARK_LANE
 from commviz.capture.names import kernel_key
 from commviz.match.graphed import MATCHED_BY, REPLAY, check_kernel, match_graphed
 from commviz.record.store import load_record
-from commviz.trace.kernels import parse_nccl
+from commviz.kernels import parse_nccl
 from commviz.trace.load import Trace, load_trace
 from test_gpu_graphs import TAGGED_REPLAYS, assert_rank, check_rank, load_rank
 

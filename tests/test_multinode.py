@@ -201,9 +201,7 @@ def test_a_lone_node_says_it_waits_then_names_who_never_joined(tmp_path):
     port = free_port()
     cfg = config(tmp_path, port, 1, job=f", nnodes: 2, rdzv_endpoint: '127.0.0.1:{port}', "
                                       f"rdzv_id: lone-{port}, join_timeout_s: 8")
-    start = time.monotonic()
     node = run_nodes(tmp_path, cfg, {"a": ["--node-rank", "0"]}, timeout=120)["a"]
-    took = time.monotonic() - start
     assert node.code == 1, node.out
     assert not where(tmp_path)              # no rank ever ran
     waiting = [ln for ln in node.out.splitlines() if ln.startswith("waiting for nodes: ")]
@@ -212,7 +210,6 @@ def test_a_lone_node_says_it_waits_then_names_who_never_joined(tmp_path):
     failed = [ln for ln in node.out.splitlines() if ln.startswith("FAILED: ")]
     assert len(failed) == 1 and "join_timeout_s = 8 s" in failed[0], node.out
     assert "never reached it: node 1" in failed[0] and "node 0" not in failed[0]
-    assert took < 90
 
 
 # -- without processes -------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from commviz.capture import bindings as cb
 from commviz.capture import cupti
 from commviz.capture.names import kernel_key
 from commviz.record import recorder as _rec
-from commviz.trace.kernels import incompatibility, is_sendrecv, parse_nccl
+from commviz.kernels import incompatibility, is_sendrecv, parse_nccl
 
 log = logging.getLogger("commviz.capture")
 

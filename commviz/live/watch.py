@@ -44,7 +44,7 @@ from commviz.live.gpujoin import GpuJoin
 from commviz.live.tail import RunTail
 from commviz.live.window import Figures, Row, Window, Windows
 from commviz.merge.select import format_ranks
-from commviz.review.report import fmt_gbps, fmt_ns
+from commviz.metadata import fmt_gbps, fmt_ns
 
 DEFAULT_INTERVAL_S = 5.0
 ROWS_SHOWN = 12

@@ -30,7 +30,7 @@ from commviz.match.index import NcclSpan, TraceIndex
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.ranges import TOLERANCE_NS, Pairing
 from commviz.match.result import RankMatch, Unmatched
-from commviz.trace.kernels import SENDRECV, incompatibility
+from commviz.kernels import SENDRECV, incompatibility
 
 BATCH_OP = "batch_isend_irecv"
 

@@ -21,7 +21,7 @@ from commviz.match.index import Intervals, NcclSpan, Span, TraceIndex
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.ranges import TOLERANCE_NS, Pairing
 from commviz.match.result import Conflict, RankMatch, Unmatched
-from commviz.trace.kernels import incompatibility
+from commviz.kernels import incompatibility
 
 
 

@@ -47,7 +47,7 @@ from commviz.match.coalesced import batch_args, with_ops
 from commviz.match.index import Intervals
 from commviz.match.model import CommEvent, Source, instance_key
 from commviz.match.result import Unmatched
-from commviz.trace.kernels import graph_node_id, incompatibility, is_sendrecv, parse_nccl
+from commviz.kernels import graph_node_id, incompatibility, is_sendrecv, parse_nccl
 from commviz.trace.load import json_list
 
 REPLAY = md.REPLAY                      # "commviz.replay": the replay's number, per graph

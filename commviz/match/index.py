@@ -20,7 +20,7 @@ from commviz.metadata import MARK_RANGE_PREFIX as MARK_PREFIX
 from commviz.metadata import REPLAY_RANGE
 from commviz.record.ops import OPS
 from commviz.trace.joinable import COALESCED_RANGE, OP_PREFIX, PARAM_COMMS, RANGE_PREFIX
-from commviz.trace.kernels import GPU_CATS, NcclKernel, parse_nccl
+from commviz.kernels import GPU_CATS, NcclKernel, parse_nccl
 
 OP_NAMES = {OP_PREFIX + name: spec.op for name, spec in OPS.items()}   # -> commviz.op
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any, NamedTuple
 
 from commviz.trace.joinable import native
-from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
+from commviz.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 
 MAX_FLOW_REACH_NS = 10_000_000_000    # a flow point binds to a slice that began at most 10 s before
 

@@ -39,7 +39,7 @@ from commviz.match.model import CommEvent, InstanceKey, comm_columns, comm_event
 from commviz.merge.flows import Correlated, Edge, FlowPoint, launch_edges
 from commviz.merge.keep import Keep, Spans, events_inside
 from commviz.trace.joinable import native
-from commviz.trace.kernels import GPU_CATS
+from commviz.kernels import GPU_CATS
 from commviz.trace.load import Trace, load_trace
 from commviz.write.chrome import write_rank_fragment
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor

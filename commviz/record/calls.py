@@ -40,6 +40,7 @@ from torch.distributed import distributed_c10d as _c10d
 from commviz import metadata as md
 from commviz.record import capturing as _capture
 from commviz.record import origins as _origins
+from commviz.record import process_groups as _groups
 from commviz.record import recorder as _rec
 from commviz.record.ops import OPS
 
@@ -420,7 +421,7 @@ def _reduction(code: int) -> dict[str, str]:
 
 
 _SPECS = tuple(OPS.values())
-_BY_NAME = md._BY_NAME                        # group name -> GroupInfo, filled by group_by_name
+_BY_NAME = _groups._BY_NAME                   # group name -> GroupInfo, filled by group_by_name
 _SIDE = md.SIDE_GROUP_DESC
 
 
@@ -476,7 +477,7 @@ def shape(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     micro-batch (``microbatch`` -1: not asked yet); None to ask ``begin`` every time (origins
     that change per call)."""
     spec = _SPECS[code]
-    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
+    info = _BY_NAME.get(pg_name) or _groups.group_by_name(pg_name)
     if not info.member or info.desc == _SIDE:
         return False
     src = dst = None
@@ -513,7 +514,7 @@ def scoped(code: int, pg_name: str, cuda: bool) -> tuple[md.GroupInfo, int] | No
     spec = _SPECS[code]
     if spec.kind != "collective":
         return None
-    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
+    info = _BY_NAME.get(pg_name) or _groups.group_by_name(pg_name)
     return info, _slots(spec, info, cuda)
 
 
@@ -530,7 +531,7 @@ def begin(code: int, pg_name: str, in_n: int, out_n: int, dtype: str, esize: int
     (``callsite``'s rule, walked in C++) and the calling thread, for calls ``shape`` does not
     cover (outside any ``SCOPE`` block); None: nothing to record."""
     spec = _SPECS[code]
-    info = _BY_NAME.get(pg_name) or md.group_by_name(pg_name)
+    info = _BY_NAME.get(pg_name) or _groups.group_by_name(pg_name)
     if not info.member or info.desc == _SIDE:
         return None
     op = spec.op

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from commviz import metadata as md
-from commviz.record import schema, store
+from commviz.record import process_groups, schema, store
 from commviz.record.origins import RESOLVERS, State
 from commviz.record.journal import (CAPTURED, FAILED, NATIVE_CALL, NATIVE_FAILED, RUNNING, Journal,
                                     flush_lock, native_numbers)
@@ -75,7 +75,7 @@ class Recorder:
     @enabled.setter
     def enabled(self, on: bool) -> None:
         if on and not self._enabled:
-            md.follow_backend_numbering()
+            process_groups.follow_backend_numbering()
         self._enabled = on
         if self.native is not None:
             self.native.set_active(on)
@@ -217,7 +217,7 @@ class Recorder:
         if dist.is_available() and dist.is_initialized():
             self._identity = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
                               "backend": str(dist.get_backend())}
-        for info in md.known_groups() + md.seen_groups():
+        for info in process_groups.known_groups() + process_groups.seen_groups():
             self._groups[info.name] = info.table_row()
 
     def add_trace(self, file_name: str) -> None:

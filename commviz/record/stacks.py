@@ -290,8 +290,6 @@ def _library_dirs() -> tuple[str, ...]:
     dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     package = Path(__file__).resolve().parents[1]
     dirs.add(str(package))                                      # commviz itself
-    if (package.parent / "launch" / "worker.py").is_file():     # commviz.launch in a checkout
-        dirs.add(str(package.parent / "launch"))                # (pyproject's package-dir)
     return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
 
 

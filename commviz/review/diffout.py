@@ -20,8 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from commviz import metadata as md
+from commviz.metadata import fmt_gbps, fmt_ns
 from commviz.review.diff import BY, ORIGIN, Change, Diff, NoiseRule, Row, RunSide, Side, diff_runs
-from commviz.review.report import _md_cell, fmt_gbps, fmt_ns
+from commviz.review.report import _md_cell
 
 FORMATS = ("table", "markdown", "json")
 PLOT_NAME = "diff.png"

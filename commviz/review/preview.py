@@ -36,7 +36,7 @@ from commviz.merge.keep import STEP_PREFIX, parse_window
 from commviz.merge.piece import (CROSS_FLOW_BIT, LANE_KEY, ORDER_OTHER, ORDER_STREAM,
                                  ORDER_THREAD, PID_BASE)
 from commviz.merge.select import format_ranks, parse_ranks
-from commviz.trace.kernels import COMM, GPU_WORK_CATS, classify
+from commviz.kernels import COMM, GPU_WORK_CATS, classify
 from commviz.write.read import (BEGIN, END, INSTANT, Decoder, Event, Track, iter_packet_batches,
                                 pair)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from commviz.errors import SourceError
-from commviz.metadata import fmt_bytes
+from commviz.metadata import fmt_bytes, fmt_gbps, fmt_ns
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import MatchedRun, matched_run
 from commviz.match.model import CommEvent
@@ -39,7 +39,7 @@ from commviz.review import wholerun
 from commviz.review.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.run import Run, load_run, skipped_note
-from commviz.trace.kernels import KERNEL_CLASSES
+from commviz.kernels import KERNEL_CLASSES
 
 FORMATS = ("table", "markdown", "json")
 REPORT_NAMES = {"table": "report.txt", "markdown": "report.md", "json": "report.json"}
@@ -143,20 +143,6 @@ def review_run(run_dir: str | Path, by: str | None = None, run: Run | None = Non
 
 
 # -- rendering ---------------------------------------------------------------------------------
-
-def fmt_ns(ns: int | float | None) -> str:
-    if ns is None:
-        return "-"
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}" if abs(ns) < 100 * scale else f"{ns / scale:.0f} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def fmt_gbps(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
 
 def instance_comm(i: Instance) -> str:
     """An instance's comm time, or why it has none: a failed call moved no data, one some rank
@@ -353,7 +339,7 @@ def sections(review: Review, top: int = TOP) -> list[Section]:
             [[str(o.rank), fmt_ns(o.comm_ns), fmt_ns(o.compute_ns), fmt_ns(o.overlap_ns),
               "-" if o.overlap_pct is None else f"{o.overlap_pct:.1f}", fmt_ns(o.idle_ns),
               fmt_ns(o.non_compute_ns), fmt_ns(o.kernel_ns)] for o in review.overlap]))
-    out += [Section(*t) for t in wholerun.tables(review.run_dir, top, fmt_ns)]
+    out += [Section(*t) for t in wholerun.tables(review.run_dir, top)]
     return out
 
 

@@ -1,6 +1,6 @@
 """Which work ran on which GPU stream: kernel classes with count and GPU time per rank and stream.
 
-Classes are ``commviz.trace.kernels.classify``'s (communication, gemm, memcpy/memset, other).
+Classes are ``commviz.kernels.classify``'s (communication, gemm, memcpy/memset, other).
 Graphed kernels count like eager ones; ``graphed`` says how many of a stream's ops ran inside
 CUDA graph replays, so a stream fed only by graphs is visible as such.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from commviz.trace.gpu import GpuOp
-from commviz.trace.kernels import KERNEL_CLASSES, classify
+from commviz.kernels import KERNEL_CLASSES, classify
 
 
 @dataclass(slots=True)

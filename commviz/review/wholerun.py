@@ -21,10 +21,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from commviz.errors import SourceError
 from commviz.live import series
+from commviz.metadata import fmt_ns
 
 WINDOWS_PNG = "windows.png"
 ORIGINS_DRAWN = 6
@@ -32,15 +33,12 @@ ORIGINS_DRAWN = 6
 
 class Table(NamedTuple):
     """A section as ``commviz.review.report.Section`` takes it (the report imports this
-    module, so it gets the tables and its own ``fmt_ns`` here, not the other way)."""
+    module, so it gets the tables here, not the other way)."""
 
     title: str
     columns: list[str]
     rows: list[list[str]]
     note: str = ""
-
-
-Fmt = Callable[[int | float | None], str]
 
 
 @dataclass
@@ -101,7 +99,7 @@ def _who(rank: int, cause: str, peer: int | None) -> str:
     return f"rank {rank} -> {peer}" if peer is not None else f"rank {rank}"
 
 
-def _late(w: series.WindowFile, fmt_ns: Fmt) -> str:
+def _late(w: series.WindowFile) -> str:
     return "; ".join(f"{_who(s['rank'], s.get('cause', 'late'), s.get('peer'))} "
                      f"{s.get('cause', 'late')} at {s['origin']} in {s['group_label']} "
                      f"({fmt_ns(s['skew_ns'])}, cost {fmt_ns(s['cost_ns'])})"
@@ -118,7 +116,7 @@ _SAID = {"cpu": "CPU times of the calls", "gpu": "GPU times of the NCCL ops",
          "mixed": "GPU times where a window's row says gpu, else CPU"}
 
 
-def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
+def tables(run_dir: Path, top: int) -> list[Table]:
     """The two tables (none without a kept series; one line when it cannot be read)."""
     try:
         whole = read_whole_run(run_dir)
@@ -158,7 +156,7 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
             continue
         flush_quiet()
         rows.append([f"#{w['index']}", f"+{(w['start_ns'] - whole.t0) / 1e9:.1f} s",
-                     _late(w, fmt_ns)])
+                     _late(w)])
     flush_quiet()
     per_window = Table("Over the whole run: who was late where, window by window",
                          ["window", "from", "ranks named, cause (skew, what they cost the others)"],

@@ -17,7 +17,7 @@ from commviz.live import series
 from commviz.live.cause import said
 from commviz.live.watch import NO_NAME, ROWS_SHOWN, TIMES_NOTE
 from commviz.merge.select import format_ranks
-from commviz.review.report import fmt_gbps, fmt_ns
+from commviz.metadata import fmt_gbps, fmt_ns
 
 LATE_SHOWN = 16
 CHART_W, CHART_H = 120, 30

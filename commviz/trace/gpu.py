@@ -4,7 +4,7 @@ and the CPU calls that launched them, found in one pass when a trace is first as
 Times are this rank's own wall ns (``Trace.ns``); the matched run (``commviz.match.artifact``)
 moves them onto the merged clock with the rank's collectives. A kernel counts as graphed when its
 ``correlation`` is that of a ``cudaGraphLaunch`` runtime call or it carries a non-zero graph node
-id (``trace.kernels.is_graphed``): the one rule for the GPU table and every matcher, since they
+id (``commviz.kernels.is_graphed``): the one rule for the GPU table and every matcher, since they
 all read it here (``Trace.gpu``). Where commviz's C extension is built, its port of the pass
 (``_scan.gpu_index``) does it; ``python_gpu_index`` is the reference and the fallback.
 """
@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from commviz.trace.joinable import native
-from commviz.trace.kernels import (GPU_WORK_CATS, GRAPH_LAUNCH_CBIDS, GRAPH_LAUNCH_NAMES,
+from commviz.kernels import (GPU_WORK_CATS, GRAPH_LAUNCH_CBIDS, GRAPH_LAUNCH_NAMES,
                                    LAUNCH_CATS, graph_node_id, is_graph_launch, is_graphed)
 
 

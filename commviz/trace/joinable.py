@@ -11,7 +11,7 @@ Where commviz's C extension is built, its port of the pass (``_scan.c``) does it
 
 from __future__ import annotations
 
-from commviz.trace.kernels import GPU_WORK_CATS, LAUNCH_CATS
+from commviz.kernels import GPU_WORK_CATS, LAUNCH_CATS
 
 try:    # the C passes over every event (_scan.c); one import, for load, joinable and the merge
     import commviz.trace._scan as native     # not "from commviz.trace": that is this package

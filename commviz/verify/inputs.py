@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from commviz.errors import TraceError
-from commviz.trace.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
+from commviz.kernels import GPU_CATS, LAUNCH_CAT, LAUNCH_CATS
 from commviz.trace.load import load_trace     # the merge's loader: the contract's reading
 from commviz.trace.run import skipped_note
 from commviz.verify.structure import TraceCheck

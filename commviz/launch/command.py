@@ -17,7 +17,7 @@ With ``live.exporter`` set it serves the job's metrics to Prometheus meanwhile, 
 its own (``commviz.launch.exporting``); with ``live.watch`` it says each window of ``commviz
 watch`` (``commviz.live.watch``) and keeps the windows in the run dir for the report.
 
-Without CONFIG the embedded default runs: ``launch/default.yaml``, shipped inside the package
+Without CONFIG the embedded default runs: ``commviz/launch/default.yaml``, shipped inside the package
 (``configs/default.yaml`` is the same text for people browsing the repo; a test keeps the two
 identical). It is package data rather than a path into the repo so a plain, non-editable
 install still has it.
