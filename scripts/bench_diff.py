@@ -19,15 +19,14 @@ cause and late ranks (the planted ones must lead), and the 1-minute load average
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,23 +36,23 @@ import bench_scale  # noqa: E402
 
 from commviz import metadata as md  # noqa: E402
 from commviz.match.artifact import RankArtifact  # noqa: E402
-from commviz.merge.table import from_artifact, save, table_path  # noqa: E402
 from commviz.trace.steps import Step  # noqa: E402
 
 # (group kind, op) -> the line it is called from
 ORIGINS = {("tp", "all_reduce"): "train.py:101", ("tp", "all_gather_into_tensor"): "train.py:102",
            ("dp", "reduce_scatter_tensor"): "train.py:140",
-           ("dp", "all_gather_into_tensor"): "train.py:141", ("", "all_reduce"): "train.py:160"}
+           ("dp", "all_gather_into_tensor"): "train.py:141", ("", "all_reduce"): "train.py:160",
+           ("pp", "send"): "pipe.py:80", ("pp", "recv"): "pipe.py:81"}
 SLOWER, SLOWER_NS = "train.py:140", 1_000_000      # B: 1 ms more transfer time a call
 LATE_ORIGIN, LATE_B, LATE_B_NS = "train.py:160", 9, 5_000_000    # B: rank 9 late there
 
 
 def _shaped(art: RankArtifact, changed: bool) -> RankArtifact:
-    """The generator's matched run with an origin per call and its profiler steps; in run B
-    with the two planted changes."""
-    per_step = len(bench_scale._schedule()) // bench_scale.STEPS
-    events, steps = [], []
-    for n, ev in enumerate(art.events):
+    """The generator's matched run with an origin per call and its profiler steps (one per
+    schedule repeat); in run B with the two planted changes."""
+    step_ns = len(bench_scale._schedule()) // bench_scale.STEPS * bench_scale.SLOT_NS
+    events, steps = [], {}
+    for ev in art.events:
         kind = ev.pg.rstrip("0123456789") if ev.pg != "0" else ""
         origin = ORIGINS[(kind, ev.op)]
         start, end = ev.start_ns, ev.end_ns
@@ -63,34 +62,23 @@ def _shaped(art: RankArtifact, changed: bool) -> RankArtifact:
             end += LATE_B_NS
             start += LATE_B_NS if art.rank == LATE_B else 0
         events.append(replace(ev, start_ns=start, end_ns=end, args={**ev.args, md.ORIGIN: origin}))
-        if n % per_step == 0:
-            steps.append([n // per_step + 1, start - 1_000_000, start])
-        steps[-1][2] = max(steps[-1][2], end + 1_000_000)
-    return replace(art, events=events, steps=[Step(*s) for s in steps])
-
-
-def _make_ranks(run_dir: Path, world: int, ranks: range, changed: bool) -> None:
-    groups = bench_scale._groups(world)
-    for rank in ranks:
-        art = _shaped(bench_scale._artifact(rank, world, groups), changed)
-        save(from_artifact(art), table_path(run_dir, rank))
+        n = (ev.start_ns - bench_scale.T0) // step_ns + 1
+        got = steps.setdefault(n, [n, start - 1_000_000, start])
+        got[2] = max(got[2], end + 1_000_000)
+    return replace(art, events=events, steps=[Step(*steps[n]) for n in sorted(steps)])
 
 
 def make_run(run_dir: Path, world: int, changed: bool) -> None:
-    """Every rank's comm table, by as many processes as there are cores (a kept dir made alike
-    is reused)."""
+    """Every rank's comm table (``bench_scale.write_tables``: the planted replicas rank by
+    rank, the others derived from a template replica's); a kept dir made alike is reused."""
     made = {"world": world, "changed": changed, "origins": sorted(ORIGINS.values()),
-            "late": [LATE_B, LATE_B_NS], "slower": [SLOWER, SLOWER_NS]}
+            "late": [LATE_B, LATE_B_NS], "slower": [SLOWER, SLOWER_NS],
+            "pp": [bench_scale.PP, bench_scale.MICRO]}
     marker = run_dir / "bench_diff.json"
     if marker.is_file() and json.loads(marker.read_text()) == made:
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cores = len(os.sched_getaffinity(0))
-    step = -(-world // (4 * cores))
-    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        for got in [pool.submit(_make_ranks, run_dir, world, range(a, min(a + step, world)),
-                                changed) for a in range(0, world, step)]:
-            got.result()
+    bench_scale.write_tables(run_dir, world, functools.partial(_shaped, changed=changed),
+                             more=(LATE_B,))
     marker.write_text(json.dumps(made))
 
 

@@ -335,13 +335,24 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
                       for s in lanes if s.process == f"rank {r} · node{r // 8}")
         assert mine == sorted((pg, seq, st, en) for (rank, pg, seq), (st, en, _) in plant.items()
                               if rank == r)
-    # the folded lanes: per group the other ranks, every instance once, their spread exact
+    # the folded lanes: per group the other ranks, every instance once, their spread exact;
+    # alike groups (the TP groups not holding a kept rank) fold into one lane per class
     folded = [s for s in lanes if s.process.startswith("alike ranks")]
     by_pg: dict[str, list] = defaultdict(list)
+    classes: dict[str, list] = defaultdict(list)
     for s in folded:
-        by_pg[s.args[md.PG_NAME]].append(s)
-    assert set(by_pg) == set(groups)
+        if "commviz.alike_groups" in s.args:
+            classes[s.args["commviz.folded_groups"]].append(s)
+        else:
+            by_pg[s.args[md.PG_NAME]].append(s)
+    in_class = {f"tp{n}": text for text in classes for n in _ranks_of(text.replace("tp", ""))}
+    assert set(by_pg) | set(in_class) == set(groups) and not set(by_pg) & set(in_class)
+    assert not {pg for pg in in_class if set(groups[pg]) & kept}     # exceptions: their own lanes
+    tp = {pg for pg in groups if pg.startswith("tp")}
+    assert len(tp - set(in_class)) <= len(kept)                      # the rest fold
     for pg, members in groups.items():
+        if pg in in_class:
+            continue
         alike = [r for r in members if r not in kept]
         seqs = sorted(s.args["commviz.seq"] for s in by_pg[pg])
         assert seqs == sorted({seq for (_, g, seq) in plant if g == pg})
@@ -364,10 +375,28 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
             waits = sorted(max(0, min(last, t[1]) - t[0]) for t in times)
             assert (s.args["commviz.wait_median_ns"], s.args["commviz.wait_max_ns"]) == (
                 median_low(waits), waits[-1])
-    # every group keeps its summary; flows join an instance's kept slices and its folded one
+    for text, slices in classes.items():
+        pgs = [pg for pg, t in in_class.items() if t == text]
+        assert sorted(s.args["commviz.seq"] for s in slices) == sorted(
+            {seq for (_, g, seq) in plant if g == pgs[0]})
+        for s in slices:
+            # the median group's median rank; the spread over every rank of the class
+            seq = s.args["commviz.seq"]
+            times = {pg: [plant[(r, pg, seq)] for r in groups[pg]] for pg in pgs}
+            assert s.args["commviz.alike_groups"] == len(pgs)
+            assert s.args["commviz.alike_ranks"] == sum(map(len, times.values()))
+            assert s.ts == median_low([median_low([t[0] for t in ts]) for ts in times.values()])
+            assert s.ts + s.dur == median_low([median_low([t[1] for t in ts])
+                                               for ts in times.values()])
+            every = [t for ts in times.values() for t in ts]
+            assert s.ts - s.args["commviz.start_early_ns"] == min(t[0] for t in every)
+            assert s.ts + s.args["commviz.start_late_ns"] == max(t[0] for t in every)
+            assert not s.flow_ids
+    # every group keeps its summary, or its class's; flows join an instance's kept slices and
+    # its folded one
     summaries = {s.track for s in got if "commviz.skew_ns" in s.args and
                  s.track.endswith(" · instances")}
-    assert len(summaries) == len(groups)
+    assert len(summaries) == len(groups) - len(in_class) + len(classes)
     ends = flow_ends(path)
     assert min(ends.values(), default=2) >= 2
     flows = {(s.args.get(md.PG_NAME), s.args["commviz.seq"]) for s in lanes if s.flow_ids}
