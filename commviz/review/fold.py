@@ -68,25 +68,32 @@ _PLAIN = (None, None, (), None)      # an InstanceKey's src, dst, pairs, replay 
 
 @dataclass(slots=True)
 class _Seqs:
-    """One group's collectives by sequence number from ``base``: each one's index, or -1."""
+    """One group's collectives (or one pair's transfers) by sequence number from ``base``:
+    each one's index, or -1."""
 
     base: int
     slots: array
+    id: int             # its place among its table's groups (``KeyIndex._pair_keys``)
 
 
 class KeyIndex:
-    """Instance key -> index 0, 1, ...: about 16 bytes a collective instance where a dict of
-    key objects costs about 200. A group numbers its collectives densely, so it keeps an array
-    from sequence number to index; other keys (p2p, batches, annotations, graph replays, a
-    sequence number far from its group's others) are few and keep a dict."""
+    """Instance key -> index 0, 1, ...: about 16 bytes an instance where a dict of key objects
+    costs about 200. A group numbers its collectives densely, and a pipeline numbers each
+    (group, src, dst) pair's transfers densely, so each keeps an array from sequence number to
+    index; other keys (batches, annotations, graph replays, a sequence number far from its
+    group's others) are few and keep a dict."""
 
     MAX_GAP = 1 << 16       # a sequence number this far outside its group's array: the dict
+    COLLECTIVE, P2P, OTHER = 0, 1, -1       # ``_kind``: how an index's key is held
 
     def __init__(self, names: Names) -> None:
         self._names = names
         self._groups: dict[str, _Seqs] = {}
-        self._pg = array("i")           # per index: the key's group (dense keys), else -1
-        self._seq = array("q")          # per index: the key's sequence number (dense keys)
+        self._pairs: dict[tuple[str, int, int], _Seqs] = {}     # p2p: (group, src, dst)
+        self._pair_keys: list[tuple[str, int, int]] = []
+        self._kind = array("b")
+        self._pg = array("i")           # per index: its group (a ``Names`` id) or pair (index)
+        self._seq = array("q")          # per index: its sequence number (dense keys)
         self._other: dict[InstanceKey, int] = {}
         self._other_keys: dict[int, InstanceKey] = {}
         self._far: list[int] = []       # dense keys in the dict: far from their group's others
@@ -100,36 +107,56 @@ class KeyIndex:
         return (key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int
                 and abs(key.seq) < 1 << 62)
 
+    @staticmethod
+    def _pair(key: InstanceKey) -> tuple[str, int, int] | None:
+        """A plain p2p transfer's (group, src, dst); None for any other key."""
+        if (key.kind is KeyKind.P2P and key[5:] == _PLAIN[2:] and type(key.seq) is int
+                and type(key.src) is int and type(key.dst) is int and abs(key.seq) < 1 << 62):
+            return key.pg, key.src, key.dst
+        return None
+
     def find(self, key: InstanceKey) -> int | None:
         # ``_dense`` inlined (one call per row); its range check is ``_place``'s
         if key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int:
             group = self._groups.get(key.pg)
-            if group is not None:
-                off = key.seq - group.base
-                if 0 <= off < len(group.slots) and group.slots[off] >= 0:
-                    return group.slots[off]
+        elif key.kind is KeyKind.P2P:
+            group = self._pairs.get((key.pg, key.src, key.dst))
+        else:
+            group = None
+        if group is not None and type(key.seq) is int:
+            off = key.seq - group.base
+            if 0 <= off < len(group.slots) and group.slots[off] >= 0:
+                return group.slots[off]
         return self._other.get(key)
 
     def add(self, key: InstanceKey) -> int:
         """The index of a key ``find`` does not know."""
         i = len(self)
-        dense = self._dense(key)
-        if dense and self._place(key.pg, key.seq, i):
+        dense, pair = self._dense(key), self._pair(key)
+        if dense and self._place(self._groups, key.pg, key.seq, i):
+            self._kind.append(self.COLLECTIVE)
             self._pg.append(self._names.id(key.pg))
+            self._seq.append(key.seq)
+        elif pair is not None and self._place(self._pairs, pair, key.seq, i):
+            if len(self._pairs) > len(self._pair_keys):
+                self._pair_keys.append(pair)
+            self._kind.append(self.P2P)
+            self._pg.append(self._pairs[pair].id)
             self._seq.append(key.seq)
         else:
             if dense:
                 self._far.append(i)
             self._other[key] = i
             self._other_keys[i] = key
+            self._kind.append(self.OTHER)
             self._pg.append(-1)
             self._seq.append(0)
         return i
 
-    def _place(self, pg: str, seq: int, i: int) -> bool:
-        group = self._groups.get(pg)
+    def _place(self, table: dict, name: object, seq: int, i: int) -> bool:
+        group = table.get(name)
         if group is None:
-            self._groups[pg] = _Seqs(seq, array("i", [i]))
+            table[name] = _Seqs(seq, array("i", [i]), len(table))
             return True
         off = seq - group.base
         if off < 0:
@@ -145,15 +172,19 @@ class KeyIndex:
         return True
 
     def key(self, i: int) -> InstanceKey:
-        other = self._other_keys.get(i)
-        if other is not None:
-            return other
-        return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
+        kind = self._kind[i]
+        if kind == self.COLLECTIVE:
+            return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
+        if kind == self.P2P:
+            pg, src, dst = self._pair_keys[self._pg[i]]
+            return InstanceKey(KeyKind.P2P, pg, self._seq[i], src, dst)
+        return self._other_keys[i]
 
     def numbered(self) -> tuple[np.ndarray, np.ndarray]:
         """Per index: the group (a ``Names`` id; -1: not a group's numbered collective) and
         the sequence number; a number kept in the dict, far from its group's others, too."""
-        pg = np.array(self._pg, dtype=np.int32)
+        pg = np.where(np.array(self._kind, dtype=np.int8) == self.COLLECTIVE,
+                      np.array(self._pg, dtype=np.int32), -1).astype(np.int32)
         seq = np.array(self._seq, dtype=np.int64)
         for i in self._far:
             key = self._other_keys[i]
