@@ -183,7 +183,7 @@ def read_fold(run_dir: str | os.PathLike[str]) -> tuple[Fold, list[str]]:
     unreadable: list[str] = []
     notes: list[str] = []
     fold = Fold()
-    for table in iter_tables(run, ranks, unreadable):
+    for table in iter_tables(run, ranks, unreadable, named=False):
         fold.add(table)
         notes += [f"rank {table.rank}: {p}" for p in table.problems]
     if unreadable:

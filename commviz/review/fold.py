@@ -35,6 +35,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -217,6 +218,7 @@ class TableDesync:
 
 
 REASONS = ("straggler", "late", "early", "end", "failed")
+_ROW_COLUMNS = ("_inst", "_start", "_end", "_flags", "_call")      # ``Fold``'s, per row
 CHUNK = 1 << 18                 # rows at a time where a step needs temporaries per row
 
 
@@ -253,6 +255,7 @@ class Fold:
         self.steps: dict[int, list[Step]] = {}      # rank -> its profiler steps, where known
         self.units: dict[str, str] = {}             # origin -> unit, where they differ
         self.rows = 0
+        self.spilled: Path | None = None        # where ``spill`` wrote the rows' columns
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -270,24 +273,24 @@ class Fold:
         self.hosts[rank] = table.host
         for pg, info in table.pgs.items():
             self.pgs.setdefault(pg, info)
-        find, calls = self.keys.find, self._calls
-        inst, call = [], []
-        for pg, op, key, _start, _end, size, ctype, _flags, origin in table.rows:
-            i = find(key)
-            if i is None:
-                i = self._new(key, pg, op, ctype, origin)
-            inst.append(i)
-            sig = (op, size, ctype)
-            c = calls.get(sig)
-            if c is None:
-                c = calls[sig] = len(calls)
-            call.append(c)
         rows = table.rows
-        self._inst.extend(inst)
-        self._call.extend(call)
-        self._start.extend([r[3] for r in rows])
-        self._end.extend([r[4] for r in rows])
-        self._flags.extend([int(r[7]) for r in rows])
+        if rows:            # column by column: a table's rows transposed once
+            pgs, ops, keys, starts, ends, sizes, ctypes, flags, origins = zip(*rows)
+            find, calls = self.keys.find, self._calls
+            inst = [find(key) for key in keys]
+            for n in [n for n, i in enumerate(inst) if i is None]:
+                inst[n] = find(keys[n])         # a key twice in one table: known by now
+                if inst[n] is None:
+                    inst[n] = self._new(keys[n], pgs[n], ops[n], ctypes[n], origins[n])
+            sigs = list(zip(ops, sizes, ctypes))
+            call = [calls.get(sig) for sig in sigs]
+            for n in [n for n, c in enumerate(call) if c is None]:
+                call[n] = calls.setdefault(sigs[n], len(calls))
+            self._inst.extend(inst)
+            self._call.extend(call)
+            self._start.extend(starts)
+            self._end.extend(ends)
+            self._flags.extend(flags)
         if table.steps:
             self.steps[rank] = table.steps
         self.units.update(table.units)
@@ -312,19 +315,39 @@ class Fold:
         call = np.empty(len(part._calls), dtype=np.int32)
         for sig, c in part._calls.items():
             call[c] = self._calls.setdefault(sig, len(self._calls))
-        self._inst.frombytes(inst[_column(part._inst, np.int32)].tobytes())
-        self._call.frombytes(call[_column(part._call, np.int32)].tobytes())
-        for mine, theirs in ((self._start, part._start), (self._end, part._end),
-                             (self._flags, part._flags),
-                             (self._table_rank, part._table_rank),
-                             (self._table_rows, part._table_rows)):
-            mine.extend(theirs)
+        self._inst.frombytes(inst[part._rows_column("_inst")].tobytes())
+        self._call.frombytes(call[part._rows_column("_call")].tobytes())
+        for name in ("_start", "_end", "_flags"):
+            mine = getattr(self, name)
+            if part.spilled is None:
+                mine.extend(getattr(part, name))
+            else:
+                with open(part.spilled / name, "rb") as f:
+                    mine.fromfile(f, part.rows)
+        self._table_rank.extend(part._table_rank)
+        self._table_rows.extend(part._table_rows)
         for pg, info in part.pgs.items():
             self.pgs.setdefault(pg, info)
         self.hosts.update(part.hosts)
         self.steps.update(part.steps)
         self.units.update(part.units)
         self.rows += part.rows
+
+    def spill(self, directory: Path) -> None:
+        """Write the rows' columns to files in ``directory`` and let them go. A fold sent to
+        another process whole is pickled: the receiver would hold its rows twice at once,
+        and its own besides; ``join`` reads them from the files, a column at a time."""
+        for name in _ROW_COLUMNS:
+            column = getattr(self, name)
+            with open(directory / name, "wb") as f:
+                column.tofile(f)
+            setattr(self, name, array(column.typecode))
+        self.spilled = directory
+
+    def _rows_column(self, name: str) -> np.ndarray:
+        column = getattr(self, name)
+        dtype = np.dtype(column.typecode)
+        return np.fromfile(self.spilled / name, dtype) if self.spilled else _column(column, dtype)
 
     def _new(self, key: InstanceKey, pg: str, op: str, ctype: str, origin: str | None) -> int:
         i = self.keys.add(key)
@@ -357,7 +380,7 @@ class Fold:
                          dtype=np.int64)
         lo = _segments(self.count)
         # each instance's rows by arrival: ties stay in rank order (rows come rank after rank)
-        by_start = np.argsort(rows.inst, kind="stable").astype(np.int32)
+        by_start = _by_instance(rows, lo)
         for i0, i1, a, b in _instance_chunks(lo, self.count):
             part = by_start[a:b]
             part[:] = part[np.lexsort((rows.start[part], rows.inst[part]))]
@@ -367,12 +390,13 @@ class Fold:
             mid = at + (self.count[i0:i1] - 1) // 2
             s = rows.start[part]
             self.first_start[i0:i1], self.last_start[i0:i1] = s[at], s[last]
-            self.med_start[i0:i1], self.late_rank[i0:i1] = s[mid], rows.rank[part[last]]
+            self.med_start[i0:i1], self.late_rank[i0:i1] = s[mid], rows.rank(part[last])
             e = rows.end[part][np.lexsort((rows.end[part], local))]
             self.last_end[i0:i1], self.med_end[i0:i1] = e[last], e[mid]
             self.flags[i0:i1] = np.bitwise_or.reduceat(rows.flags[part], at)
             self.size[i0:i1] = np.maximum.reduceat(sizes[rows.call[part]], at)
-            self.step[i0:i1] = np.maximum.reduceat(rows.step[part], at)
+            if rows.step is not None:
+                self.step[i0:i1] = np.maximum.reduceat(rows.step[part], at)
             wait = np.minimum(self.last_start[local], rows.end[part]) - s
             self.wait[i0:i1] = np.add.reduceat(np.maximum(wait, 0, out=wait), at)
         self.wait[(self.flags & int(Flag.LAUNCH_ONLY)) != 0] = 0    # nobody measured waiting
@@ -387,6 +411,7 @@ class Fold:
                 self.kept[r].desyncs.append(f"{d.pg} #{d.seq} ({d.kind})")
         self.kept = dict(sorted(self.kept.items()))
         self.group_ranks = self._group_ranks(rows)
+        del self.med_start, self.med_end, self.threshold    # the odd rows are found
         if alike:
             self._alike(rows, by_start, lo)
         del rows, by_start
@@ -397,7 +422,7 @@ class Fold:
         typical rank by the tolerance or more, and its failed calls."""
         found: dict[str, list[np.ndarray]] = defaultdict(list)
         for a, b in rows.chunks():
-            i, rank = rows.inst[a:b], rows.rank[a:b]
+            i, rank = rows.inst[a:b], rows.ranks(a, b)
             thr = self.threshold[i]                         # NaN: not timed, never odd
             off = rows.start[a:b] - self.med_start[i]
             found["late"].append(rank[off >= thr])
@@ -503,7 +528,7 @@ class Fold:
         """Instance ``i``'s sides: its members by call, and those with none."""
         mine = by_start[lo[i]:lo[i] + self.count[i]]
         by_call: dict[int | None, list[int]] = defaultdict(list)
-        for r, c in zip(rows.rank[mine].tolist(), rows.call[mine].tolist()):
+        for r, c in zip(rows.rank(mine).tolist(), rows.call[mine].tolist()):
             by_call[c].append(r)
         lacking = members - {r for rs in by_call.values() for r in rs}
         if lacking:
@@ -541,7 +566,7 @@ class Fold:
         cols = [np.zeros(n, np.int64) for _ in range(8)]
         for i0, i1, a, b in _instance_chunks(lo, self.count):
             part = by_start[a:b]
-            part = part[~kept[rows.rank[part]]]         # alike rows, by instance, then start
+            part = part[~kept[rows.rank(part)]]         # alike rows, by instance, then start
             local = rows.inst[part]
             count = np.bincount(local - i0, minlength=i1 - i0)
             self.alike_count[i0:i1] = count
@@ -558,8 +583,11 @@ class Fold:
                                          (at, mid, ends) * 2 + (mid, ends)):
                 col[i0 + has] = values[pick]
         first, self.a_start, last, e_first, self.a_end, e_last, self.a_wait, self.a_wait_max = cols
-        self.a_start_early, self.a_start_late = self.a_start - first, last - self.a_start
-        self.a_end_early, self.a_end_late = self.a_end - e_first, e_last - self.a_end
+        # in place: each spread where its bound was (no second set of columns)
+        self.a_start_early = np.subtract(self.a_start, first, out=first)
+        self.a_start_late = np.subtract(last, self.a_start, out=last)
+        self.a_end_early = np.subtract(self.a_end, e_first, out=e_first)
+        self.a_end_late = np.subtract(e_last, self.a_end, out=e_last)
 
 
 class _Rows:
@@ -570,10 +598,22 @@ class _Rows:
         self.start, self.end = _column(fold._start, np.int64), _column(fold._end, np.int64)
         self.flags, self.call = _column(fold._flags, np.uint8), _column(fold._call, np.int32)
         per_table = np.asarray(fold._table_rows, dtype=np.int64)
-        self.rank = np.repeat(np.asarray(fold._table_rank, dtype=np.int32), per_table)
-        self.width = int(self.rank.max()) + 1 if len(self.rank) else 0
+        self._table_rank = np.asarray(fold._table_rank, dtype=np.int32)
+        self.width = int(self._table_rank.max()) + 1 if len(self._table_rank) else 0
         self._tables = np.concatenate(([0], np.cumsum(per_table)))
-        self.step = _row_steps(fold.steps, self)       # after the ranks: it reads them
+        # after the ranks: it reads them; None: no rank has steps (every row outside them)
+        self.step = _row_steps(fold.steps, self) if fold.steps else None
+
+    def rank(self, rows: np.ndarray) -> np.ndarray:
+        """The rank of each of ``rows`` (row numbers): its table's (a column of every row's
+        rank would be 76 MB at 131,072 ranks)."""
+        return self._table_rank[np.searchsorted(self._tables, rows, side="right") - 1]
+
+    def ranks(self, a: int, b: int) -> np.ndarray:
+        """The rank of each row in [a, b)."""
+        first, last = (int(np.searchsorted(self._tables, x, side="right")) - 1 for x in (a, b - 1))
+        return np.repeat(self._table_rank[first:last + 1],
+                         np.diff(np.clip(self._tables[first:last + 2], a, b)))
 
     def chunks(self) -> Iterator[tuple[int, int]]:
         """Row ranges of about ``CHUNK`` rows, each holding whole tables."""
@@ -592,8 +632,6 @@ def _row_steps(steps: dict[int, list[Step]], rows: _Rows) -> np.ndarray:
     once: a row and its rank's steps share one sort key, rank * span + time from the rank's
     first step."""
     out = np.full(len(rows.inst), -1, np.int32)
-    if not steps:
-        return out
     ranks = np.array([r for r in steps for _ in steps[r]], dtype=np.int64)
     n, lo, hi = (np.array([getattr(s, f) for r in steps for s in steps[r]], dtype=np.int64)
                  for f in ("n", "start_ns", "end_ns"))
@@ -609,12 +647,29 @@ def _row_steps(steps: dict[int, list[Step]], rows: _Rows) -> np.ndarray:
     order = np.argsort(key, kind="stable")
     key, n, hi, ranks = key[order], n[order], hi[order], ranks[order]
     for a, b in rows.chunks():
-        rank, start = rows.rank[a:b].astype(np.int64), rows.start[a:b]
+        rank, start = rows.ranks(a, b).astype(np.int64), rows.start[a:b]
         rel = start - base[rank]
         at = np.searchsorted(key, rank * span + np.clip(rel, 0, span - 1), side="right") - 1
         at = np.maximum(at, 0)
         inside = has[rank] & (rel >= 0) & (rel < span) & (ranks[at] == rank) & (start < hi[at])
         out[a:b] = np.where(inside, n[at], -1)
+    return out
+
+
+def _by_instance(rows: _Rows, lo: np.ndarray) -> np.ndarray:
+    """The rows ordered by instance, in row order within one (a stable sort), as int32 and a
+    chunk of rows at a time (a whole-run argsort holds an int64 permutation besides)."""
+    out = np.empty(len(rows.inst), np.int32)
+    fill = lo.copy()
+    for a, b in rows.chunks():
+        inst = rows.inst[a:b]
+        order = np.argsort(inst, kind="stable")
+        ordered = inst[order]
+        new = np.r_[True, ordered[1:] != ordered[:-1]]
+        heads = np.flatnonzero(new)
+        within = np.arange(len(order)) - heads[np.cumsum(new) - 1]
+        out[fill[ordered] + within] = order + a
+        fill[ordered[heads]] += np.diff(np.r_[heads, len(order)])
     return out
 
 
@@ -640,7 +695,7 @@ def _unique_pairs(rows: _Rows, group: np.ndarray, pick: Callable[[int, int], np.
     for a, b in rows.chunks():
         m = pick(a, b)
         inst = rows.inst[a:b][m]
-        pair = group[inst].astype(np.int64) * rows.width + rows.rank[a:b][m]
+        pair = group[inst].astype(np.int64) * rows.width + rows.ranks(a, b)[m]
         if seq is None:
             keys.append(np.unique(pair))
             continue

@@ -30,6 +30,7 @@ import argparse
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -515,40 +516,45 @@ def _read(run: Path, ranks: list[int], progress: bool) -> tuple[Fold, list[str]]
     half = len(ranks) // 2
     ctx = multiprocessing.get_context(      # as the merge's workers (``merge.core``)
         "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        other = pool.submit(_read_other, run, ranks[half:])
+    with tempfile.TemporaryDirectory(prefix="commviz-overview-") as spill, \
+            ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        other = pool.submit(_read_other, run, ranks[half:], Path(spill))
         data, problems = _read_part(run, ranks[:half], progress)
         got = other.result()
-    if isinstance(got[0], str):
-        raise SourceError(*got)
-    part, more = got
-    data.join(part)
+        if isinstance(got[0], str):
+            raise SourceError(*got)
+        part, more = got
+        data.join(part)
     return data, problems + more
 
 
-def _read_other(run: Path, ranks: list[int]) -> tuple[Fold, list[str]] | tuple[str, str]:
-    """``_read_part`` in the second process; a ``SourceError`` comes back as its source and
-    message (it does not pickle as itself)."""
+def _read_other(run: Path, ranks: list[int], spill: Path
+                ) -> tuple[Fold, list[str]] | tuple[str, str]:
+    """``_read_part`` in the second process, its rows' columns spilled to ``spill``
+    (``Fold.spill``); a ``SourceError`` comes back as its source and message (it does not
+    pickle as itself)."""
     try:
-        return _read_part(run, ranks)
+        data, problems = _read_part(run, ranks)
     except SourceError as exc:
         return exc.source, exc.message
+    data.spill(spill)
+    return data, problems
 
 
 def _read_part(run: Path, ranks: list[int], progress: bool = False) -> tuple[Fold, list[str]]:
     problems: list[str] = []
     data = Fold()
-    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
+    for table in _tables(run, ranks, problems, progress, "overview: reading tables", False):
         data.add(table)
         problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
     return data, problems
 
 
-def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str
-            ) -> Iterator[CommTable]:
+def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str,
+            named: bool = True) -> Iterator[CommTable]:
     bar = progress_bar(label, len(ranks)) if progress else None
     try:
-        for table in iter_tables(run, ranks, problems):
+        for table in iter_tables(run, ranks, problems, named):
             yield table
             if bar:
                 bar.advance()
