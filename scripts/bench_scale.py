@@ -1,26 +1,34 @@
-"""Scale benchmark: ``commviz overview`` of 64 to 16,384 ranks, and a detail merge of 8.
+"""Scale benchmark: ``commviz overview`` of 64 to 131,072 ranks, and a detail merge of 8.
 
 Each simulated run dir holds every rank's comm table, made by commviz's own code from a matched
 run per rank (``commviz.match.artifact.RankArtifact`` -> ``commviz.merge.table.from_artifact``)
-of synthetic matched collectives shaped like a TP × DP job (TP groups of 8, DP groups across
-them, one world all_reduce per step, eager keys and commviz keys on every event, a GPU op per
-kernel). Rank 5 is late by 4 ms at every third DP collective (its DP peers wait); rank
+of synthetic matched collectives shaped like a TP × PP × DP job (TP groups of 8, pipelines of
+4 stages with their p2p sends and receives, 4 microbatches each way, DP groups across the
+replicas, one world all_reduce per step, eager keys and commviz keys on every event, a GPU op
+per kernel). Rank 5 is late by 4 ms at every third DP collective (its DP peers wait); rank
 world-2 records twice its DP peers' bytes at one collective (a desync). As after a tables-only
 gather, the matched runs stay on the nodes, except the last rank's and those of the 8 ranks
 of the detail merge, which also get real-shaped profiler traces (``scripts/gen_traces.py``).
 
-Printed per size: wall and CPU time (the overview's process and, from 4,096 ranks, its second
-table reader) and peak RSS (each process's own) of the overview, its bytes (and per rank),
-the ranks it kept at full detail (above 64 ranks alike ranks fold); the same for the detail
-merge (its own process); the bytes rank 0 received per rank through the real tables-only
-gather (``commviz.gather(mode="tables")`` on 4 gloo processes, each in a run dir of its own
-holding one sampled rank's comm table: ranks 0, 5, world/2 and world-1), beside one rank's
-matched run; and the 1-minute load average before and after (a shared machine's other work
-shows in the wall time, not in the CPU time). Then one rank's matched run and comm table as
-its trace grows (more GPU ops, the same collectives): the bytes gathered do not grow with it.
+The replicas holding a planted or detail rank, and a template replica, are made rank by rank;
+every other replica behaves alike, so its tables are the template's with the ranks, hosts and
+group names replaced (``_Derived``): the way the overview folds them, and minutes instead of
+half an hour at 131,072 ranks.
+
+Printed per size: the tables' making (wall, and CPU of its processes), wall and CPU time (the
+overview's process and, from 4,096 ranks, its second table reader) and peak RSS (each
+process's own) of the overview, its bytes (and per rank), the ranks it kept at full detail
+(above 64 ranks alike ranks fold, and alike groups); the same for the detail merge (its own
+process); the bytes rank 0 received per rank through the real tables-only gather
+(``commviz.gather(mode="tables")`` on 4 gloo processes, each in a run dir of its own holding
+one sampled rank's comm table: ranks 0, 5, world/2 and world-1), beside one rank's matched
+run; and the 1-minute load average before and after (a shared machine's other work shows in
+the wall time, not in the CPU time). Under each size after the first, its figures over the
+previous size's. Then one rank's matched run and comm table as its trace grows (more GPU ops,
+the same collectives): the bytes gathered do not grow with it.
 
     .venv/bin/python scripts/bench_scale.py                  # 64, 256, 1024 ranks
-    .venv/bin/python scripts/bench_scale.py --sizes 16384 --keep /tmp/scale   # a Llama-3-size job
+    .venv/bin/python scripts/bench_scale.py --sizes 16384,65536,131072 --keep /tmp/scale
 """
 
 from __future__ import annotations
@@ -337,6 +345,18 @@ def _child(kind: str, run_dir: str, out: str) -> None:
                       "bytes": Path(out).stat().st_size, **extra}))
 
 
+def _timed(fn: Callable[..., None], *args: Any) -> dict[str, float]:
+    """Wall and CPU seconds (this process and its children) of ``fn(*args)``."""
+    import resource
+
+    def cpu() -> float:
+        return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+    t, c = time.perf_counter(), cpu()
+    fn(*args)
+    return {"seconds": time.perf_counter() - t, "cpu": cpu() - c}
+
+
 def measure(kind: str, run_dir: Path, out: Path) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--child", kind, str(run_dir), str(out)],
                           capture_output=True, text=True, check=True)
@@ -361,12 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {len(os.sched_getaffinity(0))} CPUs; per rank {len(_schedule())} "
               f"collectives; detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace "
               "events each")
-        print(f"{'ranks':>6} {'overview s':>10} {'CPU s':>11} {'RSS MiB':>11} {'MB out':>7} "
-              f"{'kB/rank':>7} {'kept':>9} {'detail8 s':>9} {'RSS MiB':>8} {'MB out':>7} "
-              f"{'gathered B/rank':>22} {'matched B/rank':>14} {'load':>9}")
+        print(f"{'ranks':>6} {'tables s':>8} {'CPU s':>6} {'overview s':>10} {'CPU s':>11} "
+              f"{'RSS MiB':>11} {'MB out':>7} {'kB/rank':>7} {'kept':>9} {'detail8 s':>9} "
+              f"{'RSS MiB':>8} {'MB out':>7} {'gathered B/rank':>22} {'matched B/rank':>14} "
+              f"{'load':>9}")
+        prev: tuple[int, dict[str, float]] | None = None
         for world in (int(s) for s in args.sizes.split(",")):
             run_dir = base / f"run{world}"
-            make_run(run_dir, world, traces)
+            made = _timed(make_run, run_dir, world, traces)
             load = os.getloadavg()[0]
             ov = measure("overview", run_dir, base / f"overview{world}.pftrace")
             load_after = os.getloadavg()[0]
@@ -378,10 +400,21 @@ def main(argv: list[str] | None = None) -> int:
             rss = f"{ov['rss_mib']:.0f}" + (f"/{ov['children_rss_mib']:.0f}"
                                             if ov["cpu_children"] else "")
             kept = ",".join(map(str, ov["kept"])) if ov["folded"] else "all"
-            print(f"{world:>6} {ov['seconds']:>10.2f} {cpu:>11} {rss:>11} "
-                  f"{ov['bytes'] / 1e6:>7.2f} {ov['bytes'] / world / 1e3:>7.2f} {kept:>9} "
+            print(f"{world:>6} {made['seconds']:>8.1f} {made['cpu']:>6.1f} {ov['seconds']:>10.2f} "
+                  f"{cpu:>11} {rss:>11} "
+                  f"{ov['bytes'] / 1e6:>7.2f} {ov['bytes'] / world / 1e3:>7.3f} {kept:>9} "
                   f"{de['seconds']:>9.2f} {de['rss_mib']:>8.0f} {de['bytes'] / 1e6:>7.2f} "
                   f"{sent:>22} {matched:>14} {load:>4.1f}-{load_after:<4.1f}")
+            figures = {"tables": made["seconds"], "tables_cpu": made["cpu"],
+                       "seconds": ov["seconds"], "cpu": ov["cpu"] + ov["cpu_children"],
+                       "rss": ov["rss_mib"], "mb": ov["bytes"], "kb": ov["bytes"] / world}
+            if prev is not None:
+                was, old = prev
+                r = {k: v / old[k] if old[k] else float("nan") for k, v in figures.items()}
+                print(f"{'x' + format(world / was, 'g'):>6} {r['tables']:>7.2f}x {r['tables_cpu']:>5.2f}x "
+                      f"{r['seconds']:>9.2f}x {r['cpu']:>10.2f}x {r['rss']:>10.2f}x "
+                      f"{r['mb']:>6.2f}x {r['kb']:>6.2f}x   (over {was} ranks)")
+            prev = (world, figures)
             if not args.keep:
                 shutil.rmtree(run_dir)
         # bytes gathered vs trace size: one rank's matched run with more and more GPU ops

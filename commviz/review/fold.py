@@ -411,11 +411,14 @@ class Fold:
                 self.kept[r].desyncs.append(f"{d.pg} #{d.seq} ({d.kind})")
         self.kept = dict(sorted(self.kept.items()))
         self.group_ranks = self._group_ranks(rows)
-        del self.med_start, self.med_end, self.threshold    # the odd rows are found
+        # the odd rows, desyncs and steps are found: let go of what only they read
+        del self.med_start, self.med_end, self.threshold
+        rows.flags = rows.call = rows.step = None  # type: ignore[assignment]
+        self._flags = self._call = None  # type: ignore[assignment]
         if alike:
             self._alike(rows, by_start, lo)
         del rows, by_start
-        self._inst = self._start = self._end = self._flags = self._call = None  # type: ignore
+        self._inst = self._start = self._end = None  # type: ignore
 
     def _odd_rows(self, rows: _Rows) -> None:
         """Count, per rank, the instances where it starts late or early or ends apart from the
