@@ -1,7 +1,8 @@
-"""Benchmark: ``commviz diff`` of two simulated runs of 1,024 and 16,384 ranks.
+"""Benchmark: ``commviz diff`` of two simulated runs of 1,024 to 131,072 ranks.
 
-Both runs' comm tables come from ``bench_scale``'s generator of a TP x DP job's matched runs
-(``bench_scale._artifact``: TP groups of 8, DP groups across them, its late rank 5), each made
+Both runs' comm tables come from ``bench_scale``'s generator of a TP x PP x DP job's matched
+runs (``bench_scale._artifact``: TP groups of 8, pipelines of 4 stages and their transfers, DP
+groups across the replicas, its late rank 5), each made
 into a table by commviz's own ``merge.table.from_artifact``, as a rank's node does. This script
 adds what a diff needs and the generator leaves out: an origin per call (a line per group kind
 and op, ``ORIGINS``) and the rank's profiler steps (one per schedule repeat). Run B differs
@@ -10,9 +11,12 @@ and rank ``LATE_B`` arrives ``LATE_B_NS`` late at every world all_reduce (more w
 
 Printed per size: the diff's wall and CPU time (its process and the second process that reads
 run B), each process's peak RSS, the tables' bytes, and the first regressions with their
-cause and late ranks (the planted ones must lead), and the 1-minute load average.
+cause and late ranks (the planted ones must lead), and the 1-minute load average; under each
+size after the first, its figures over the previous size's. The runs' tables are made as
+``bench_scale`` makes its own (the planted replicas rank by rank, the others derived).
 
     .venv/bin/python scripts/bench_diff.py                       # 1024 and 16384 ranks
+    .venv/bin/python scripts/bench_diff.py --sizes 16384,131072 --keep /tmp/diffbench
     .venv/bin/python scripts/bench_diff.py --sizes 1024 --keep /tmp/diffbench
 """
 
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ranks':>6} {'diff s':>7} {'CPU s':>10} {'RSS MiB':>9} {'tables MB':>10} "
           f"{'load':>9}  regressions (Δ ms per rank and step)")
     try:
+        prev: tuple[int, list[float]] | None = None
         for world in (int(s) for s in args.sizes.split(",")):
             run_a, run_b = base / f"a{world}", base / f"b{world}"
             make_run(run_a, world, changed=False)
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                               for k, cause, late, delta in got["regressions"][:3])
             print(f"{world:>6} {got['seconds']:>7.2f} {cpu:>10} {rss:>9} {size / 1e6:>10.1f} "
                   f"{load:>4.1f}-{load_after:<4.1f}  {found}")
+            figures = [got["seconds"], got["cpu"] + got["cpu_children"], got["rss_mib"],
+                       size / 1e6]
+            if prev is not None:
+                print(bench_scale.over_previous(world, figures, prev, (7, 10, 9, 10)))
+            prev = (world, figures)
             if not args.keep:
                 shutil.rmtree(run_a)
                 shutil.rmtree(run_b)

@@ -357,6 +357,15 @@ def _timed(fn: Callable[..., None], *args: Any) -> dict[str, float]:
     return {"seconds": time.perf_counter() - t, "cpu": cpu() - c}
 
 
+def over_previous(world: int, figures: list[float], prev: tuple[int, list[float]],
+                  widths: tuple[int, ...]) -> str:
+    """The line under a size's row: each figure over the previous size's, in its column."""
+    was, old = prev
+    cells = [f"{v / o:.2f}x" if o else "-" for v, o in zip(figures, old)]
+    return (f"{'x' + format(world / was, 'g'):>6} "
+            + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)) + f"   (over {was} ranks)")
+
+
 def measure(kind: str, run_dir: Path, out: Path) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--child", kind, str(run_dir), str(out)],
                           capture_output=True, text=True, check=True)
@@ -385,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'RSS MiB':>11} {'MB out':>7} {'kB/rank':>7} {'kept':>9} {'detail8 s':>9} "
               f"{'RSS MiB':>8} {'MB out':>7} {'gathered B/rank':>22} {'matched B/rank':>14} "
               f"{'load':>9}")
-        prev: tuple[int, dict[str, float]] | None = None
+        prev: tuple[int, list[float]] | None = None
         for world in (int(s) for s in args.sizes.split(",")):
             run_dir = base / f"run{world}"
             made = _timed(make_run, run_dir, world, traces)
@@ -405,15 +414,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ov['bytes'] / 1e6:>7.2f} {ov['bytes'] / world / 1e3:>7.3f} {kept:>9} "
                   f"{de['seconds']:>9.2f} {de['rss_mib']:>8.0f} {de['bytes'] / 1e6:>7.2f} "
                   f"{sent:>22} {matched:>14} {load:>4.1f}-{load_after:<4.1f}")
-            figures = {"tables": made["seconds"], "tables_cpu": made["cpu"],
-                       "seconds": ov["seconds"], "cpu": ov["cpu"] + ov["cpu_children"],
-                       "rss": ov["rss_mib"], "mb": ov["bytes"], "kb": ov["bytes"] / world}
+            figures = [made["seconds"], made["cpu"], ov["seconds"],
+                       ov["cpu"] + ov["cpu_children"], ov["rss_mib"], ov["bytes"],
+                       ov["bytes"] / world]
             if prev is not None:
-                was, old = prev
-                r = {k: v / old[k] if old[k] else float("nan") for k, v in figures.items()}
-                print(f"{'x' + format(world / was, 'g'):>6} {r['tables']:>7.2f}x {r['tables_cpu']:>5.2f}x "
-                      f"{r['seconds']:>9.2f}x {r['cpu']:>10.2f}x {r['rss']:>10.2f}x "
-                      f"{r['mb']:>6.2f}x {r['kb']:>6.2f}x   (over {was} ranks)")
+                print(over_previous(world, figures, prev, (8, 6, 10, 11, 11, 7, 7)))
             prev = (world, figures)
             if not args.keep:
                 shutil.rmtree(run_dir)
