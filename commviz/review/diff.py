@@ -40,6 +40,7 @@ import numpy as np
 from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
 from commviz.match.artifact import PgInfo
+from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import STRAGGLER_MIN_NS, bandwidth_ranks
 from commviz.merge.table import Flag, iter_tables, table_ranks
@@ -246,7 +247,9 @@ def _group_sizes(fold: Fold, count: np.ndarray) -> np.ndarray:
                      for n in names], dtype=np.int64)
     key_pg, _ = fold.keys.numbered()
     out = np.where(key_pg >= 0, size[np.maximum(key_pg, 0)], 0)
-    for i in np.flatnonzero(key_pg < 0).tolist():
+    transfers = fold.keys.transfers()
+    out[transfers] = bandwidth_ranks(InstanceKey(KeyKind.P2P, ""), 0)     # a transfer's two ends
+    for i in np.flatnonzero((key_pg < 0) & ~transfers).tolist():
         out[i] = bandwidth_ranks(fold.keys.key(i), int(size[fold.pg[i]]))
     return np.where(out > 0, out, count)
 

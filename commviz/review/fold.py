@@ -181,6 +181,10 @@ class KeyIndex:
             return InstanceKey(KeyKind.P2P, pg, self._seq[i], src, dst)
         return self._other_keys[i]
 
+    def transfers(self) -> np.ndarray:
+        """Per index: whether it is a plain p2p transfer held densely (most of a pipeline's)."""
+        return np.array(self._kind, dtype=np.int8) == self.P2P
+
     def numbered(self) -> tuple[np.ndarray, np.ndarray]:
         """Per index: the group (a ``Names`` id; -1: not a group's numbered collective) and
         the sequence number; a number kept in the dict, far from its group's others, too."""
