@@ -548,6 +548,10 @@ def test_alike_pipeline_groups_fold_and_the_planted_ranks_keep_theirs(tmp_path: 
     assert sends and all(s.name.startswith("send 0->1 ") or s.name.startswith("send 1->2 ")
                          or s.name.startswith("send 2->3 ") for s in sends)
     assert {s.args["commviz.alike_groups"] for s in sends} == {world // 4 - 2}
+    # the folded ranks' lane counts every rank of its groups (a transfer holds two of four)
+    tracks = {t.name for t in read_pftrace(result.out).tracks.values() if t.name}
+    alike = world // 4 - 2
+    assert f"PG pp · {alike:,} alike groups, {alike * 4:,} ranks (alike)" in tracks
 
 
 PIPELINES = Path(__file__).parent / "fixtures" / "gpu" / "proof-4x"

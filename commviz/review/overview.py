@@ -364,7 +364,7 @@ def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.nd
                 (fold.a_end + fold.a_end_late)[idx].max(axis=0) - end,
                 lower_median(fold.a_wait[idx]), fold.a_wait_max[idx].max(axis=0),
                 fold.alike_count[idx].sum(axis=0)]
-        n = int(cols[-1][0])
+        n = sum(len(fold.group_ranks[pg]) for pg in c.groups)       # all alike: none kept
         _write_alike_lane(piece, fold, idx[0], [_place_key(fold, c, i) for i in idx[0].tolist()],
                           cols, np.zeros(len(idx[0]), np.int64), nodes[c.groups[0]], c.name,
                           {"commviz.alike_groups": len(c.groups),
