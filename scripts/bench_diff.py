@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         _child(*args.child)
         return 0
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="commviz-diff-"))
-    print(f"machine: {len(os.sched_getaffinity(0))} CPUs; per rank "
-          f"{len(bench_scale._schedule())} collectives in {bench_scale.STEPS} steps; planted: "
+    print(f"machine: {len(os.sched_getaffinity(0))} CPUs; a schedule of "
+          f"{len(bench_scale._schedule())} slots in {bench_scale.STEPS} steps; planted: "
           f"{SLOWER} +{SLOWER_NS / 1e6:g} ms transfer a call, rank {LATE_B} "
           f"{LATE_B_NS / 1e6:g} ms late at {LATE_ORIGIN}")
     print(f"{'ranks':>6} {'diff s':>7} {'CPU s':>10} {'RSS MiB':>9} {'tables MB':>10} "

@@ -387,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         traces = base / "detail-traces"
         gen_traces.write_run(traces, len(DETAIL), args.events, tp=2)
-        print(f"machine: {len(os.sched_getaffinity(0))} CPUs; per rank {len(_schedule())} "
-              f"collectives; detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace "
+        print(f"machine: {len(os.sched_getaffinity(0))} CPUs; a schedule of {len(_schedule())} "
+              f"slots (collectives, pipeline transfers); detail ranks {DETAIL[0]}-{DETAIL[-1]} with ~{args.events} trace "
               "events each")
         print(f"{'ranks':>6} {'tables s':>8} {'CPU s':>6} {'overview s':>10} {'CPU s':>11} "
               f"{'RSS MiB':>11} {'MB out':>7} {'kB/rank':>7} {'kept':>9} {'detail8 s':>9} "
