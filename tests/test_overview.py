@@ -514,7 +514,7 @@ def test_bytes_stay_flat_as_alike_ranks_grow(tmp_path: Path) -> None:
 
 
 def test_alike_pipeline_groups_fold_and_the_planted_ranks_keep_theirs(tmp_path: Path) -> None:
-    """``scripts/bench_scale.py``'s TP 8 x PP 4 job at 512 ranks (16 replicas, the alike ones
+    """``scripts/bench_scale.py``'s TP 8 x PP 4 job at 256 ranks (8 replicas, the alike ones
     derived from a template's tables): the planted late rank and desynced rank are kept, each
     family's groups holding them are drawn on their own and named by the folded lanes, and
     every other group folds: one class per family, its p2p transfers by place in the group."""
@@ -523,7 +523,7 @@ def test_alike_pipeline_groups_fold_and_the_planted_ranks_keep_theirs(tmp_path: 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import bench_scale
 
-    world = 512
+    world = 256
     bench_scale.write_tables(tmp_path / "run", world)
     late, desync = bench_scale.LATE_RANK, bench_scale.desync_rank(world)
     result = write_overview(tmp_path / "run", tmp_path / "o.pftrace", progress=False)
