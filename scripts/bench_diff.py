@@ -1,7 +1,8 @@
-"""Benchmark: ``commviz diff`` of two simulated runs of 1,024 and 16,384 ranks.
+"""Benchmark: ``commviz diff`` of two simulated runs of 1,024 to 131,072 ranks.
 
-Both runs' comm tables come from ``bench_scale``'s generator of a TP x DP job's matched runs
-(``bench_scale._artifact``: TP groups of 8, DP groups across them, its late rank 5), each made
+Both runs' comm tables come from ``bench_scale``'s generator of a TP x PP x DP job's matched
+runs (``bench_scale._artifact``: TP groups of 8, pipelines of 4 stages and their transfers, DP
+groups across the replicas, its late rank 5), each made
 into a table by commviz's own ``merge.table.from_artifact``, as a rank's node does. This script
 adds what a diff needs and the generator leaves out: an origin per call (a line per group kind
 and op, ``ORIGINS``) and the rank's profiler steps (one per schedule repeat). Run B differs
@@ -10,24 +11,26 @@ and rank ``LATE_B`` arrives ``LATE_B_NS`` late at every world all_reduce (more w
 
 Printed per size: the diff's wall and CPU time (its process and the second process that reads
 run B), each process's peak RSS, the tables' bytes, and the first regressions with their
-cause and late ranks (the planted ones must lead), and the 1-minute load average.
+cause and late ranks (the planted ones must lead), and the 1-minute load average; under each
+size after the first, its figures over the previous size's. The runs' tables are made as
+``bench_scale`` makes its own (the planted replicas rank by rank, the others derived).
 
     .venv/bin/python scripts/bench_diff.py                       # 1024 and 16384 ranks
+    .venv/bin/python scripts/bench_diff.py --sizes 16384,131072 --keep /tmp/diffbench
     .venv/bin/python scripts/bench_diff.py --sizes 1024 --keep /tmp/diffbench
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,23 +40,23 @@ import bench_scale  # noqa: E402
 
 from commviz import metadata as md  # noqa: E402
 from commviz.match.artifact import RankArtifact  # noqa: E402
-from commviz.merge.table import from_artifact, save, table_path  # noqa: E402
 from commviz.trace.steps import Step  # noqa: E402
 
 # (group kind, op) -> the line it is called from
 ORIGINS = {("tp", "all_reduce"): "train.py:101", ("tp", "all_gather_into_tensor"): "train.py:102",
            ("dp", "reduce_scatter_tensor"): "train.py:140",
-           ("dp", "all_gather_into_tensor"): "train.py:141", ("", "all_reduce"): "train.py:160"}
+           ("dp", "all_gather_into_tensor"): "train.py:141", ("", "all_reduce"): "train.py:160",
+           ("pp", "send"): "pipe.py:80", ("pp", "recv"): "pipe.py:81"}
 SLOWER, SLOWER_NS = "train.py:140", 1_000_000      # B: 1 ms more transfer time a call
 LATE_ORIGIN, LATE_B, LATE_B_NS = "train.py:160", 9, 5_000_000    # B: rank 9 late there
 
 
 def _shaped(art: RankArtifact, changed: bool) -> RankArtifact:
-    """The generator's matched run with an origin per call and its profiler steps; in run B
-    with the two planted changes."""
-    per_step = len(bench_scale._schedule()) // bench_scale.STEPS
-    events, steps = [], []
-    for n, ev in enumerate(art.events):
+    """The generator's matched run with an origin per call and its profiler steps (one per
+    schedule repeat); in run B with the two planted changes."""
+    step_ns = len(bench_scale._schedule()) // bench_scale.STEPS * bench_scale.SLOT_NS
+    events, steps = [], {}
+    for ev in art.events:
         kind = ev.pg.rstrip("0123456789") if ev.pg != "0" else ""
         origin = ORIGINS[(kind, ev.op)]
         start, end = ev.start_ns, ev.end_ns
@@ -63,34 +66,23 @@ def _shaped(art: RankArtifact, changed: bool) -> RankArtifact:
             end += LATE_B_NS
             start += LATE_B_NS if art.rank == LATE_B else 0
         events.append(replace(ev, start_ns=start, end_ns=end, args={**ev.args, md.ORIGIN: origin}))
-        if n % per_step == 0:
-            steps.append([n // per_step + 1, start - 1_000_000, start])
-        steps[-1][2] = max(steps[-1][2], end + 1_000_000)
-    return replace(art, events=events, steps=[Step(*s) for s in steps])
-
-
-def _make_ranks(run_dir: Path, world: int, ranks: range, changed: bool) -> None:
-    groups = bench_scale._groups(world)
-    for rank in ranks:
-        art = _shaped(bench_scale._artifact(rank, world, groups), changed)
-        save(from_artifact(art), table_path(run_dir, rank))
+        n = (ev.start_ns - bench_scale.T0) // step_ns + 1
+        got = steps.setdefault(n, [n, start - 1_000_000, start])
+        got[2] = max(got[2], end + 1_000_000)
+    return replace(art, events=events, steps=[Step(*steps[n]) for n in sorted(steps)])
 
 
 def make_run(run_dir: Path, world: int, changed: bool) -> None:
-    """Every rank's comm table, by as many processes as there are cores (a kept dir made alike
-    is reused)."""
+    """Every rank's comm table (``bench_scale.write_tables``: the planted replicas rank by
+    rank, the others derived from a template replica's); a kept dir made alike is reused."""
     made = {"world": world, "changed": changed, "origins": sorted(ORIGINS.values()),
-            "late": [LATE_B, LATE_B_NS], "slower": [SLOWER, SLOWER_NS]}
+            "late": [LATE_B, LATE_B_NS], "slower": [SLOWER, SLOWER_NS],
+            "pp": [bench_scale.PP, bench_scale.MICRO]}
     marker = run_dir / "bench_diff.json"
     if marker.is_file() and json.loads(marker.read_text()) == made:
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cores = len(os.sched_getaffinity(0))
-    step = -(-world // (4 * cores))
-    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        for got in [pool.submit(_make_ranks, run_dir, world, range(a, min(a + step, world)),
-                                changed) for a in range(0, world, step)]:
-            got.result()
+    bench_scale.write_tables(run_dir, world, functools.partial(_shaped, changed=changed),
+                             more=(LATE_B,))
     marker.write_text(json.dumps(made))
 
 
@@ -127,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         _child(*args.child)
         return 0
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="commviz-diff-"))
-    print(f"machine: {len(os.sched_getaffinity(0))} CPUs; per rank "
-          f"{len(bench_scale._schedule())} collectives in {bench_scale.STEPS} steps; planted: "
+    print(f"machine: {len(os.sched_getaffinity(0))} CPUs; a schedule of "
+          f"{len(bench_scale._schedule())} slots in {bench_scale.STEPS} steps; planted: "
           f"{SLOWER} +{SLOWER_NS / 1e6:g} ms transfer a call, rank {LATE_B} "
           f"{LATE_B_NS / 1e6:g} ms late at {LATE_ORIGIN}")
     print(f"{'ranks':>6} {'diff s':>7} {'CPU s':>10} {'RSS MiB':>9} {'tables MB':>10} "
           f"{'load':>9}  regressions (Δ ms per rank and step)")
     try:
+        prev: tuple[int, list[float]] | None = None
         for world in (int(s) for s in args.sizes.split(",")):
             run_a, run_b = base / f"a{world}", base / f"b{world}"
             make_run(run_a, world, changed=False)
@@ -148,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                               for k, cause, late, delta in got["regressions"][:3])
             print(f"{world:>6} {got['seconds']:>7.2f} {cpu:>10} {rss:>9} {size / 1e6:>10.1f} "
                   f"{load:>4.1f}-{load_after:<4.1f}  {found}")
+            figures = [got["seconds"], got["cpu"] + got["cpu_children"], got["rss_mib"],
+                       size / 1e6]
+            if prev is not None:
+                print(bench_scale.over_previous(world, figures, prev, (7, 10, 9, 10)))
+            prev = (world, figures)
             if not args.keep:
                 shutil.rmtree(run_a)
                 shutil.rmtree(run_b)

@@ -136,6 +136,7 @@ def test_key_index_gives_each_key_its_own_index() -> None:
             InstanceKey(c, "0", 3, replay=1), InstanceKey(c, "0", 3, replay=("in trace", 2)),
             InstanceKey(KeyKind.USER, "0", 3), InstanceKey(KeyKind.PROFILER, "0", 3),
             InstanceKey(KeyKind.P2P, "0", 3, 0, 1), InstanceKey(KeyKind.P2P, "0", 3, 1, 0),
+            InstanceKey(KeyKind.P2P, "0", 1, 0, 1), InstanceKey(KeyKind.P2P, "0", 10**9, 0, 1),
             InstanceKey(KeyKind.BATCH, "0", pairs=(Pair(0, 1, "3"), Pair(1, 0, "3"))),
             InstanceKey(c, "0", 2)]
     names = Names()
@@ -335,13 +336,24 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
                       for s in lanes if s.process == f"rank {r} · node{r // 8}")
         assert mine == sorted((pg, seq, st, en) for (rank, pg, seq), (st, en, _) in plant.items()
                               if rank == r)
-    # the folded lanes: per group the other ranks, every instance once, their spread exact
+    # the folded lanes: per group the other ranks, every instance once, their spread exact;
+    # alike groups (the TP groups not holding a kept rank) fold into one lane per class
     folded = [s for s in lanes if s.process.startswith("alike ranks")]
     by_pg: dict[str, list] = defaultdict(list)
+    classes: dict[str, list] = defaultdict(list)
     for s in folded:
-        by_pg[s.args[md.PG_NAME]].append(s)
-    assert set(by_pg) == set(groups)
+        if "commviz.alike_groups" in s.args:
+            classes[s.args["commviz.folded_groups"]].append(s)
+        else:
+            by_pg[s.args[md.PG_NAME]].append(s)
+    in_class = {f"tp{n}": text for text in classes for n in _ranks_of(text.replace("tp", ""))}
+    assert set(by_pg) | set(in_class) == set(groups) and not set(by_pg) & set(in_class)
+    assert not {pg for pg in in_class if set(groups[pg]) & kept}     # exceptions: their own lanes
+    tp = {pg for pg in groups if pg.startswith("tp")}
+    assert len(tp - set(in_class)) <= len(kept)                      # the rest fold
     for pg, members in groups.items():
+        if pg in in_class:
+            continue
         alike = [r for r in members if r not in kept]
         seqs = sorted(s.args["commviz.seq"] for s in by_pg[pg])
         assert seqs == sorted({seq for (_, g, seq) in plant if g == pg})
@@ -364,10 +376,28 @@ def _check_fold(path: Path, plant: dict, groups: dict[str, list[int]], kept: set
             waits = sorted(max(0, min(last, t[1]) - t[0]) for t in times)
             assert (s.args["commviz.wait_median_ns"], s.args["commviz.wait_max_ns"]) == (
                 median_low(waits), waits[-1])
-    # every group keeps its summary; flows join an instance's kept slices and its folded one
+    for text, slices in classes.items():
+        pgs = [pg for pg, t in in_class.items() if t == text]
+        assert sorted(s.args["commviz.seq"] for s in slices) == sorted(
+            {seq for (_, g, seq) in plant if g == pgs[0]})
+        for s in slices:
+            # the median group's median rank; the spread over every rank of the class
+            seq = s.args["commviz.seq"]
+            times = {pg: [plant[(r, pg, seq)] for r in groups[pg]] for pg in pgs}
+            assert s.args["commviz.alike_groups"] == len(pgs)
+            assert s.args["commviz.alike_ranks"] == sum(map(len, times.values()))
+            assert s.ts == median_low([median_low([t[0] for t in ts]) for ts in times.values()])
+            assert s.ts + s.dur == median_low([median_low([t[1] for t in ts])
+                                               for ts in times.values()])
+            every = [t for ts in times.values() for t in ts]
+            assert s.ts - s.args["commviz.start_early_ns"] == min(t[0] for t in every)
+            assert s.ts + s.args["commviz.start_late_ns"] == max(t[0] for t in every)
+            assert not s.flow_ids
+    # every group keeps its summary, or its class's; flows join an instance's kept slices and
+    # its folded one
     summaries = {s.track for s in got if "commviz.skew_ns" in s.args and
                  s.track.endswith(" · instances")}
-    assert len(summaries) == len(groups)
+    assert len(summaries) == len(groups) - len(in_class) + len(classes)
     ends = flow_ends(path)
     assert min(ends.values(), default=2) >= 2
     flows = {(s.args.get(md.PG_NAME), s.args["commviz.seq"]) for s in lanes if s.flow_ids}
@@ -471,15 +501,57 @@ def test_rank_runs_read_back_exactly() -> None:
     assert group_ranks("[0, 1, 2]") == (0, 1, 2)          # the profiler's own spelling
 
 
-def test_bytes_grow_with_ranks_not_with_their_square(tmp_path: Path) -> None:
-    """Four times the ranks (and the TP groups with them): at most a little over four times
-    the bytes (each lane naming a world-size list made it grow with ranks squared)."""
+def test_bytes_stay_flat_as_alike_ranks_grow(tmp_path: Path) -> None:
+    """Four times the ranks (and the TP groups with them), all alike: about the same bytes
+    (alike groups fold into one lane; each group's lanes made it grow with the ranks, and a
+    lane naming a world-size list with ranks squared)."""
     sizes = {}
     for world in (256, 1024):
         _sim_run(tmp_path / f"run{world}", world)
         sizes[world] = write_overview(tmp_path / f"run{world}", tmp_path / f"o{world}.pftrace",
                                       progress=False).bytes
-    assert sizes[1024] <= 4.3 * sizes[256]
+    assert sizes[1024] <= 1.1 * sizes[256]
+
+
+def test_alike_pipeline_groups_fold_and_the_planted_ranks_keep_theirs(tmp_path: Path) -> None:
+    """``scripts/bench_scale.py``'s TP 8 x PP 4 job at 256 ranks (8 replicas, the alike ones
+    derived from a template's tables): the planted late rank and desynced rank are kept, each
+    family's groups holding them are drawn on their own and named by the folded lanes, and
+    every other group folds: one class per family, its p2p transfers by place in the group."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_scale
+
+    world = 256
+    bench_scale.write_tables(tmp_path / "run", world)
+    late, desync = bench_scale.LATE_RANK, bench_scale.desync_rank(world)
+    result = write_overview(tmp_path / "run", tmp_path / "o.pftrace", progress=False)
+    assert sorted(result.kept) == [late, desync] and result.problems == []
+    assert verify_pftrace(result.out).ok
+    got = pb_slices(result.out)
+    assert {s.process for s in got if s.process.startswith("rank ")} == {
+        f"rank {r} · node{r // 8}" for r in (late, desync)}
+    mine = {r: set(bench_scale._mine(r).values()) for r in (late, desync)}
+    summary = [s for s in got if "commviz.alike_groups" in s.args and "commviz.skew_ns" in s.args]
+    families = {s.args["commviz.folded_groups"][:2]: s for s in summary}
+    assert set(families) == {"tp", "pp", "dp"}
+    groups = bench_scale._groups(world)
+    for family, s in families.items():
+        drawn_alone = {pg for r in (late, desync) for pg in mine[r] if pg.startswith(family)}
+        assert s.args["commviz.exception_groups"] == ", ".join(
+            sorted(drawn_alone, key=lambda pg: int(pg[2:])))
+        members = [pg for pg in groups if pg.startswith(family)]
+        assert s.args["commviz.alike_groups"] == len(members) - len(drawn_alone)
+    sends = [s for s in summary if s.args["commviz.op"] == "send"]
+    # a transfer's place: from stage 0 to 1, the same in every pipeline
+    assert sends and all(s.name.startswith("send 0->1 ") or s.name.startswith("send 1->2 ")
+                         or s.name.startswith("send 2->3 ") for s in sends)
+    assert {s.args["commviz.alike_groups"] for s in sends} == {world // 4 - 2}
+    # the folded ranks' lane counts every rank of its groups (a transfer holds two of four)
+    tracks = {t.name for t in read_pftrace(result.out).tracks.values() if t.name}
+    alike = world // 4 - 2
+    assert f"PG pp · {alike:,} alike groups, {alike * 4:,} ranks (alike)" in tracks
 
 
 PIPELINES = Path(__file__).parent / "fixtures" / "gpu" / "proof-4x"

@@ -74,7 +74,10 @@ def write_stops(piece: Piece, stops: Sequence[Stop]) -> int:
 
 
 def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[str, dict],
-                  stats: dict[str, int]) -> None:
+                  stats: dict[str, int], named: dict[str, tuple[str, str]] | None = None
+                  ) -> None:
+    """The summary's slice and counter tracks under ``group``; ``named``: a lane's name and
+    description where its pg is not one group (the overview's folded groups)."""
     rows: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     events: list[dict] = []
     for s in summary.slices:
@@ -86,12 +89,13 @@ def write_summary(piece: Piece, group: int, summary: SummaryTracks, pgs: dict[st
     plan = []
     for pg in sorted(set(rows) | set(counters), key=lambda g: (lane_order(g), g)):
         base = 2 * lane_order(pg)
-        name = lane_name(pg, pgs.get(pg))
+        name, about = (named or {}).get(pg) or (lane_name(pg, pgs.get(pg)), None)
         for row in sorted(rows.get(pg, {})):
             for back in split(sorted(rows[pg][row])):
                 uuid = piece.new_uuid()
                 piece.descriptor(track_descriptor(uuid, name=f"{name} · instances", parent=group,
-                                                  order_rank=base, merge_key=f"summary {pg}"))
+                                                  order_rank=base, merge_key=f"summary {pg}",
+                                                  description=about))
                 plan.append((uuid, back))
         if counters.get(pg):
             uuid = piece.new_uuid()

@@ -42,6 +42,7 @@ from commviz.errors import CommvizError, SourceError
 from commviz.live.cause import Straggler
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import matched_run
+from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import STRAGGLER_MIN_NS, bandwidth_ranks
 from commviz.merge.table import CommTable, Flag, from_artifact, iter_tables, table_ranks
@@ -188,7 +189,8 @@ def read_fold(run_dir: str | os.PathLike[str]) -> tuple[Fold, list[str], list[St
     ranks = table_ranks(run)
     unreadable: list[str] = []
     notes: list[str] = []
-    tables = iter_tables(run, ranks, unreadable) if ranks else _from_records(run, notes)
+    tables = (iter_tables(run, ranks, unreadable, named=False) if ranks
+              else _from_records(run, notes))
     fold = Fold()
     for table in tables:
         fold.add(table)
@@ -264,7 +266,9 @@ def _group_sizes(fold: Fold, count: np.ndarray) -> np.ndarray:
                      for n in names], dtype=np.int64)
     key_pg, _ = fold.keys.numbered()
     out = np.where(key_pg >= 0, size[np.maximum(key_pg, 0)], 0)
-    for i in np.flatnonzero(key_pg < 0).tolist():
+    transfers = fold.keys.transfers()
+    out[transfers] = bandwidth_ranks(InstanceKey(KeyKind.P2P, ""), 0)     # a transfer's two ends
+    for i in np.flatnonzero((key_pg < 0) & ~transfers).tolist():
         out[i] = bandwidth_ranks(fold.keys.key(i), int(size[fold.pg[i]]))
     return np.where(out > 0, out, count)
 

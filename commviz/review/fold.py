@@ -35,6 +35,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -68,25 +69,32 @@ _PLAIN = (None, None, (), None)      # an InstanceKey's src, dst, pairs, replay 
 
 @dataclass(slots=True)
 class _Seqs:
-    """One group's collectives by sequence number from ``base``: each one's index, or -1."""
+    """One group's collectives (or one pair's transfers) by sequence number from ``base``:
+    each one's index, or -1."""
 
     base: int
     slots: array
+    id: int             # its place among its table's groups (``KeyIndex._pair_keys``)
 
 
 class KeyIndex:
-    """Instance key -> index 0, 1, ...: about 16 bytes a collective instance where a dict of
-    key objects costs about 200. A group numbers its collectives densely, so it keeps an array
-    from sequence number to index; other keys (p2p, batches, annotations, graph replays, a
-    sequence number far from its group's others) are few and keep a dict."""
+    """Instance key -> index 0, 1, ...: about 16 bytes an instance where a dict of key objects
+    costs about 200. A group numbers its collectives densely, and a pipeline numbers each
+    (group, src, dst) pair's transfers densely, so each keeps an array from sequence number to
+    index; other keys (batches, annotations, graph replays, a sequence number far from its
+    group's others) are few and keep a dict."""
 
     MAX_GAP = 1 << 16       # a sequence number this far outside its group's array: the dict
+    COLLECTIVE, P2P, OTHER = 0, 1, -1       # ``_kind``: how an index's key is held
 
     def __init__(self, names: Names) -> None:
         self._names = names
         self._groups: dict[str, _Seqs] = {}
-        self._pg = array("i")           # per index: the key's group (dense keys), else -1
-        self._seq = array("q")          # per index: the key's sequence number (dense keys)
+        self._pairs: dict[tuple[str, int, int], _Seqs] = {}     # p2p: (group, src, dst)
+        self._pair_keys: list[tuple[str, int, int]] = []
+        self._kind = array("b")
+        self._pg = array("i")           # per index: its group (a ``Names`` id) or pair (index)
+        self._seq = array("q")          # per index: its sequence number (dense keys)
         self._other: dict[InstanceKey, int] = {}
         self._other_keys: dict[int, InstanceKey] = {}
         self._far: list[int] = []       # dense keys in the dict: far from their group's others
@@ -100,36 +108,56 @@ class KeyIndex:
         return (key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int
                 and abs(key.seq) < 1 << 62)
 
+    @staticmethod
+    def _pair(key: InstanceKey) -> tuple[str, int, int] | None:
+        """A plain p2p transfer's (group, src, dst); None for any other key."""
+        if (key.kind is KeyKind.P2P and key[5:] == _PLAIN[2:] and type(key.seq) is int
+                and type(key.src) is int and type(key.dst) is int and abs(key.seq) < 1 << 62):
+            return key.pg, key.src, key.dst
+        return None
+
     def find(self, key: InstanceKey) -> int | None:
         # ``_dense`` inlined (one call per row); its range check is ``_place``'s
         if key.kind is KeyKind.COLLECTIVE and key[3:] == _PLAIN and type(key.seq) is int:
             group = self._groups.get(key.pg)
-            if group is not None:
-                off = key.seq - group.base
-                if 0 <= off < len(group.slots) and group.slots[off] >= 0:
-                    return group.slots[off]
+        elif key.kind is KeyKind.P2P:
+            group = self._pairs.get((key.pg, key.src, key.dst))
+        else:
+            group = None
+        if group is not None and type(key.seq) is int:
+            off = key.seq - group.base
+            if 0 <= off < len(group.slots) and group.slots[off] >= 0:
+                return group.slots[off]
         return self._other.get(key)
 
     def add(self, key: InstanceKey) -> int:
         """The index of a key ``find`` does not know."""
         i = len(self)
-        dense = self._dense(key)
-        if dense and self._place(key.pg, key.seq, i):
+        dense, pair = self._dense(key), self._pair(key)
+        if dense and self._place(self._groups, key.pg, key.seq, i):
+            self._kind.append(self.COLLECTIVE)
             self._pg.append(self._names.id(key.pg))
+            self._seq.append(key.seq)
+        elif pair is not None and self._place(self._pairs, pair, key.seq, i):
+            if len(self._pairs) > len(self._pair_keys):
+                self._pair_keys.append(pair)
+            self._kind.append(self.P2P)
+            self._pg.append(self._pairs[pair].id)
             self._seq.append(key.seq)
         else:
             if dense:
                 self._far.append(i)
             self._other[key] = i
             self._other_keys[i] = key
+            self._kind.append(self.OTHER)
             self._pg.append(-1)
             self._seq.append(0)
         return i
 
-    def _place(self, pg: str, seq: int, i: int) -> bool:
-        group = self._groups.get(pg)
+    def _place(self, table: dict, name: object, seq: int, i: int) -> bool:
+        group = table.get(name)
         if group is None:
-            self._groups[pg] = _Seqs(seq, array("i", [i]))
+            table[name] = _Seqs(seq, array("i", [i]), len(table))
             return True
         off = seq - group.base
         if off < 0:
@@ -145,15 +173,23 @@ class KeyIndex:
         return True
 
     def key(self, i: int) -> InstanceKey:
-        other = self._other_keys.get(i)
-        if other is not None:
-            return other
-        return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
+        kind = self._kind[i]
+        if kind == self.COLLECTIVE:
+            return InstanceKey(KeyKind.COLLECTIVE, self._names.names[self._pg[i]], self._seq[i])
+        if kind == self.P2P:
+            pg, src, dst = self._pair_keys[self._pg[i]]
+            return InstanceKey(KeyKind.P2P, pg, self._seq[i], src, dst)
+        return self._other_keys[i]
+
+    def transfers(self) -> np.ndarray:
+        """Per index: whether it is a plain p2p transfer held densely (most of a pipeline's)."""
+        return np.array(self._kind, dtype=np.int8) == self.P2P
 
     def numbered(self) -> tuple[np.ndarray, np.ndarray]:
         """Per index: the group (a ``Names`` id; -1: not a group's numbered collective) and
         the sequence number; a number kept in the dict, far from its group's others, too."""
-        pg = np.array(self._pg, dtype=np.int32)
+        pg = np.where(np.array(self._kind, dtype=np.int8) == self.COLLECTIVE,
+                      np.array(self._pg, dtype=np.int32), -1).astype(np.int32)
         seq = np.array(self._seq, dtype=np.int64)
         for i in self._far:
             key = self._other_keys[i]
@@ -186,6 +222,7 @@ class TableDesync:
 
 
 REASONS = ("straggler", "late", "early", "end", "failed")
+_ROW_COLUMNS = ("_inst", "_start", "_end", "_flags", "_call")      # ``Fold``'s, per row
 CHUNK = 1 << 18                 # rows at a time where a step needs temporaries per row
 
 
@@ -222,6 +259,7 @@ class Fold:
         self.steps: dict[int, list[Step]] = {}      # rank -> its profiler steps, where known
         self.units: dict[str, str] = {}             # origin -> unit, where they differ
         self.rows = 0
+        self.spilled: Path | None = None        # where ``spill`` wrote the rows' columns
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -239,24 +277,24 @@ class Fold:
         self.hosts[rank] = table.host
         for pg, info in table.pgs.items():
             self.pgs.setdefault(pg, info)
-        find, calls = self.keys.find, self._calls
-        inst, call = [], []
-        for pg, op, key, _start, _end, size, ctype, _flags, origin in table.rows:
-            i = find(key)
-            if i is None:
-                i = self._new(key, pg, op, ctype, origin)
-            inst.append(i)
-            sig = (op, size, ctype)
-            c = calls.get(sig)
-            if c is None:
-                c = calls[sig] = len(calls)
-            call.append(c)
         rows = table.rows
-        self._inst.extend(inst)
-        self._call.extend(call)
-        self._start.extend([r[3] for r in rows])
-        self._end.extend([r[4] for r in rows])
-        self._flags.extend([int(r[7]) for r in rows])
+        if rows:            # column by column: a table's rows transposed once
+            pgs, ops, keys, starts, ends, sizes, ctypes, flags, origins = zip(*rows)
+            find, calls = self.keys.find, self._calls
+            inst = [find(key) for key in keys]
+            for n in [n for n, i in enumerate(inst) if i is None]:
+                inst[n] = find(keys[n])         # a key twice in one table: known by now
+                if inst[n] is None:
+                    inst[n] = self._new(keys[n], pgs[n], ops[n], ctypes[n], origins[n])
+            sigs = list(zip(ops, sizes, ctypes))
+            call = [calls.get(sig) for sig in sigs]
+            for n in [n for n, c in enumerate(call) if c is None]:
+                call[n] = calls.setdefault(sigs[n], len(calls))
+            self._inst.extend(inst)
+            self._call.extend(call)
+            self._start.extend(starts)
+            self._end.extend(ends)
+            self._flags.extend(flags)
         if table.steps:
             self.steps[rank] = table.steps
         self.units.update(table.units)
@@ -281,19 +319,39 @@ class Fold:
         call = np.empty(len(part._calls), dtype=np.int32)
         for sig, c in part._calls.items():
             call[c] = self._calls.setdefault(sig, len(self._calls))
-        self._inst.frombytes(inst[_column(part._inst, np.int32)].tobytes())
-        self._call.frombytes(call[_column(part._call, np.int32)].tobytes())
-        for mine, theirs in ((self._start, part._start), (self._end, part._end),
-                             (self._flags, part._flags),
-                             (self._table_rank, part._table_rank),
-                             (self._table_rows, part._table_rows)):
-            mine.extend(theirs)
+        self._inst.frombytes(inst[part._rows_column("_inst")].tobytes())
+        self._call.frombytes(call[part._rows_column("_call")].tobytes())
+        for name in ("_start", "_end", "_flags"):
+            mine = getattr(self, name)
+            if part.spilled is None:
+                mine.extend(getattr(part, name))
+            else:
+                with open(part.spilled / name, "rb") as f:
+                    mine.fromfile(f, part.rows)
+        self._table_rank.extend(part._table_rank)
+        self._table_rows.extend(part._table_rows)
         for pg, info in part.pgs.items():
             self.pgs.setdefault(pg, info)
         self.hosts.update(part.hosts)
         self.steps.update(part.steps)
         self.units.update(part.units)
         self.rows += part.rows
+
+    def spill(self, directory: Path) -> None:
+        """Write the rows' columns to files in ``directory`` and let them go. A fold sent to
+        another process whole is pickled: the receiver would hold its rows twice at once,
+        and its own besides; ``join`` reads them from the files, a column at a time."""
+        for name in _ROW_COLUMNS:
+            column = getattr(self, name)
+            with open(directory / name, "wb") as f:
+                column.tofile(f)
+            setattr(self, name, array(column.typecode))
+        self.spilled = directory
+
+    def _rows_column(self, name: str) -> np.ndarray:
+        column = getattr(self, name)
+        dtype = np.dtype(column.typecode)
+        return np.fromfile(self.spilled / name, dtype) if self.spilled else _column(column, dtype)
 
     def _new(self, key: InstanceKey, pg: str, op: str, ctype: str, origin: str | None) -> int:
         i = self.keys.add(key)
@@ -334,7 +392,7 @@ class Fold:
                          dtype=np.int64)
         lo = _segments(self.count)
         # each instance's rows by arrival: ties stay in rank order (rows come rank after rank)
-        by_start = np.argsort(rows.inst, kind="stable").astype(np.int32)
+        by_start = _by_instance(rows, lo)
         for i0, i1, a, b in _instance_chunks(lo, self.count):
             part = by_start[a:b]
             part[:] = part[np.lexsort((rows.start[part], rows.inst[part]))]
@@ -344,12 +402,13 @@ class Fold:
             mid = at + (self.count[i0:i1] - 1) // 2
             s = rows.start[part]
             self.first_start[i0:i1], self.last_start[i0:i1] = s[at], s[last]
-            self.med_start[i0:i1], self.late_rank[i0:i1] = s[mid], rows.rank[part[last]]
+            self.med_start[i0:i1], self.late_rank[i0:i1] = s[mid], rows.rank(part[last])
             e = rows.end[part][np.lexsort((rows.end[part], local))]
             self.last_end[i0:i1], self.med_end[i0:i1] = e[last], e[mid]
             self.flags[i0:i1] = np.bitwise_or.reduceat(rows.flags[part], at)
             self.size[i0:i1] = np.maximum.reduceat(sizes[rows.call[part]], at)
-            self.step[i0:i1] = np.maximum.reduceat(rows.step[part], at)
+            if rows.step is not None:
+                self.step[i0:i1] = np.maximum.reduceat(rows.step[part], at)
             wait = np.minimum(self.last_start[local], rows.end[part]) - s
             self.wait[i0:i1] = np.add.reduceat(np.maximum(wait, 0, out=wait), at)
         self.wait[(self.flags & int(Flag.LAUNCH_ONLY)) != 0] = 0    # nobody measured waiting
@@ -364,17 +423,21 @@ class Fold:
                 self.kept[r].desyncs.append(f"{d.pg} #{d.seq} ({d.kind})")
         self.kept = dict(sorted(self.kept.items()))
         self.group_ranks = self._group_ranks(rows)
+        # the odd rows, desyncs and steps are found: let go of what only they read
+        del self.med_start, self.med_end, self.threshold
+        rows.flags = rows.call = rows.step = None  # type: ignore[assignment]
+        self._flags = self._call = None  # type: ignore[assignment]
         if alike:
             self._alike(rows, by_start, lo)
         del rows, by_start
-        self._inst = self._start = self._end = self._flags = self._call = None  # type: ignore
+        self._inst = self._start = self._end = None  # type: ignore
 
     def _odd_rows(self, rows: _Rows) -> None:
         """Count, per rank, the instances where it starts late or early or ends apart from the
         typical rank by the tolerance or more, and its failed calls."""
         found: dict[str, list[np.ndarray]] = defaultdict(list)
         for a, b in rows.chunks():
-            i, rank = rows.inst[a:b], rows.rank[a:b]
+            i, rank = rows.inst[a:b], rows.ranks(a, b)
             thr = self.threshold[i]                         # NaN: not timed, never odd
             off = rows.start[a:b] - self.med_start[i]
             found["late"].append(rank[off >= thr])
@@ -480,7 +543,7 @@ class Fold:
         """Instance ``i``'s sides: its members by call, and those with none."""
         mine = by_start[lo[i]:lo[i] + self.count[i]]
         by_call: dict[int | None, list[int]] = defaultdict(list)
-        for r, c in zip(rows.rank[mine].tolist(), rows.call[mine].tolist()):
+        for r, c in zip(rows.rank(mine).tolist(), rows.call[mine].tolist()):
             by_call[c].append(r)
         lacking = members - {r for rs in by_call.values() for r in rs}
         if lacking:
@@ -518,7 +581,7 @@ class Fold:
         cols = [np.zeros(n, np.int64) for _ in range(8)]
         for i0, i1, a, b in _instance_chunks(lo, self.count):
             part = by_start[a:b]
-            part = part[~kept[rows.rank[part]]]         # alike rows, by instance, then start
+            part = part[~kept[rows.rank(part)]]         # alike rows, by instance, then start
             local = rows.inst[part]
             count = np.bincount(local - i0, minlength=i1 - i0)
             self.alike_count[i0:i1] = count
@@ -535,8 +598,11 @@ class Fold:
                                          (at, mid, ends) * 2 + (mid, ends)):
                 col[i0 + has] = values[pick]
         first, self.a_start, last, e_first, self.a_end, e_last, self.a_wait, self.a_wait_max = cols
-        self.a_start_early, self.a_start_late = self.a_start - first, last - self.a_start
-        self.a_end_early, self.a_end_late = self.a_end - e_first, e_last - self.a_end
+        # in place: each spread where its bound was (no second set of columns)
+        self.a_start_early = np.subtract(self.a_start, first, out=first)
+        self.a_start_late = np.subtract(last, self.a_start, out=last)
+        self.a_end_early = np.subtract(self.a_end, e_first, out=e_first)
+        self.a_end_late = np.subtract(e_last, self.a_end, out=e_last)
 
 
 class _Rows:
@@ -547,10 +613,22 @@ class _Rows:
         self.start, self.end = _column(fold._start, np.int64), _column(fold._end, np.int64)
         self.flags, self.call = _column(fold._flags, np.uint8), _column(fold._call, np.int32)
         per_table = np.asarray(fold._table_rows, dtype=np.int64)
-        self.rank = np.repeat(np.asarray(fold._table_rank, dtype=np.int32), per_table)
-        self.width = int(self.rank.max()) + 1 if len(self.rank) else 0
+        self._table_rank = np.asarray(fold._table_rank, dtype=np.int32)
+        self.width = int(self._table_rank.max()) + 1 if len(self._table_rank) else 0
         self._tables = np.concatenate(([0], np.cumsum(per_table)))
-        self.step = _row_steps(fold.steps, self)       # after the ranks: it reads them
+        # after the ranks: it reads them; None: no rank has steps (every row outside them)
+        self.step = _row_steps(fold.steps, self) if fold.steps else None
+
+    def rank(self, rows: np.ndarray) -> np.ndarray:
+        """The rank of each of ``rows`` (row numbers): its table's (a column of every row's
+        rank would be 76 MB at 131,072 ranks)."""
+        return self._table_rank[np.searchsorted(self._tables, rows, side="right") - 1]
+
+    def ranks(self, a: int, b: int) -> np.ndarray:
+        """The rank of each row in [a, b)."""
+        first, last = (int(np.searchsorted(self._tables, x, side="right")) - 1 for x in (a, b - 1))
+        return np.repeat(self._table_rank[first:last + 1],
+                         np.diff(np.clip(self._tables[first:last + 2], a, b)))
 
     def chunks(self) -> Iterator[tuple[int, int]]:
         """Row ranges of about ``CHUNK`` rows, each holding whole tables."""
@@ -569,8 +647,6 @@ def _row_steps(steps: dict[int, list[Step]], rows: _Rows) -> np.ndarray:
     once: a row and its rank's steps share one sort key, rank * span + time from the rank's
     first step."""
     out = np.full(len(rows.inst), -1, np.int32)
-    if not steps:
-        return out
     ranks = np.array([r for r in steps for _ in steps[r]], dtype=np.int64)
     n, lo, hi = (np.array([getattr(s, f) for r in steps for s in steps[r]], dtype=np.int64)
                  for f in ("n", "start_ns", "end_ns"))
@@ -586,12 +662,29 @@ def _row_steps(steps: dict[int, list[Step]], rows: _Rows) -> np.ndarray:
     order = np.argsort(key, kind="stable")
     key, n, hi, ranks = key[order], n[order], hi[order], ranks[order]
     for a, b in rows.chunks():
-        rank, start = rows.rank[a:b].astype(np.int64), rows.start[a:b]
+        rank, start = rows.ranks(a, b).astype(np.int64), rows.start[a:b]
         rel = start - base[rank]
         at = np.searchsorted(key, rank * span + np.clip(rel, 0, span - 1), side="right") - 1
         at = np.maximum(at, 0)
         inside = has[rank] & (rel >= 0) & (rel < span) & (ranks[at] == rank) & (start < hi[at])
         out[a:b] = np.where(inside, n[at], -1)
+    return out
+
+
+def _by_instance(rows: _Rows, lo: np.ndarray) -> np.ndarray:
+    """The rows ordered by instance, in row order within one (a stable sort), as int32 and a
+    chunk of rows at a time (a whole-run argsort holds an int64 permutation besides)."""
+    out = np.empty(len(rows.inst), np.int32)
+    fill = lo.copy()
+    for a, b in rows.chunks():
+        inst = rows.inst[a:b]
+        order = np.argsort(inst, kind="stable")
+        ordered = inst[order]
+        new = np.r_[True, ordered[1:] != ordered[:-1]]
+        heads = np.flatnonzero(new)
+        within = np.arange(len(order)) - heads[np.cumsum(new) - 1]
+        out[fill[ordered] + within] = order + a
+        fill[ordered[heads]] += np.diff(np.r_[heads, len(order)])
     return out
 
 
@@ -617,7 +710,7 @@ def _unique_pairs(rows: _Rows, group: np.ndarray, pick: Callable[[int, int], np.
     for a, b in rows.chunks():
         m = pick(a, b)
         inst = rows.inst[a:b][m]
-        pair = group[inst].astype(np.int64) * rows.width + rows.rank[a:b][m]
+        pair = group[inst].astype(np.int64) * rows.width + rows.ranks(a, b)[m]
         if seq is None:
             keys.append(np.unique(pair))
             continue

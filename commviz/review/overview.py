@@ -30,10 +30,11 @@ import argparse
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -53,6 +54,7 @@ from commviz.merge.select import format_ranks
 from commviz.merge.summary import SummaryTracks, comm_args, tracks_for
 from commviz.merge.table import CommTable, Flag, iter_tables, table_ranks
 from commviz.review.fold import Fold
+from commviz.review.groupfold import AlikeGroups, fold_groups, lower_median
 from commviz.write.pftrace import Piece, emit_slices, flow_field, split, track_descriptor
 
 OVERVIEW_NAME = "overview.pftrace"
@@ -217,14 +219,75 @@ def _write_cross(f: BinaryIO, fold: Fold, pgs: dict[str, PgInfo], shown: np.ndar
     stats = {"summary_slices": 0, "bandwidth_samples": 0}
     ordered = sorted(fold.by_pg, key=lambda g: (lane_order(g), g))
     nodes = _nodes(piece, group, ordered, pgs)
-    for pg in sorted(fold.by_pg):   # one group's slices at a time: memory of a group, not the run
+    classes = fold_groups(fold, pgs, NEST_ABOVE) if folding else []
+    alone = set(fold.by_pg) - {pg for c in classes for pg in c.groups}
+    for pg in sorted(alone):        # one group's slices at a time: memory of a group, not the run
         write_summary(piece, nodes[pg], summary_of(seen_of(fold, fold.by_pg[pg])), pgs, stats)
         piece.flush()       # not at 4 MiB (FLUSH_BYTES): the run's summary would fill that
+    for c in classes:
+        write_summary(piece, nodes[c.groups[0]], tracks_for(_alike_seen(fold, c), _alike_args),
+                      pgs, stats, {c.name: (f"PG {c.desc} · {len(c.groups):,} alike groups",
+                                            c.describe())})
+        piece.flush()
     _write_stragglers(piece, group, fold, pgs)
     _write_desyncs(piece, group, fold, pgs)
     if folding and fold.folded:
-        _write_folded(piece, fold, pgs, shown, ordered)
+        _write_folded(piece, fold, pgs, shown, [pg for pg in ordered if pg in alone], classes)
     piece.flush()
+
+
+def _place_key(fold: Fold, c: AlikeGroups, i: int) -> InstanceKey:
+    """Instance ``i`` of a class's first group as the class's place: the class's name for its
+    group, a transfer's ranks as places in its group ("send 0->1 #3")."""
+    key = fold.keys.key(i)._replace(pg=c.name)
+    if key.src is not None and key.dst is not None:
+        ranks = list(md.group_ranks(fold.pgs[c.groups[0]].ranks))
+        key = key._replace(src=ranks.index(key.src), dst=ranks.index(key.dst))
+    return key
+
+
+@dataclass(slots=True)
+class AlikeSeen(Seen):
+    """One place of a class of alike groups, as a summary slice needs it."""
+
+    groups: AlikeGroups | None = None
+    skew_max_ns: int = 0            # the largest skew of its groups' instances there
+
+
+def _alike_seen(fold: Fold, c: AlikeGroups) -> list[AlikeSeen]:
+    """A class's places as instances: the median group's first start, last start and last end;
+    ``count`` and ``expected``: over all its groups."""
+    first, last, end = (lower_median(col[c.idx]) for col in
+                        (fold.first_start, fold.last_start, fold.last_end))
+    held = fold.count[c.idx].sum(axis=0)
+    skew = (fold.last_start[c.idx] - fold.first_start[c.idx]).max(axis=0)
+    out = []
+    for seen, i, a, b, e, n, top in zip(seen_of(fold, c.idx[0]), c.idx[0].tolist(), first.tolist(),
+                                        last.tolist(), end.tolist(), held.tolist(), skew.tolist()):
+        place = AlikeSeen(*(getattr(seen, f.name) for f in fields(Seen)), groups=c,
+                          skew_max_ns=top)
+        place.key, place.pg = _place_key(fold, c, i), c.name
+        place.first_start_ns, place.last_start_ns, place.last_end_ns = a, b, e
+        place.count, place.expected = n, seen.expected * len(c.groups)
+        place.bandwidth = bw.bandwidth(place.ctype, place.size_bytes, place.comm_ns,
+                                       bandwidth_ranks(fold.keys.key(i), seen.expected))
+        out.append(place)
+    return out
+
+
+def _alike_args(place: AlikeSeen) -> dict[str, Any]:
+    """A folded groups' slice: the median group's figures, how many groups it stands for and
+    which of the family's groups are drawn on their own."""
+    args = slice_args(place)
+    del args["commviz.late_rank"]
+    c = place.groups
+    assert c is not None
+    args["commviz.skew_max_ns"] = place.skew_max_ns
+    args["commviz.alike_groups"] = len(c.groups)
+    args["commviz.folded_groups"] = c.text
+    if c.exceptions:
+        args["commviz.exception_groups"] = c.exceptions_text
+    return args
 
 
 def _write_stragglers(piece: Piece, group: int, fold: Fold, pgs: dict[str, PgInfo]) -> None:
@@ -269,9 +332,10 @@ def _write_desyncs(piece: Piece, group: int, fold: Fold, pgs: dict[str, PgInfo])
 
 
 def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.ndarray,
-                  ordered: list[str]) -> None:
-    """The alike ranks, per group one lane: per instance the alike ranks' median start to
-    median end, their count and min/median/max times as args."""
+                  ordered: list[str], classes: list[AlikeGroups]) -> None:
+    """The alike ranks: per group (``ordered``) one lane, per instance the alike ranks' median
+    start to median end, their count and min/median/max times as args; per class of alike
+    groups one lane, per place the same over all its groups' ranks (medians of the groups')."""
     proc = piece.new_uuid()
     name = f"{FOLDED_PROCESS} · {fold.folded:,} of {len(fold.hosts):,} ranks"
     piece.descriptor(track_descriptor(proc, name=name, pid=FOLDED_PID, process_name=name,
@@ -279,49 +343,78 @@ def _write_folded(piece: Piece, fold: Fold, pgs: dict[str, PgInfo], shown: np.nd
     alike = {pg: [r for r in fold.group_ranks.get(pg, ()) if r not in fold.kept]
              for pg in ordered}
     groups = [pg for pg in ordered if alike[pg]]
-    nodes = _nodes(piece, proc, groups, pgs, " (alike)")
+    nodes = _nodes(piece, proc, groups + [c.groups[0] for c in classes], pgs, " (alike)")
     for pg in groups:
         ranks = md.ranks_text(alike[pg])
         idx = fold.by_pg[pg]
         idx = idx[fold.alike_count[idx] > 0]
-        events, flows, items = [], {}, []
-        cols = [c[idx].tolist() for c in (fold.a_start, fold.a_end, fold.a_start_early,
-                                          fold.a_start_late, fold.a_end_early, fold.a_end_late,
-                                          fold.a_wait, fold.a_wait_max, fold.alike_count,
-                                          fold.flags, fold.size, shown)]
-        for n, (i, start, end, s_early, s_late, e_early, e_late, wait, wait_max, count, flags,
-                size, drawn) in enumerate(zip(idx.tolist(), *cols)):
-            key = fold.keys.key(i)
-            args: dict[str, Any] = {md.SEQ: key.seq} if key.kind is KeyKind.COLLECTIVE else {}
-            args[md.PG_NAME] = pg
-            args["commviz.instance"] = instance_text(key)
-            args["commviz.folded_ranks"] = ranks
-            args["commviz.alike_ranks"] = count
-            args.update({"commviz.start_early_ns": s_early, "commviz.start_late_ns": s_late,
-                         "commviz.end_early_ns": e_early, "commviz.end_late_ns": e_late})
-            if not flags & LAUNCH_ONLY:
-                args["commviz.wait_median_ns"] = wait
-                args["commviz.wait_max_ns"] = wait_max
-            if fold.origin[i] >= 0:
-                args[md.ORIGIN] = fold.names.names[fold.origin[i]]
-            if size >= 0:
-                args["commviz.size_bytes"] = size
-            if drawn > 1:
-                flows[n] = flow_field(cross_flow_id(key))
-            items.append((start, -end, n))
-            events.append({"name": fold.names.names[fold.op[i]], "cat": LANE_CAT, "args": args})
-        items.sort()
-        for back in split(items):
-            uuid = piece.new_uuid()
-            piece.descriptor(track_descriptor(
-                uuid, name=f"{_label(pg, pgs.get(pg))} · ranks {ranks} (alike)",
-                parent=nodes[pg], order_rank=ORDER_LANE + lane_order(pg),
-                merge_key=f"{LANE_KEY}{pg}", description=FOLDED_LANE.format(
-                    n=len(alike[pg]), ranks=ranks)))
-            seq = piece.sequence(uuid)
-            piece.buf += seq.start(back[0][0])
-            emit_slices(seq, piece.buf, back, events, None, flows)
-            piece.maybe_flush()
+        cols = [c[idx] for c in (fold.a_start, fold.a_end, fold.a_start_early,
+                                 fold.a_start_late, fold.a_end_early, fold.a_end_late,
+                                 fold.a_wait, fold.a_wait_max, fold.alike_count)]
+        _write_alike_lane(piece, fold, idx, [fold.keys.key(i) for i in idx.tolist()], cols,
+                          shown[idx], nodes[pg], pg, {"commviz.folded_ranks": ranks},
+                          f"{_label(pg, pgs.get(pg))} · ranks {ranks} (alike)",
+                          FOLDED_LANE.format(n=len(alike[pg]), ranks=ranks))
+    for c in classes:
+        idx = c.idx
+        start, end = lower_median(fold.a_start[idx]), lower_median(fold.a_end[idx])
+        cols = [start, end, start - (fold.a_start - fold.a_start_early)[idx].min(axis=0),
+                (fold.a_start + fold.a_start_late)[idx].max(axis=0) - start,
+                end - (fold.a_end - fold.a_end_early)[idx].min(axis=0),
+                (fold.a_end + fold.a_end_late)[idx].max(axis=0) - end,
+                lower_median(fold.a_wait[idx]), fold.a_wait_max[idx].max(axis=0),
+                fold.alike_count[idx].sum(axis=0)]
+        n = sum(len(fold.group_ranks[pg]) for pg in c.groups)       # all alike: none kept
+        _write_alike_lane(piece, fold, idx[0], [_place_key(fold, c, i) for i in idx[0].tolist()],
+                          cols, np.zeros(len(idx[0]), np.int64), nodes[c.groups[0]], c.name,
+                          {"commviz.alike_groups": len(c.groups),
+                           "commviz.folded_groups": c.text,
+                           **({"commviz.exception_groups": c.exceptions_text}
+                              if c.exceptions else {})},
+                          f"PG {c.desc} · {len(c.groups):,} alike groups, {n:,} ranks (alike)",
+                          f"{FOLDED_LANE.format(n=n, ranks=f'of {len(c.groups):,} groups')} "
+                          f"Each slice's times are the median group's. {c.describe()}")
+
+
+def _write_alike_lane(piece: Piece, fold: Fold, idx: np.ndarray, keys: list[InstanceKey],
+                      cols: list[np.ndarray], drawn: np.ndarray, parent: int, pg: str,
+                      extra: dict[str, Any], name: str, description: str) -> None:
+    """One folded lane: per instance ``idx`` (op, flags, size, origin from it) with its
+    ``keys`` the alike ranks' times ``cols`` (start, end, start early/late, end early/late,
+    median and longest wait, count); a flow where the instance is ``drawn`` more than once."""
+    events, flows, items = [], {}, []
+    rows = zip(idx.tolist(), keys, *(c.tolist() for c in cols), fold.flags[idx].tolist(),
+               fold.size[idx].tolist(), drawn.tolist())
+    for n, (i, key, start, end, s_early, s_late, e_early, e_late, wait, wait_max, count, flags,
+            size, shown) in enumerate(rows):
+        args: dict[str, Any] = {md.SEQ: key.seq} if key.kind is KeyKind.COLLECTIVE else {}
+        args[md.PG_NAME] = pg
+        args["commviz.instance"] = instance_text(key)
+        args.update(extra)
+        args["commviz.alike_ranks"] = count
+        args.update({"commviz.start_early_ns": s_early, "commviz.start_late_ns": s_late,
+                     "commviz.end_early_ns": e_early, "commviz.end_late_ns": e_late})
+        if not flags & LAUNCH_ONLY:
+            args["commviz.wait_median_ns"] = wait
+            args["commviz.wait_max_ns"] = wait_max
+        if fold.origin[i] >= 0:
+            args[md.ORIGIN] = fold.names.names[fold.origin[i]]
+        if size >= 0:
+            args["commviz.size_bytes"] = size
+        if shown > 1:
+            flows[n] = flow_field(cross_flow_id(key))
+        items.append((start, -end, n))
+        events.append({"name": fold.names.names[fold.op[i]], "cat": LANE_CAT, "args": args})
+    items.sort()
+    for back in split(items):
+        uuid = piece.new_uuid()
+        piece.descriptor(track_descriptor(
+            uuid, name=name, parent=parent, order_rank=ORDER_LANE + lane_order(pg),
+            merge_key=f"{LANE_KEY}{pg}", description=description))
+        seq = piece.sequence(uuid)
+        piece.buf += seq.start(back[0][0])
+        emit_slices(seq, piece.buf, back, events, None, flows)
+        piece.maybe_flush()
 
 
 def _write_rank(f: BinaryIO, table: CommTable, fold: Fold, pgs: dict[str, PgInfo],
@@ -423,40 +516,45 @@ def _read(run: Path, ranks: list[int], progress: bool) -> tuple[Fold, list[str]]
     half = len(ranks) // 2
     ctx = multiprocessing.get_context(      # as the merge's workers (``merge.core``)
         "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        other = pool.submit(_read_other, run, ranks[half:])
+    with tempfile.TemporaryDirectory(prefix="commviz-overview-") as spill, \
+            ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        other = pool.submit(_read_other, run, ranks[half:], Path(spill))
         data, problems = _read_part(run, ranks[:half], progress)
         got = other.result()
-    if isinstance(got[0], str):
-        raise SourceError(*got)
-    part, more = got
-    data.join(part)
+        if isinstance(got[0], str):
+            raise SourceError(*got)
+        part, more = got
+        data.join(part)
     return data, problems + more
 
 
-def _read_other(run: Path, ranks: list[int]) -> tuple[Fold, list[str]] | tuple[str, str]:
-    """``_read_part`` in the second process; a ``SourceError`` comes back as its source and
-    message (it does not pickle as itself)."""
+def _read_other(run: Path, ranks: list[int], spill: Path
+                ) -> tuple[Fold, list[str]] | tuple[str, str]:
+    """``_read_part`` in the second process, its rows' columns spilled to ``spill``
+    (``Fold.spill``); a ``SourceError`` comes back as its source and message (it does not
+    pickle as itself)."""
     try:
-        return _read_part(run, ranks)
+        data, problems = _read_part(run, ranks)
     except SourceError as exc:
         return exc.source, exc.message
+    data.spill(spill)
+    return data, problems
 
 
 def _read_part(run: Path, ranks: list[int], progress: bool = False) -> tuple[Fold, list[str]]:
     problems: list[str] = []
     data = Fold()
-    for table in _tables(run, ranks, problems, progress, "overview: reading tables"):
+    for table in _tables(run, ranks, problems, progress, "overview: reading tables", False):
         data.add(table)
         problems.extend(f"rank {table.rank}: {p}" for p in table.problems)
     return data, problems
 
 
-def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str
-            ) -> Iterator[CommTable]:
+def _tables(run: Path, ranks: list[int], problems: list[str], progress: bool, label: str,
+            named: bool = True) -> Iterator[CommTable]:
     bar = progress_bar(label, len(ranks)) if progress else None
     try:
-        for table in iter_tables(run, ranks, problems):
+        for table in iter_tables(run, ranks, problems, named):
             yield table
             if bar:
                 bar.advance()
