@@ -102,11 +102,12 @@ MEGATRON_PARALLELISM = "commviz.megatron_parallelism"  # Megatron-core: "TP", "P
 MEGATRON_MODULE = "commviz.megatron_module"  # its module, global layer index: decoder.layers.3.mlp
 MEGATRON_LAYER = "commviz.megatron_layer"    # its transformer layer (layer_number - 1)
 MEGATRON_BUCKET = "commviz.megatron_bucket"  # its DDP's bucket (bucket_id)
+MEGATRON_CHUNK = "commviz.megatron_chunk"    # its model chunk (virtual pipeline stage)
 ORIGIN_KEYS = (ORIGIN, ORIGIN_KIND, ORIGIN_UNIT, ORIGIN_PHASE, ORIGIN_MICROBATCH,
                BACKWARD_CALLSITE, COMPILED_AT, DDP_BUCKET, DDP_BUCKET_PARAMS, DDP_BUCKET_BYTES,
                DDP_BUCKET_NUMEL, DDP_BUCKET_FIRST, DDP_BUCKET_LAST, ZERO_BUCKET, ZERO_PARAMS,
                ZERO_BUCKET_FIRST, ZERO_BUCKET_LAST, MEGATRON_PARALLELISM, MEGATRON_MODULE,
-               MEGATRON_LAYER, MEGATRON_BUCKET)
+               MEGATRON_LAYER, MEGATRON_BUCKET, MEGATRON_CHUNK)
 
 
 class OriginKind(StrEnum):

@@ -38,7 +38,8 @@ ORIGIN, KIND, UNIT, PHASE = ("commviz.origin", "commviz.origin_kind", "commviz.o
                              "commviz.origin_phase")
 MODULE, LAYER, PARALLELISM = ("commviz.megatron_module", "commviz.megatron_layer",
                               "commviz.megatron_parallelism")
-MB, GROUP = "commviz.origin_microbatch", "Process Group Description"
+MB, CHUNK, GROUP = ("commviz.origin_microbatch", "commviz.megatron_chunk",
+                    "Process Group Description")
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +196,51 @@ def test_interleaved_schedule_transfers(ranks: list[dict[str, Any]]) -> None:
                        (("recv forward", "send backward"), ("send forward", "recv backward")))
         assert pp == {**{d: 2 * MICROBATCHES * STEPS for d in twice},
                       **{d: MICROBATCHES * STEPS for d in once}}
+
+
+def test_interleaved_transfers_by_microbatch_and_model_chunk(
+        ranks: list[dict[str, Any]]) -> None:
+    """Each interleaved transfer names its micro-batch and model chunk, by Megatron's account:
+    the forward steps its schedule ran (the job's ``forward_step_func`` saw them) follow its
+    ``get_schedule_table``; a stage sends each forward's output on (not the last stage's last
+    chunk) and, backward, each chunk's input gradients in the order of its forwards
+    (``input_tensors[chunk].pop(0)``), the chunks taken in reverse
+    (``get_model_chunk_id(k, forward=False)``), not the first stage's chunk 0; a stage receives
+    what its neighbour sent, in order, one chunk on where the pipeline wraps round."""
+    from megatron.core.pipeline_parallel.schedules import get_schedule_table
+
+    from jobs.megatron_job import LAYOUTS, MICROBATCHES, STEPS
+
+    layout = LAYOUTS["interleaved"]
+    chunks, stages, last = layout.vp, layout.pp, layout.vp - 1
+    table = get_schedule_table(MICROBATCHES, chunks, stages)   # group size: PP by default
+    sends: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for rank in ranks:
+        facts = rank["facts"]["interleaved"]
+        stage = facts["stage"]
+        assert facts["forwards"] == table * STEPS
+        forwards = facts["forwards"][:len(table)]
+        sends[stage, "forward"] = [(m, c) for m, c in forwards
+                                   if not (stage == stages - 1 and c == last)]
+        queues = {c: [m for m, c2 in forwards if c2 == c] for c in range(chunks)}
+        backwards = [(queues[last - c].pop(0), last - c) for _, c in table]
+        sends[stage, "backward"] = [(m, c) for m, c in backwards if not (stage == 0 and c == 0)]
+    for rank in ranks:
+        stage = rank["facts"]["interleaved"]["stage"]
+        expected = {
+            "send forward": sends[stage, "forward"],
+            "send backward": sends[stage, "backward"],
+            "recv forward": [(m, c + (stage == 0))
+                             for m, c in sends[(stage - 1) % stages, "forward"]],
+            "recv backward": [(m, c - (stage == stages - 1))
+                              for m, c in sends[(stage + 1) % stages, "backward"]]}
+        pp = [x for x in _layout(rank, "interleaved") if x.get(PARALLELISM) == "PP"]
+        for direction, want in expected.items():
+            got = [x for x in pp if x[PHASE] == direction]
+            assert [(x[MB], x[CHUNK]) for x in got] == want * STEPS, (stage, direction)
+            assert [x[ORIGIN] for x in got] == [
+                f"PP stage {stage} {direction}, microbatch {m}, model chunk {c}"
+                for m, c in want * STEPS]
 
 
 def test_ddp_buckets_and_distributed_optimizer(ranks: list[dict[str, Any]]) -> None:

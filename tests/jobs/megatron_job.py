@@ -32,6 +32,7 @@ is stood in for by ``cpu_shim`` (the only change to what Megatron sees):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import sys
@@ -195,16 +196,22 @@ def _model(layout: Layout, vp_rank: int | None) -> torch.nn.Module:
                     vp_stage=vp_rank)
 
 
-def _batches() -> Iterator[dict[str, torch.Tensor]]:
+# the (micro-batch, model chunk) of each forward step Megatron's schedule runs, in its order
+FORWARDS: list[tuple[int, int]] = []
+
+
+def _batches(chunk: int) -> Iterator[dict[str, Any]]:
     g = torch.Generator().manual_seed(0)
-    while True:
+    for i in itertools.count():
         tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=g)
         yield {"tokens": tokens, "labels": torch.roll(tokens, -1, 1),
-               "position_ids": torch.arange(SEQ).expand(MICRO_BATCH, SEQ)}
+               "position_ids": torch.arange(SEQ).expand(MICRO_BATCH, SEQ),
+               "microbatch": i % MICROBATCHES, "chunk": chunk}
 
 
-def _forward_step(data: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module) -> Any:
+def _forward_step(data: Iterator[dict[str, Any]], model: torch.nn.Module) -> Any:
     batch = next(data)
+    FORWARDS.append((batch["microbatch"], batch["chunk"]))
     out = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
 
     def loss(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -249,7 +256,8 @@ def run(layout: Layout) -> dict[str, Any]:
                             clip_grad=1.0), chunks)
         chunks[0].config.no_sync_func = chunks[0].no_sync
         chunks[0].config.finalize_model_grads_func = _finalize
-    data = [_batches() for _ in chunks]
+    data = [_batches(v) for v in range(len(chunks))]
+    FORWARDS.clear()
     for _ in range(STEPS):
         for m in chunks:
             if layout.ddp:
@@ -263,6 +271,7 @@ def run(layout: Layout) -> dict[str, Any]:
         if optimizer is not None:
             optimizer.step()
     ps.destroy_model_parallel()
+    facts["forwards"] = list(FORWARDS)
     return facts
 
 

@@ -86,6 +86,7 @@ _NAMED = {
 _RECOMPUTE = ("tensor_parallel/random.py", "CheckpointFunction.backward")
 _P2P = "pipeline_parallel/p2p_communication.py"
 _ONE_F_ONE_B = "forward_backward_pipelining_without_interleaving"
+_INTERLEAVED = "forward_backward_pipelining_with_interleaving"
 _DIRECTIONS = {"tensor_send_next": "send forward", "tensor_send_prev": "send backward",
                "tensor_recv_prev": "recv forward", "tensor_recv_next": "recv backward"}
 
@@ -112,6 +113,8 @@ class Cache:
         self.nodes: "weakref.WeakKeyDictionary[Any, tuple[str | None, int | None, str]]" = (
             weakref.WeakKeyDictionary())
         self.transfers: dict[str, int] = {}
+        # the interleaved schedule's step: its table, each direction's transfers, those seen
+        self.schedule: tuple[Any, dict[str, list[tuple[int, int]]], dict[str, int]] | None = None
 
 
 _root: str | None = None
@@ -302,16 +305,60 @@ def _pipeline(call: Call, frames: list[_Frame], cache: Cache) -> Origin:
     direction = direction or call.op
     extra: list[tuple[str, Any]] = [(md.MEGATRON_PARALLELISM, "PP")]
     text = f"PP stage {stage} {direction}"
-    schedule = next((f for f in frames if f.name == _ONE_F_ONE_B), None)
-    n = schedule.frame.f_locals.get("num_microbatches") if schedule is not None else None
-    if isinstance(n, int) and n > 0 and direction in _DIRECTIONS.values():
-        taken = cache.transfers.get(direction, 0)
-        if call.count:
-            cache.transfers[direction] = taken + 1
-        extra.append((md.ORIGIN_MICROBATCH, taken % n))
-        text += f", microbatch {taken % n}"
+    schedule = next((f for f in frames if f.name in (_ONE_F_ONE_B, _INTERLEAVED)), None)
+    if schedule is not None and direction in _DIRECTIONS.values():
+        loc = schedule.frame.f_locals
+        if schedule.name == _INTERLEAVED:
+            mine = _interleaved(call, loc, direction, cache)
+        else:
+            n = loc.get("num_microbatches")
+            mine = None
+            if isinstance(n, int) and n > 0:
+                taken = cache.transfers.get(direction, 0)
+                if call.count:
+                    cache.transfers[direction] = taken + 1
+                mine = taken % n, None
+        if mine is not None:
+            extra.append((md.ORIGIN_MICROBATCH, mine[0]))
+            text += f", microbatch {mine[0]}"
+            if mine[1] is not None:
+                extra.append((md.MEGATRON_CHUNK, mine[1]))
+                text += f", model chunk {mine[1]}"
     return Origin(text, md.OriginKind.MEGATRON, f"PP stage {stage}", direction, tuple(extra),
                   Refresh.ALL)
+
+
+def _interleaved(call: Call, loc: dict[str, Any], direction: str, cache: Cache
+                 ) -> tuple[int, int] | None:
+    """(micro-batch, model chunk) of the interleaved schedule's transfer: its ``schedule_table``
+    ((micro-batch, chunk) per virtual micro-batch, the forward order) gives each stage's sends
+    in order: forward, all but the last stage's last chunk; backward, the chunks reversed
+    (``get_model_chunk_id(k, forward=False)``), all but the first stage's chunk 0. A receive
+    is the previous stage's send (the next one's, backward), in order, its chunk one further
+    on where it wraps round from the last stage to the first (one back, backward)."""
+    table, stages, chunks = (loc.get("schedule_table"), loc.get("pipeline_parallel_size"),
+                             loc.get("num_model_chunks"))
+    stage = loc.get("pipeline_parallel_rank")
+    if not table or not all(isinstance(x, int) for x in (stages, chunks, stage)):
+        return None
+    if cache.schedule is None or cache.schedule[0] is not table:    # a new step
+        cache.schedule = (table, {}, {})
+    _, sequences, taken = cache.schedule
+    if direction not in sequences:
+        last = chunks - 1
+        forward = direction.endswith("forward")
+        sender = (stage + (-1 if forward else 1) * direction.startswith("recv")) % stages
+        shift = (1 if forward and stage == 0 else -1 if not forward and stage == stages - 1
+                 else 0) if direction.startswith("recv") else 0
+        sent = ([(m, c) for m, c in table if not (sender == stages - 1 and c == last)]
+                if forward else
+                [(m, last - c) for m, c in table if not (sender == 0 and c == last)])
+        sequences[direction] = [(m, c + shift) for m, c in sent]
+    n = taken.get(direction, 0)
+    if call.count:
+        taken[direction] = n + 1
+    sequence = sequences[direction]
+    return sequence[n % len(sequence)] if sequence else None
 
 
 def _bucket(call: Call, f: _Frame, method: str) -> Origin:
