@@ -17,7 +17,9 @@ Megatron's own frames, per call:
   MoE token dispatcher's);
 - pipeline parallelism (``p2p_communication``): ``PP stage 1 send forward, microbatch 3``: the
   direction from which of the stage's tensors is sent or received, the micro-batch (1F1B,
-  ``forward_backward_pipelining_without_interleaving``) from the order of its transfers;
+  ``forward_backward_pipelining_without_interleaving``) from the order of its transfers; the
+  interleaved schedule's also the model chunk (``..., microbatch 3, model chunk 1``), from
+  its ``schedule_table`` and the order of its transfers;
 - Megatron's DDP: ``DDP bucket 2 reduce-scatter`` (or all-reduce), ``distributed optimizer
   param all-gather (bucket 0)``; finalizing gradients, the optimizer's norms and checks.
 
