@@ -7,7 +7,7 @@ A trial's outcome (``Outcome``): *right* when the planted rank (or, for a pipeli
 sender and receiver) is named with the planted cause within ``DEADLINE`` windows of the onset's
 window and nobody else is named; *wrong* when someone else, or the right rank with another
 cause, is named after the onset; *missed* when nobody is named by the deadline; a name before
-the onset, or any name in a trial with no fault, is a *false name*.
+the onset, or any name in a trial with no fault, is a *false name* (its trial *false*).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class Outcome(enum.Enum):
     RIGHT = "right"
     WRONG = "wrong"
     MISSED = "missed"
-    CLEAN = "clean"            # a negative trial that named nobody
-    FALSE = "false"            # a negative trial that named someone
+    FALSE = "false"            # someone named before the onset, or with no fault planted
+    CLEAN = "clean"            # no fault planted, nobody named
 
 
 @dataclass
@@ -153,6 +153,8 @@ def score(plan: Plan, windows: list[dict[str, Any]], onset_ns: int | None) -> Re
         res.outcome = Outcome.FALSE if res.false_names else Outcome.CLEAN
     elif res.wrong_names:
         res.outcome = Outcome.WRONG
+    elif res.false_names:
+        res.outcome = Outcome.FALSE
     elif res.latency is not None and res.latency <= DEADLINE:
         res.outcome = Outcome.RIGHT
     else:
@@ -280,8 +282,10 @@ def _planted_at(run_dir: Path) -> int | None:
         return None
 
 
-def run(launcher: Launcher, kind: str, seed: int, run_dir: Path) -> Result:
-    """Run one trial into ``run_dir`` (created) and score it."""
+def run(launcher: Launcher, kind: str, seed: int, run_dir: Path, after: int = DEADLINE
+          ) -> Result:
+    """Run one trial into ``run_dir`` (created) and score it; it ends ``after`` windows
+    after the onset's window."""
     plan = Plan.of(KINDS[kind], seed)
     external = plan.kind.name not in ("late", "jitter", "healthy")
     onset_ns: int | None = None
@@ -307,8 +311,8 @@ def run(launcher: Launcher, kind: str, seed: int, run_dir: Path) -> Result:
                 if plan.kind.name == "healthy" and time.monotonic() >= inject_at:
                     onset_ns = time.time_ns()    # no fault: the windows it would have had
             if onset_ns is not None and windows[-1]["end_ns"] > onset_ns:
-                after = sum(w["end_ns"] > onset_ns for w in windows)
-                if after > DEADLINE:
+                seen = sum(w["end_ns"] > onset_ns for w in windows)
+                if seen > after:
                     break
             if len(windows) > 20:
                 raise RuntimeError(f"{kind} seed {seed}: no onset after 20 windows")
