@@ -101,7 +101,7 @@ def main() -> None:
         sys.exit(f"bench_faults: cannot inject faults here: {why}")
     kinds = [trial.KINDS[k] for k in a.kinds.split(",")]
     began = time.monotonic()
-    rows, causes = [], False
+    rows, causes, failed_injections = [], False, 0
     with trial.Launcher() as launcher, tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             results = []
@@ -116,7 +116,9 @@ def main() -> None:
                       f"{res.plan.rank}, {res.outcome.value}"
                       + (f" in {res.latency}" if res.latency is not None else "")
                       + (f"; named {', '.join(named)}" if named else "")
+                      + ("" if res.injected else "; THE FAULT DID NOT TAKE HOLD")
                       + f" ({time.monotonic() - t:.1f} s)", flush=True)
+                failed_injections += not res.injected
                 if a.keep is None:
                     shutil.rmtree(run_dir, ignore_errors=True)
             rows.append(row(kind, results))
@@ -128,7 +130,8 @@ def main() -> None:
     print(table(rows))
     print(f"\n{sum(int(r[2]) for r in rows)} trials in {time.monotonic() - began:.0f} s; "
           f"windows of {trial.WINDOW_S:g} s; "
-          + ("causes compared" if causes else "no cause labels in the windows: scored by rank"))
+          + ("causes compared" if causes else "no cause labels in the windows: scored by rank")
+          + f"; {failed_injections} trial(s) whose fault did not take hold")
 
 
 if __name__ == "__main__":

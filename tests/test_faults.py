@@ -40,7 +40,7 @@ def _show(res: trial.Result) -> list:
 @pytest.mark.parametrize("kind", FAULTS)
 def test_the_planted_rank_and_cause_are_named(launcher, tmp_path: Path, kind: str):
     res = trial.run(launcher, kind, SEED, tmp_path / "run")
-    assert res.onset_window is not None
+    assert res.injected and res.onset_window is not None
     assert res.latency is not None, (res.plan.expected, res.onset_window, _show(res))
     assert not res.wrong_names and not res.false_names, (res.plan.expected, res.onset_window,
                                                          _show(res))
@@ -49,5 +49,5 @@ def test_the_planted_rank_and_cause_are_named(launcher, tmp_path: Path, kind: st
 @pytest.mark.parametrize("kind", NO_FAULT)
 def test_nobody_is_named_without_a_slow_rank(launcher, tmp_path: Path, kind: str):
     res = trial.run(launcher, kind, SEED, tmp_path / "run")
-    assert res.onset_window is not None
+    assert res.injected and res.onset_window is not None    # "shaped": every shaper bit
     assert not res.false_names, _show(res)

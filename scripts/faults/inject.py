@@ -89,6 +89,13 @@ class Network:
              self.ifname(rank), "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kb",
              "limit", "16mb")
 
+    def overlimits(self, rank: int) -> int:
+        """Packets rank's shaper held back for want of tokens (0: the shaping never bit)."""
+        out = subprocess.run(["ip", "netns", "exec", self.ns(rank), "tc", "-s", "qdisc", "show",
+                              "dev", self.ifname(rank)], capture_output=True, text=True).stdout
+        words = out.replace(",", " ").replace(")", " ").split()
+        return sum(int(words[i + 1]) for i, w in enumerate(words) if w == "overlimits")
+
     def __exit__(self, *exc: object) -> None:
         for ns in reversed(self.made):             # a namespace's veths go with it
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -117,6 +124,11 @@ class CpuQuota:
     def cut(self, share: float) -> None:
         (self.path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
         (self.path / "cpu.cfs_quota_us").write_text(str(int(CFS_PERIOD_US * share)))
+
+    def throttled(self) -> int:
+        """Periods the group was throttled in (0: the quota never bit)."""
+        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
+        return int(stat.get("nr_throttled", 0))
 
     def __exit__(self, *exc: object) -> None:
         if not self.path.exists():

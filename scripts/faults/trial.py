@@ -24,7 +24,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -42,6 +42,7 @@ READY_TIMEOUT_S = 90.0
 SHAPED_MBIT = 40              # a shaped link: 256 KiB in ~50 ms instead of < 1 ms
 CPU_SHARE = 0.1               # the slow rank's CPU quota: a tenth of one CPU
 PAUSE_S, PAUSE_EVERY_S = 0.3, 2.0
+P2P_LINK = "p2p_link"         # a pipeline link's cause: "rank" sends, "peer" receives
 
 
 class Name(NamedTuple):
@@ -68,7 +69,7 @@ KINDS = {k.name: k for k in (
     Kind("compute", "ddp", False, "late", "one DDP rank's CPU quota cut to 0.1 CPU (cgroup)"),
     Kind("link", "mesh", True, "transfer", "one rank's egress shaped to 40 Mbit/s (tbf)"),
     Kind("pause", "mesh", False, "pause", "one rank SIGSTOPped 300 ms every 2 s"),
-    Kind("stage", "pipe", True, "p2p", "one pipeline stage's egress shaped to 40 Mbit/s"),
+    Kind("stage", "pipe", True, P2P_LINK, "one pipeline stage's egress shaped to 40 Mbit/s"),
     Kind("healthy", "mesh", True, None, "no fault"),
     Kind("jitter", "mesh", False, None, "one rank sleeps 60 ms once"),
     Kind("shaped", "mesh", True, None, "every rank's egress shaped alike to 40 Mbit/s"),
@@ -113,6 +114,7 @@ class Result:
     outcome: Outcome
     latency: int | None                     # windows after the onset's window, when right
     onset_window: int | None
+    injected: bool = False                  # the kernel shows the fault took hold
     windows: list[dict[str, Any]] = field(default_factory=list)
     false_names: list[Name] = field(default_factory=list)   # before the onset, or none planted
     wrong_names: list[Name] = field(default_factory=list)
@@ -120,13 +122,8 @@ class Result:
 
 def names(window: dict[str, Any]) -> set[Name]:
     """Who a window of ``commviz watch --format json`` names, and why."""
-    out = set()
-    for s in window["stragglers"]:
-        if "sender" in s and "receiver" in s:
-            out.add(Name((s["sender"], s["receiver"]), s.get("cause")))
-        else:
-            out.add(Name(s["rank"], s.get("cause")))
-    return out
+    return {Name((s["rank"], s["peer"]) if s.get("cause") == P2P_LINK else s["rank"],
+                 s.get("cause")) for s in window["stragglers"]}
 
 
 def _matches(name: Name, expected: Name) -> bool:
@@ -259,20 +256,26 @@ class Job:
             time.sleep(0.01)
 
 
-def _onset(plan: Plan, job: Job, stack: ExitStack) -> None:
-    """Inject the plan's external fault now (in-program ones began at their step)."""
-    kind, pid = plan.kind.name, job.pids[plan.rank]
+def _onset(plan: Plan, job: Job, stack: ExitStack) -> Callable[[], bool]:
+    """Inject the plan's external fault now (in-program ones began at their step); returns
+    whether it took hold, read from the kernel (the shaper's overlimits, the cgroup's
+    throttled periods, the pauses sent), to be asked before the trial is torn down."""
+    kind, pid, net = plan.kind.name, job.pids[plan.rank], job.net
     if kind == "compute":
-        stack.enter_context(CpuQuota([pid])).cut(CPU_SHARE)
-    elif kind in ("link", "stage"):
-        job.net.shape(plan.rank, SHAPED_MBIT)
-    elif kind == "shaped":
-        for r in range(WORLD):
-            job.net.shape(r, SHAPED_MBIT)
-    elif kind == "pause":
+        quota = stack.enter_context(CpuQuota([pid]))
+        quota.cut(CPU_SHARE)
+        return lambda: quota.throttled() > 0
+    if kind in ("link", "stage", "shaped"):
+        shaped = range(WORLD) if kind == "shaped" else [plan.rank]
+        for r in shaped:
+            net.shape(r, SHAPED_MBIT)
+        return lambda: all(net.overlimits(r) > 0 for r in shaped)
+    if kind == "pause":
         pauser = Pauser(pid, PAUSE_S, PAUSE_EVERY_S)
         stack.callback(pauser.stop)
         pauser.start()
+        return lambda: bool(pauser.times)
+    return lambda: True
 
 
 def _planted_at(run_dir: Path) -> int | None:
@@ -290,6 +293,7 @@ def run(launcher: Launcher, kind: str, seed: int, run_dir: Path, after: int = DE
     external = plan.kind.name not in ("late", "jitter", "healthy")
     onset_ns: int | None = None
     windows: list[dict[str, Any]] = []
+    took: Callable[[], bool] = lambda: onset_ns is not None
     with ExitStack() as stack:
         net = stack.enter_context(Network(WORLD)) if plan.kind.netns else None
         job = stack.enter_context(Job(launcher, run_dir, plan, net))
@@ -303,7 +307,7 @@ def run(launcher: Launcher, kind: str, seed: int, run_dir: Path, after: int = DE
             if external and onset_ns is None and inject_at < tick:
                 time.sleep(max(0.0, inject_at - time.monotonic()))
                 onset_ns = time.time_ns()
-                _onset(plan, job, stack)
+                took = _onset(plan, job, stack)
             time.sleep(max(0.0, tick - time.monotonic()))
             windows.append(orjson.loads(orjson.dumps(series.to_file(watcher.step()))))
             if onset_ns is None and not external:
@@ -316,4 +320,7 @@ def run(launcher: Launcher, kind: str, seed: int, run_dir: Path, after: int = DE
                     break
             if len(windows) > 20:
                 raise RuntimeError(f"{kind} seed {seed}: no onset after 20 windows")
-    return score(plan, windows, onset_ns)
+        injected = took()
+    res = score(plan, windows, onset_ns)
+    res.injected = injected
+    return res
