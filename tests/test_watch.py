@@ -24,7 +24,7 @@ import pytest
 
 from harness import REPO, free_port
 
-from commviz.live.window import MIN_LATE
+from commviz.live.cause import MIN_LATE
 
 JOB = REPO / "tests" / "jobs" / "late_allreduce.py"
 COMMVIZ = [sys.executable, "-m", "commviz"]

@@ -11,8 +11,9 @@ whole). ``commviz report`` reads it back ("over the whole run"). ``commviz watch
      "start_ns": int, "end_ns": int, "times": "cpu" | "gpu" | "mixed", "ranks": [int],
      "groups": [Row], "origins": [Row],        # the ROWS_KEPT with the most wait, + stragglers'
      "stragglers": [{"rank", "origin", "group", "group_label", "instances", "late_in",
-                     "skew_ns", "cost_ns"}],
-     "incomplete": int, "missed": [[rank, calls]], "problems": [str]}
+                     "skew_ns", "cost_ns", "cause", "peer", "waited"}],
+     "incomplete": int, "missed": [[rank, calls]], "problems": [str],
+     "links": [Row]}                           # p2p transfers per origin (group "p2p")
     Row: {"group", "label", "origin" (null: the group's row), "seen", "size",
           "times": "cpu" | "gpu", "window": Figures, "run": Figures}
     Figures: {"instances", "timed", "calls", "comm_ns", "busbw_gbps", "skew_p50_ns", "skew_p99_ns",
@@ -21,7 +22,9 @@ whole). ``commviz report`` reads it back ("over the whole run"). ``commviz watch
 ``times``, per row: "gpu" when the window's figures of the row are its NCCL ops' GPU times
 (from the ``timed`` instances among ``instances``: with sampling, the timed ones alone), "cpu"
 when they are the calls' CPU times; the line's: "gpu", "cpu" or "mixed" over its group rows.
-Version 2 added ``times`` per row and ``timed``.
+Version 2 added ``times`` per row and ``timed``; a straggler's ``cause`` ("late", "transfer",
+"pause", "p2p_link": ``commviz.live.cause``), ``peer`` (a link's receiver) and ``waited`` (the
+ranks it held up), and ``links``, came later in version 2 (a line without them: all "late").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from commviz.errors import SourceError
 from commviz.filetype import STRICT, FileType
@@ -75,6 +78,9 @@ class StragglerFile(TypedDict):
     late_in: int
     skew_ns: int
     cost_ns: int
+    cause: NotRequired[Literal["late", "transfer", "pause", "p2p_link"]]
+    peer: NotRequired[int | None]
+    waited: NotRequired[list[int]]
 
 
 class WindowFile(TypedDict):
@@ -95,6 +101,7 @@ class WindowFile(TypedDict):
     incomplete: int
     missed: list[tuple[int, int]]
     problems: list[str]
+    links: NotRequired[list[RowFile]]
 
 
 FILE = FileType(WindowFile, "windows series line")
@@ -132,9 +139,10 @@ def to_file(w: Window) -> WindowFile:
         schema=SCHEMA, version=VERSION, watcher=watcher_name(), index=w.index,
         start_ns=w.start_ns, end_ns=w.end_ns, times=times_of(w), ranks=w.ranks,
         groups=_rows(w.groups, keep), origins=_rows(w.origins, keep),
-        stragglers=[StragglerFile(**s._asdict())  # type: ignore[typeddict-item]
-                    for s in w.stragglers],
-        incomplete=w.incomplete, missed=sorted(w.missed.items()), problems=w.problems)
+        stragglers=[StragglerFile(**{**s._asdict(), "cause": str(s.cause),  # type: ignore
+                                     "waited": list(s.waited)}) for s in w.stragglers],
+        incomplete=w.incomplete, missed=sorted(w.missed.items()), problems=w.problems,
+        links=_rows(w.links, set()))
 
 
 def dumps(w: Window) -> bytes:

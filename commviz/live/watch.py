@@ -39,6 +39,7 @@ from rich.text import Text
 
 from commviz.errors import CommvizError
 from commviz.live import series
+from commviz.live.cause import said
 from commviz.live.gpujoin import GpuJoin
 from commviz.live.tail import RunTail
 from commviz.live.window import Figures, Row, Window, Windows
@@ -89,10 +90,9 @@ class Watcher:
 
 def straggler_lines(w: Window) -> list[str]:
     if not w.stragglers:
-        return ["late ranks: none (no rank was late persistently in this window)"]
-    return [f"LATE: rank {s.rank} to {s.origin} in {s.group_label}: last in {s.late_in} of "
-            f"{s.instances}, skew {fmt_ns(s.skew_ns)} (median), cost the others "
-            f"{fmt_ns(s.cost_ns)} of waiting" for s in w.stragglers]
+        return ["named: none (no rank was late, slow to transfer, paused or on a slow link in "
+                "this window)"]
+    return [said(s._asdict(), fmt_ns) for s in w.stragglers]
 
 
 def _vs(now: str, run: str) -> str:
@@ -139,7 +139,10 @@ def render(run_dir: Path, w: Window) -> Group:
                   _table("per origin", w.origins, True)]
     else:
         parts.append(Text("no collective completed by its ranks in this window"))
-    parts += [Text(line, style="bold red" if line.startswith("LATE") else "")
+    if w.links:
+        parts.append(_table("point-to-point, per origin (send matched to receive; comm: "
+                            "delivery)", w.links, True))
+    parts += [Text(line, style="" if not w.stragglers else "bold red")
               for line in straggler_lines(w)]
     if w.incomplete:
         parts.append(Text(f"{w.incomplete} instance(s) given up: some rank's call never came"))

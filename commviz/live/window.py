@@ -12,11 +12,15 @@ number), the definitions of ``commviz.merge.instances`` computed over columns (a
   none where a call covers only its launch (``async_op``, or a CUDA tensor: on NCCL the call
   returns once the kernel is enqueued) or raised.
 
-Only collectives with a sequence number join (p2p transfers are left out here). An instance is
-complete when every rank of its group *that this reader sees* made the call (on a node that sees
-only its own ranks, a group with ranks elsewhere is joined over those here: ``Row.seen`` says
-how many of its ranks that is). Calls of an instance not complete yet are carried to the next
-window (``Calls.keep``).
+Collectives join by their sequence number. An instance is complete when every rank of its group
+*that this reader sees* made the call (on a node that sees only its own ranks, a group with
+ranks elsewhere is joined over those here: ``Row.seen`` says how many of its ranks that is).
+Point-to-point calls join as *transfers* (``Transfers``): a send matched to its receive by
+(group, source, destination, their number between the two: ``commviz.p2p_seq``, which the
+record numbers per pair as Flight Recorder's keys name it). A transfer's *delivery* runs from
+the later of its two postings (a gloo or NCCL send or receive returns once posted) to the
+receiver's next call: the data came and the receiver went on. Calls of an instance or transfer
+not complete yet are carried to the next window (``Calls.keep``).
 
 Times are the calls' CPU times (``t_begin``/``t_end`` of the record), except where every call
 of an instance has its NCCL ops' GPU times (``Call.gpu_begin_ns``, ``commviz.live.gpujoin``):
@@ -26,14 +30,8 @@ kernel's length). Untimed launch-only instances (the plugin off, or a call it di
 get no comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
 no timed instance (``Instances.arrivals``).
 
-A *late rank* (``Straggler``) at an origin of a group is late persistently, not by one-off
-jitter: in the window it arrived last in at least ``LATE_SHARE`` of that origin's instances,
-at least ``MIN_LATE`` of them, by a median skew of at least ``merge.instances.STRAGGLER_MIN_NS``
-and ``STRAGGLER_FACTOR`` times the group's normal skew; a group's first collective (its
-warm-up, ``merge.instances.WARMUP``) never counts. Three quarters, not a bare majority: four
-ranks sharing two loaded cores made one of them last in 5 of 9 instances of a second, by 4 ms,
-with nobody slow (a rank is last by chance in 6 of 8 about once in 250 such tries, and must
-then also stand out by its skew).
+The ranks a window names, and why (late, slow transfers, a pause, a slow pipeline link), are
+``commviz.live.cause``'s: one reading of "why" for the watcher, the report and the diff.
 """
 
 from __future__ import annotations
@@ -45,16 +43,16 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from commviz import metadata as md
+from commviz.live.cause import BINS as SKEW_BINS
+from commviz.live.cause import Judge, Straggler, quantile
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
-from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
+from commviz.merge.instances import WARMUP
 
-LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
-NORMAL_MIN = 20                 # instances a group's normal skew is read from
-MIN_LATE = 4
 SHAPES_REMEMBERED = 4096
-# skews (ns) run-so-far figures are read from: 20 bins a decade from 1 µs to 100 s
-SKEW_BINS = np.geomspace(1e3, 1e11, 161)
+P2P_GROUP = "p2p"                # the rows of transfers: one group, a row per origin
+INHERIT_SHARE = 0.5              # a late arrival its previous collective held this much of
+CHAIN = 16                       # links followed back to the rank whose lateness it is
 
 
 class Calls:
@@ -65,7 +63,8 @@ class Calls:
         self._index: dict[Shape, int] = {}
         self._content: dict[tuple, int] = {}
         self.rank, self.shape = array("i"), array("i")
-        self.seq, self.begin, self.end = array("q"), array("q"), array("q")
+        self.seq, self.pair = array("q"), array("q")
+        self.begin, self.end = array("q"), array("q")
         self.gpu_begin, self.gpu_end = array("q"), array("q")
         self.failed = array("b")
 
@@ -78,7 +77,8 @@ class Calls:
         i = self._index.get(shape)
         if i is None:
             content = (shape.group, shape.group_desc, shape.group_ranks, shape.origin, shape.op,
-                       shape.ctype, shape.size_bytes, shape.async_op, shape.device)
+                       shape.ctype, shape.size_bytes, shape.async_op, shape.device,
+                       shape.meta.get(md.SRC), shape.meta.get(md.DST))
             i = self._content.get(content)
             if i is None:
                 i = self._content[content] = len(self.shapes)
@@ -94,15 +94,18 @@ class Calls:
         calls = calls if isinstance(calls, list) else list(calls)
         if not calls:
             return
-        rank, _, seq, _, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
+        rank, _, seq, pair, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
         index = list(map(self._index.get, shapes))
         if None in index:
             index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
         if None in seq:
             seq = tuple(-1 if n is None else n for n in seq)
+        if None in pair:
+            pair = tuple(-1 if n is None else n for n in pair)
         self.rank.extend(rank)
         self.shape.extend(index)
         self.seq.extend(seq)
+        self.pair.extend(pair)
         self.begin.extend(begin)
         self.end.extend(end)
         self.gpu_begin.extend(gpu_begin)
@@ -122,7 +125,8 @@ class Calls:
         return out
 
 
-_COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("begin", np.int64),
+_COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("pair", np.int64),
+            ("begin", np.int64),
             ("end", np.int64), ("gpu_begin", np.int64), ("gpu_end", np.int64), ("failed", np.int8))
 
 
@@ -155,6 +159,9 @@ class Instances:
     bus_bytes: np.ndarray        # size x bus factor where there is a bandwidth, else 0
     launch_only: np.ndarray
     gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
+    size: np.ndarray             # bytes (nccl-tests' S)
+    root: np.ndarray             # the rank whose lateness it was (``_roots``; -1: not known)
+    inherited: np.ndarray        # its late rank's lateness was carried in (``_held``)
 
     @property
     def skew(self) -> np.ndarray:
@@ -176,7 +183,52 @@ class Instances:
 
 
 _INSTANCE_ARRAYS = ("group", "origin", "seq", "n", "first_start", "last_start", "last_end",
-                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu")
+                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu", "size",
+                    "root", "inherited")
+
+
+@dataclass(slots=True)
+class Transfers:
+    """A window's point-to-point transfers, each a send matched to its receive (``join``)."""
+
+    group_names: list[str]
+    group_labels: list[str]
+    origins: list[str]
+    group: np.ndarray            # index into ``group_names``: the process group
+    origin: np.ndarray           # index into ``origins``: the receive's (stage and action)
+    src: np.ndarray
+    dst: np.ndarray
+    link: np.ndarray             # src << 32 | dst
+    size: np.ndarray
+    send_post: np.ndarray
+    recv_post: np.ndarray
+    delivery: np.ndarray         # the later post -> the receiver's next call; -1: not yet seen
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def take(self, mask: np.ndarray) -> Transfers:
+        return Transfers(self.group_names, self.group_labels, self.origins, **{
+            name: getattr(self, name)[mask] for name in _TRANSFER_ARRAYS})
+
+    def as_instances(self) -> Instances:
+        """The transfers as instances of one group (``P2P_GROUP``), for the rows per origin:
+        skew between the two postings, the receive's wait for a late send, the delivery as
+        their comm time."""
+        first = np.minimum(self.send_post, self.recv_post)
+        last = np.maximum(self.send_post, self.recv_post)
+        known = self.delivery >= 0
+        z = np.zeros(len(self), np.int64)
+        return Instances(
+            [Group(P2P_GROUP, P2P_GROUP, ())], self.origins, group=z, origin=self.origin,
+            seq=z + WARMUP + 1, n=z + 2, first_start=first, last_start=last,
+            last_end=last + np.maximum(self.delivery, 0),
+            late_rank=np.where(self.send_post > self.recv_post, self.src, self.dst),
+            wait=np.maximum(0, self.send_post - self.recv_post), comm=self.delivery,
+            bus_bytes=np.where(known & (self.delivery > 0), self.size, 0).astype(np.float64),
+            launch_only=np.zeros(len(self), bool), gpu=np.zeros(len(self), bool),
+            size=self.size, root=np.where(self.send_post > self.recv_post, self.src, self.dst),
+            inherited=np.zeros(len(self), bool))
 
 
 @dataclass(slots=True)
@@ -188,9 +240,16 @@ class _ShapeTable:
     size: np.ndarray
     launch_only: np.ndarray
     factor: np.ndarray          # bus factor of its type over its group's rank count; 0: none
-    collective: np.ndarray      # a collective (what joins here)
+    collective: np.ndarray      # a collective (what joins by its number)
+    p2p: np.ndarray             # a send or receive with a known peer (joins as a transfer)
+    src: np.ndarray
+    dst: np.ndarray
     groups: list[Group]
     origins: list[str]
+
+
+_TRANSFER_ARRAYS = ("group", "origin", "src", "dst", "link", "size", "send_post", "recv_post",
+                    "delivery")
 
 
 def _shape_table(shapes: list[Shape]) -> _ShapeTable:
@@ -198,7 +257,7 @@ def _shape_table(shapes: list[Shape]) -> _ShapeTable:
     origins: dict[str, int] = {}
     g_list: list[Group] = []
     cols: dict[str, list[Any]] = {k: [] for k in ("group", "origin", "size", "launch", "factor",
-                                                  "collective")}
+                                                  "collective", "src", "dst")}
     for s in shapes:
         if s.group not in groups:
             groups[s.group] = len(g_list)
@@ -210,20 +269,36 @@ def _shape_table(shapes: list[Shape]) -> _ShapeTable:
         cols["launch"].append(s.async_op or s.device == "cuda")
         cols["factor"].append(bw.bus_factor(s.ctype, len(s.group_ranks)) or 0.0)
         cols["collective"].append(s.kind == "collective")
+        for end in ("src", "dst"):
+            peer = s.meta.get(md.SRC if end == "src" else md.DST) if s.kind == "p2p" else None
+            cols[end].append(-1 if peer is None else int(peer))
+    src, dst = np.array(cols["src"], np.int64), np.array(cols["dst"], np.int64)
     return _ShapeTable(np.array(cols["group"], np.int32), np.array(cols["origin"], np.int32),
                        np.array(cols["size"], np.int64), np.array(cols["launch"], bool),
                        np.array(cols["factor"], np.float64), np.array(cols["collective"], bool),
-                       g_list, list(origins))
+                       (src >= 0) & (dst >= 0), src, dst, g_list, list(origins))
 
 
-def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
-    """The complete instances among ``calls``, and the rows of those not complete yet.
+def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.ndarray]:
+    """The complete instances and transfers among ``calls``, and the rows of those not
+    complete yet.
 
     ``seen``: the ranks whose calls this reader has; an instance is complete when every rank
     of its group among them made the call."""
     table = _shape_table(calls.shapes)
-    c = calls.columns()
-    joins = table.collective[c["shape"]] & (c["seq"] >= 0)
+    full = calls.columns()
+    joins = table.collective[full["shape"]] & (full["seq"] >= 0)
+    transfers = table.p2p[full["shape"]] & (full["pair"] >= 0)
+    links, pending_p2p = (_transfers(full, np.flatnonzero(transfers), table) if transfers.any()
+                          else (_no_transfers(table), np.zeros(0, np.int64)))
+    inst, pending = _instances(full, joins, table, seen)
+    if len(pending_p2p):
+        pending = np.sort(np.r_[pending, pending_p2p])
+    return inst, links, pending
+
+
+def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
+               seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     if not joins.all():
         c = {name: col[joins] for name, col in c.items()}
         rows = np.flatnonzero(joins)
@@ -263,11 +338,102 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, np.ndarray]:
     size = np.maximum.reduceat(table.size[shape], starts)
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
+    late_rank = rank[lasts]
+    own, held = _held(rank, begin, end, starts, lasts, complete & ~launch)
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
-                     last_start=last_start, last_end=last_end, late_rank=rank[lasts], wait=wait,
-                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed)
+                     last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
+                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed, size=size,
+                     root=_roots(own, held, late_rank), inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
+
+
+def _held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
+          lasts: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance: whether its late rank was late by its own doing, and else the instance
+    its lateness came from (-1: not known).
+
+    A rank arrives late by its own doing when the time it took since its previous call (its
+    work before this one) was longer than the others' by at least ``INHERIT_SHARE`` of the
+    skew (or nothing tells: its first call in the window). Otherwise its previous call ended
+    late (it waited there, arrived late there too, or the data of a transfer came late) and
+    the lateness is carried in: from that call's instance, where it is a collective. The
+    calls are in the join's order (``starts``/``lasts``: each instance's first and last)."""
+    by_rank = np.lexsort((begin, rank))
+    prev = np.full(len(rank), -1, np.int64)
+    same = rank[by_rank[1:]] == rank[by_rank[:-1]]
+    prev[by_rank[1:][same]] = by_rank[:-1][same]
+    has = prev >= 0
+    gap = np.where(has, begin - end[np.maximum(prev, 0)], 0)
+    x = lasts
+    others = np.add.reduceat(has.astype(np.int64), starts) - has[x]
+    mean = (np.add.reduceat(gap, starts) - gap[x]) / np.maximum(others, 1)
+    skew = begin[lasts] - begin[starts]
+    own = ~has[x] | (others == 0) | (gap[x] - mean >= INHERIT_SHARE * skew)
+    instance = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rank)]))
+    held = np.where(has[x], instance[np.maximum(prev[x], 0)], -1)
+    return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
+
+
+def _roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+    """Per instance the rank whose lateness it was: its late rank's when its own, else along
+    ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
+    longer than ``CHAIN``)."""
+    at = np.arange(len(held))
+    root = np.full(len(held), -1, np.int64)
+    settled = np.zeros(len(held), bool)
+    for _ in range(CHAIN):
+        mine = ~settled & own[at]
+        root[mine] = late_rank[at[mine]]
+        settled |= mine | (held[at] < 0)
+        if settled.all():
+            break
+        at = np.where(settled, at, held[at])
+    return root
+
+
+def _transfers(c: dict[str, np.ndarray], rows: np.ndarray, table: _ShapeTable
+               ) -> tuple[Transfers, np.ndarray]:
+    """Sends matched to receives (``rows``: the p2p calls); the rows of those whose other side
+    has not come yet. Each rank's next call (for a transfer's delivery) is read off the
+    window's calls in the rank's order (a stable sort: the tail hands them over in order)."""
+    shape = c["shape"][rows]
+    src, dst = table.src[shape], table.dst[shape]
+    group = table.group[shape].astype(np.int64)
+    key = np.stack([group, src, dst, c["pair"][rows]])
+    order = np.lexsort(key[::-1])
+    k = key[:, order]
+    new = np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]
+    starts = np.flatnonzero(new)
+    n = np.diff(np.r_[starts, len(order)])
+    a, b = order[starts[n == 2]], order[starts[n == 2] + 1]
+    rank = c["rank"][rows]
+    send = np.where(rank[a] == src[a], a, b)
+    recv = np.where(send == a, b, a)
+    ok = (rank[send] == src[send]) & (rank[recv] == dst[recv])
+    send, recv = send[ok], recv[ok]
+    pending = rows[order[np.repeat(n == 1, n)]]
+    by_rank = np.argsort(c["rank"], kind="stable")
+    at = np.empty(len(by_rank), np.int64)
+    at[by_rank] = np.arange(len(by_rank))
+    following = at[rows[recv]] + 1
+    has_next = following < len(by_rank)
+    nxt = by_rank[np.minimum(following, len(by_rank) - 1)]
+    has_next &= c["rank"][nxt] == c["rank"][rows[recv]]
+    send_post, recv_post = c["begin"][rows[send]], c["begin"][rows[recv]]
+    later = np.maximum(send_post, recv_post)
+    delivery = np.where(has_next, np.maximum(0, c["begin"][nxt] - later), -1)
+    return Transfers([g.name for g in table.groups], [g.label for g in table.groups],
+                     table.origins, group=group[recv], origin=table.origin[shape[recv]],
+                     src=src[send], dst=dst[send], link=src[send] << 32 | dst[send],
+                     size=table.size[shape[send]], send_post=send_post, recv_post=recv_post,
+                     delivery=delivery), pending
+
+
+def _no_transfers(table: _ShapeTable) -> Transfers:
+    z = np.zeros(0, np.int64)
+    return Transfers([g.name for g in table.groups], [g.label for g in table.groups],
+                     table.origins, z, z, z, z, z, z, z, z, z)
 
 
 def _all_timed(key: np.ndarray, timed: np.ndarray) -> np.ndarray:
@@ -287,7 +453,8 @@ def _empty(table: _ShapeTable) -> Instances:
     z = np.zeros(0, np.int64)
     return Instances(table.groups, table.origins, group=z, origin=z, seq=z, n=z, first_start=z,
                      last_start=z, last_end=z, late_rank=z, wait=z, comm=z,
-                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool))
+                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool),
+                     size=z, root=z, inherited=np.zeros(0, bool))
 
 
 # -- what a window says ---------------------------------------------------------------------------
@@ -325,61 +492,7 @@ class Totals:
 
     def skew_ns(self, q: float) -> int | None:
         """The ``q`` quantile of the skews, to within a bin (12 %)."""
-        total = int(self.skews.sum())
-        if not total:
-            return None
-        i = int(np.searchsorted(np.cumsum(self.skews), q * total, side="left"))
-        lo = SKEW_BINS[i - 1] if i > 0 else 0.0
-        hi = SKEW_BINS[min(i, len(SKEW_BINS) - 1)]
-        return int((lo * hi) ** 0.5 if lo else hi / 2)
-
-
-class Straggler(NamedTuple):
-    """A rank late persistently to one origin of one group in a window."""
-
-    rank: int
-    origin: str
-    group: str
-    group_label: str
-    instances: int                   # the origin's instances in the window
-    late_in: int                     # of those, where this rank arrived last
-    skew_ns: int                     # median skew of those
-    cost_ns: int                     # the other ranks' wait in those, summed
-
-
-def stragglers(inst: Instances, normal: dict[str, int]) -> list[Straggler]:
-    """The persistently late ranks of a window's instances (the module docstring);
-    ``normal``: each group's normal skew (``Windows``), which a late rank's median skew must
-    exceed ``STRAGGLER_FACTOR`` times (a group's median where it has none)."""
-    mask = ~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1)
-    sub = inst.take(mask)
-    if not len(sub):
-        return []
-    row = sub.group.astype(np.int64) * len(sub.origins) + sub.origin
-    rows, row_of, row_n = np.unique(row, return_inverse=True, return_counts=True)
-    width = int(sub.late_rank.max()) + 1
-    pairs, pair_n = np.unique(row_of.astype(np.int64) * width + sub.late_rank,
-                              return_counts=True)
-    out = []
-    for p, k in zip(pairs.tolist(), pair_n.tolist()):
-        r_i, rank = divmod(p, width)
-        total = int(row_n[r_i])
-        if k < MIN_LATE or k < LATE_SHARE * total:
-            continue
-        these = (row_of == r_i) & (sub.late_rank == rank)
-        skew = int(np.median(sub.skew[these]))
-        g, o = divmod(int(rows[r_i]), len(sub.origins))
-        group = sub.groups[g]
-        usual = normal.get(group.name)
-        if usual is None:
-            usual = int(np.median(sub.skew[sub.group == g]))
-        if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
-            continue
-        out.append(Straggler(rank=int(rank), origin=sub.origins[o], group=group.name,
-                             group_label=group.label, instances=total, late_in=k,
-                             skew_ns=skew, cost_ns=int(sub.wait[these].sum())))
-    out.sort(key=lambda s: -s.cost_ns)
-    return out
+        return quantile(self.skews, q)
 
 
 class Figures(NamedTuple):
@@ -443,10 +556,11 @@ class Window:
     ranks: list[int]
     groups: list[Row]
     origins: list[Row]
-    stragglers: list[Straggler]
+    stragglers: list[Straggler]      # the roots named, each with its cause (``live.cause``)
     incomplete: int                  # instances given up on: some rank's call never came
     missed: dict[int, int]           # rank -> calls that could not be read
     problems: list[str]
+    links: list[Row] = field(default_factory=list)   # transfers, per origin (``P2P_GROUP``)
 
 
 class Windows:
@@ -454,15 +568,14 @@ class Windows:
 
     Calls of instances not complete yet are carried into the next window; those whose first
     call is older than ``carry_ns`` are given up (``Window.incomplete``). Run-so-far sums are
-    kept per row (bounded: a skew histogram, never the instances), and so is each group's
-    *normal* skew, the late ranks' instances left out: a slowdown that lasts half the run does
-    not become the measure it is judged by."""
+    kept per row (bounded: a skew histogram, never the instances); what the causes are judged
+    against is the ``Judge``'s."""
 
     def __init__(self, carry_ns: int = 30_000_000_000) -> None:
         self.calls = Calls()
         self.carry_ns = carry_ns
         self.run: dict[tuple[str, str | None], Totals] = {}
-        self.normal: dict[str, Totals] = {}
+        self.judge = Judge()
         self.index = 0
 
     def add(self, calls: Iterable[Call]) -> None:
@@ -473,22 +586,22 @@ class Windows:
         """Join what was added; the instances complete now make the window (``since_ns``:
         only those that ended after it; earlier ones count for the run so far alone)."""
         seen = sorted(set(seen))
-        inst, pending = join(self.calls, seen)
+        inst, links, pending = join(self.calls, seen)
         given_up = pending[self.calls.columns()["begin"][pending] < end_ns - self.carry_ns]
         incomplete = len(np.unique(_instance_keys(self.calls, given_up)))
         self.calls = self.calls.keep(np.setdiff1d(pending, given_up))
+        p2p = links.as_instances()
         if since_ns is not None:
-            self._normal(inst.take(inst.last_end <= since_ns), [])
+            self.judge.learn(inst.take(inst.last_end <= since_ns))
             here = inst.take(inst.last_end > since_ns)
+            links = links.take(p2p.last_end > since_ns)
+            p2p_here = p2p.take(p2p.last_end > since_ns)
         else:
-            here = inst
-        normal = {g: t.skew_ns(0.5) or 0 for g, t in self.normal.items()
-                  if t.instances >= NORMAL_MIN}
-        late = stragglers(here, normal)
-        self._normal(here, late)
+            here, p2p_here = inst, p2p
+        named = self.judge.name(here, links)
         rows = {by_origin: self._rows(inst, here, seen, by_origin) for by_origin in (False, True)}
-        window = Window(self.index, start_ns, end_ns, seen, rows[False], rows[True], late,
-                        incomplete, {}, [])
+        window = Window(self.index, start_ns, end_ns, seen, rows[False], rows[True], named,
+                        incomplete, {}, [], self._rows(p2p, p2p_here, seen, True))
         self.index += bool(len(here))         # windows are numbered as they hold instances
         return window
 
@@ -512,18 +625,6 @@ class Windows:
                            figures(self.run[group.name, origin])))
         out.sort(key=lambda r: (-r.window.wait_ns, r.group, r.origin or ""))
         return out
-
-    def _normal(self, inst: Instances, late: list[Straggler]) -> None:
-        """Add to each group's normal skews those of ``inst`` the late ranks did not cause."""
-        mask = ~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1)
-        names = np.array([g.name for g in inst.groups], dtype=object)
-        origins = np.array(inst.origins, dtype=object)
-        for s in late:
-            mask &= ~((names[inst.group] == s.group) & (origins[inst.origin] == s.origin)
-                      & (inst.late_rank == s.rank)) if len(inst) else mask
-        kept = inst.take(mask)
-        for (g, _), idx in _segments(kept, False):
-            self.normal.setdefault(kept.groups[g].name, Totals()).add(kept.take(idx))
 
 
 def _instance_keys(calls: Calls, rows: np.ndarray) -> np.ndarray:

@@ -4,9 +4,10 @@
 ``RUN_DIR/windows.jsonl`` (``commviz.live.series``) while the job runs. The report turns them
 into two tables and a plot:
 
-- where each slowdown began: per late rank and origin, the first window it was named in
-  (the window where the slowdown began), how many windows named it, its median skew and what
-  it cost the others over all of them;
+- where each slowdown began: per rank named, its cause (``commviz.live.cause``: late, transfer,
+  pause, p2p_link) and origin, the first window it was named in (the window where the slowdown
+  began), how many windows named it, its median skew (for a transfer or link: the time lost
+  per instance against its siblings) and what it cost the others over all of them;
 - who was late where, window by window (runs of windows naming nobody folded into one row);
 - ``plots/windows.png``: per window, the arrival skew (p50) of the origins with the most wait,
   the windows that named a late rank marked with the rank, and the wait per group.
@@ -49,6 +50,8 @@ class Slowdown:
     rank: int
     origin: str
     group_label: str
+    cause: str
+    peer: int | None
     began: int                        # the first window that named it
     began_s: tuple[float, float]      # its start and end, seconds after the first window began
     windows: list[int] = field(default_factory=list)
@@ -67,12 +70,14 @@ class WholeRun:
         return self.windows[0]["start_ns"]
 
     def slowdowns(self) -> list[Slowdown]:
-        found: dict[tuple[int, str, str], Slowdown] = {}
+        found: dict[tuple[int, str, str, str], Slowdown] = {}
         for w in self.windows:
             for s in w["stragglers"]:
-                key = (s["rank"], s["group"], s["origin"])
+                cause = s.get("cause", "late")
+                key = (s["rank"], s["group"], s["origin"], cause)
                 if key not in found:
-                    found[key] = Slowdown(s["rank"], s["origin"], s["group_label"], w["index"],
+                    found[key] = Slowdown(s["rank"], s["origin"], s["group_label"], cause,
+                                          s.get("peer"), w["index"],
                                           ((w["start_ns"] - self.t0) / 1e9,
                                            (w["end_ns"] - self.t0) / 1e9))
                 d = found[key]
@@ -92,8 +97,13 @@ def read_whole_run(run_dir: Path) -> WholeRun | None:
     return WholeRun(path, windows, notes) if windows else None
 
 
+def _who(rank: int, cause: str, peer: int | None) -> str:
+    return f"rank {rank} -> {peer}" if peer is not None else f"rank {rank}"
+
+
 def _late(w: series.WindowFile, fmt_ns: Fmt) -> str:
-    return "; ".join(f"rank {s['rank']} at {s['origin']} in {s['group_label']} "
+    return "; ".join(f"{_who(s['rank'], s.get('cause', 'late'), s.get('peer'))} "
+                     f"{s.get('cause', 'late')} at {s['origin']} in {s['group_label']} "
                      f"({fmt_ns(s['skew_ns'])}, cost {fmt_ns(s['cost_ns'])})"
                      for s in w["stragglers"])
 
@@ -120,16 +130,18 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
     span = (whole.windows[-1]["end_ns"] - whole.t0) / 1e9
     note = (f"{n} windows over {span:.0f} s kept by the watcher in {whole.path.name}; "
             f"{_SAID[times_of(whole)]}; a late rank is last in three quarters of an origin's "
-            "instances of a window")
+            "instances of a window; transfer: the groups a rank shares run slower than their "
+            "siblings; pause: its groups stalled at once; p2p_link: a pipeline link delivers "
+            "slower than its siblings (docs/watch.md)")
     downs = whole.slowdowns()
     began = Table(
         "Over the whole run: where each slowdown began",
-        ["late rank", "origin", "group", "began in window", "window's span", "windows late",
+        ["rank", "cause", "origin", "group", "began in window", "window's span", "windows named",
          "skew (median)", "cost the others"],
-        [[str(d.rank), d.origin, d.group_label, f"#{d.began}",
+        [[_who(d.rank, d.cause, d.peer), d.cause, d.origin, d.group_label, f"#{d.began}",
           f"+{d.began_s[0]:.1f} to +{d.began_s[1]:.1f} s",
           f"{len(d.windows)} of {n}", fmt_ns(statistics.median(d.skews)), fmt_ns(d.cost_ns)]
-         for d in downs[:top]] or [["none", "-", "-", "-", "-", f"0 of {n}", "-", "-"]],
+         for d in downs[:top]] or [["none", "-", "-", "-", "-", "-", f"0 of {n}", "-", "-"]],
         " ".join([note, *whole.notes]))
     rows: list[list[str]] = []
     quiet: list[series.WindowFile] = []
@@ -149,7 +161,7 @@ def tables(run_dir: Path, top: int, fmt_ns: Fmt) -> list[Table]:
                      _late(w, fmt_ns)])
     flush_quiet()
     per_window = Table("Over the whole run: who was late where, window by window",
-                         ["window", "from", "late ranks (skew, what they cost the others)"],
+                         ["window", "from", "ranks named, cause (skew, what they cost the others)"],
                          rows[:top * 2])
     return [began, per_window]
 
@@ -164,7 +176,8 @@ def to_json(run_dir: Path) -> dict | None:
     if whole is None:
         return None
     return {"windows": len(whole.windows), "times": times_of(whole), "notes": whole.notes,
-            "slowdowns": [{"rank": d.rank, "origin": d.origin, "group": d.group_label,
+            "slowdowns": [{"rank": d.rank, "cause": d.cause, "peer": d.peer,
+                           "origin": d.origin, "group": d.group_label,
                            "began_window": d.began, "began_s": list(d.began_s),
                            "windows": d.windows, "skew_ns": int(statistics.median(d.skews)),
                            "cost_ns": d.cost_ns} for d in whole.slowdowns()],

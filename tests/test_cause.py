@@ -1,0 +1,151 @@
+"""Every slowdown named at its root (``commviz.live.cause``), in process: a TP x PP x DP job
+simulated in columns (``scripts/mesh_sim.py``) with one root planted, its calls through the
+watcher's own window (``commviz.live.window.Windows``). The expected names are the planted
+roots alone (rank, cause, and a link's receiver); the thousands of ranks each fault holds up
+are victims and must not be named; a healthy run and a whole-job slowdown name nobody. The
+Prometheus rule for the transfer-slow rank runs in promtool's own rule evaluator.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import mesh_sim  # noqa: E402
+from mesh_sim import Job, Mesh, Plant, expected  # noqa: E402
+
+from commviz.live import series  # noqa: E402
+from commviz.live.cause import Cause, said  # noqa: E402
+from commviz.live.window import Window, Windows  # noqa: E402
+from commviz.review import wholerun  # noqa: E402
+from commviz.review.report import fmt_ns  # noqa: E402
+
+MESHES = (Mesh(2, 2, 2), Mesh(4, 2, 4), Mesh(8, 4, 4))
+STEPS = 6
+
+
+def _window(mesh: Mesh, plants: list[Plant], seed: int = 0) -> Window:
+    job = Job(mesh, STEPS, plants, seed)
+    windows = Windows()
+    for calls in job.calls():
+        windows.add(calls)
+    return windows.close(range(mesh.world), 0, 1)
+
+
+def _named(w: Window) -> set[tuple[int, str, int | None]]:
+    return {(s.rank, str(s.cause), s.peer) for s in w.stragglers}
+
+
+def _plants(mesh: Mesh, seed: int) -> list[list[Plant]]:
+    """One planted root of each kind, at a rank the seed picks."""
+    rnd = random.Random(seed)
+    senders = [r for r in range(mesh.world) if (r // mesh.tp) % mesh.pp + 1 < mesh.pp]
+    link = rnd.choice(senders)
+    return [[Plant(cause, rnd.randrange(mesh.world))] for cause in ("late", "transfer", "pause")
+            ] + [[Plant("p2p_link", link, link + mesh.tp)]]
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_each_root_is_named_with_its_cause_and_no_victim(mesh, seed):
+    for plants in _plants(mesh, seed):
+        w = _window(mesh, plants, seed)
+        assert _named(w) == expected(plants), (plants, w.stragglers)
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+def test_healthy_and_whole_job_slowdowns_name_nobody(mesh):
+    assert _window(mesh, []).stragglers == []
+    slow = _window(mesh, [Plant("whole")])
+    assert slow.stragglers == []
+    # the whole-job slowdown shows as groups slower than the run so far: the window's rows
+    tp = next(r for r in slow.origins if r.origin == mesh_sim.TP_LINE)
+    assert tp.window.comm_ns / tp.window.instances > mesh_sim.TP_COMM
+
+
+def test_every_root_at_once_and_victims_listed_as_waiting():
+    mesh = Mesh(8, 4, 4)
+    plants = [Plant("late", 3), Plant("transfer", 8 * 4 + 13), Plant("pause", 2 * 32 + 20),
+              Plant("p2p_link", 3 * 32 + 9, 3 * 32 + 17)]
+    w = _window(mesh, plants)
+    assert _named(w) == expected(plants)
+    transfer = next(s for s in w.stragglers if s.cause == Cause.TRANSFER)
+    late = next(s for s in w.stragglers if s.cause == Cause.LATE)
+    # the transfer-slow rank's slow groups are its TP and DP groups; the late rank's TP peers,
+    # late to their DP all_reduce for waiting on it, are listed, not named
+    assert transfer.late_in == 2
+    assert 3 not in late.waited and set(late.waited) & set(range(8))
+    assert late.origin == mesh_sim.TP_LINE
+    # p2p transfers joined per origin: every send matched to its receive
+    links = {r.origin: r.window.instances for r in w.links}
+    assert links == {f"PP:{s}RECV_F0": mesh.tp * mesh.dp * STEPS for s in range(1, mesh.pp)}
+
+
+def test_causes_go_through_the_series_to_the_report(tmp_path: Path):
+    mesh = Mesh(4, 2, 4)
+    plants = [Plant("transfer", 9), Plant("p2p_link", 1, 5)]
+    w = _window(mesh, plants)
+    series.append(tmp_path, w)
+    (line,), _ = series.read(series.path_of(tmp_path))
+    assert {(s["rank"], s["cause"], s["peer"]) for s in line["stragglers"]} == expected(plants)
+    whole = wholerun.to_json(tmp_path)
+    assert {(d["rank"], d["cause"], d["peer"]) for d in whole["slowdowns"]} == expected(plants)
+    lines = [said(s, fmt_ns) for s in line["stragglers"]]
+    assert any(x.startswith("TRANSFER: rank 9") for x in lines)
+    assert any(x.startswith("P2P LINK: rank 1 -> rank 5") for x in lines)
+
+
+PROMTOOL_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+{series}
+    promql_expr_test:
+      - expr: commviz:transfer_slow_rank:1m
+        eval_time: 5m
+        exp_samples:
+          - labels: 'commviz:transfer_slow_rank:1m{{rank="0"}}'
+            value: 2
+      - expr: commviz:late_rank_seconds_per_call:1m
+        eval_time: 5m
+        exp_samples: []
+"""
+
+
+def _series(per_call: dict[tuple[str, str, int], float]) -> str:
+    out = []
+    for (group, origin, rank), seconds in per_call.items():
+        labels = f'group="{group}",origin="{origin}",rank="{rank}"'
+        out.append(f"      - series: 'commviz_collective_seconds_count{{{labels}}}'\n"
+                   "        values: '0+15x30'")
+        out.append(f"      - series: 'commviz_collective_seconds_sum{{{labels}}}'\n"
+                   f"        values: '0+{15 * seconds:g}x30'")
+    return "\n".join(out)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_prometheus_rule_names_the_transfer_slow_rank_not_its_victims(tmp_path: Path):
+    """The issue's 2 x 2 mesh: rank 0's egress slow. Its TP and DP groups transfer 30 times
+    slower than their siblings; its TP peer (1) arrives late to its DP all_reduce and its DP
+    peer (2) to its TP all_reduce, for waiting on it: the late rule would name them."""
+    tp, dp, slow = "train.py:41", "train.py:57", 30
+    per_call = {("tp0", tp, 0): 0.002 * slow, ("tp0", tp, 1): 0.002 * slow,
+                ("tp1", tp, 2): 0.002, ("tp1", tp, 3): 0.002 + 0.15,
+                ("dp0", dp, 0): 0.005 * slow, ("dp0", dp, 2): 0.005 * slow,
+                ("dp1", dp, 1): 0.005, ("dp1", dp, 3): 0.005 + 0.06}
+    rules = REPO / "configs" / "prometheus" / "commviz.rules.yml"
+    test = tmp_path / "test.yml"
+    test.write_text(PROMTOOL_TEST.format(rules=rules, series=_series(per_call)))
+    done = subprocess.run(["promtool", "test", "rules", str(test)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
