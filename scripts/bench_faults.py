@@ -80,10 +80,11 @@ def evidence(kind: trial.Kind, results: list[Result]) -> str | None:
               f"{first.onset_window}):", "", "```"]
     lines += [f"{i}: {orjson.dumps(w['stragglers']).decode()}" for i, w in
               enumerate(first.windows)]
-    lines += ["```", "", f"seed {first.plan.seed}, the onset's window as `commviz watch "
-              "--format json` gives it:", "", "```json"]
-    onset = first.windows[first.onset_window or 0]
-    lines += [orjson.dumps(onset).decode(), "```", ""]
+    shown = first.onset_window if first.bad_window is None else first.bad_window
+    lines += ["```", "", f"seed {first.plan.seed}, window {shown} (the "
+              + ("onset's" if first.bad_window is None else "first to name wrongly")
+              + ") as `commviz watch --format json` gives it:", "", "```json"]
+    lines += [orjson.dumps(first.windows[shown or 0]).decode(), "```", ""]
     return "\n".join(lines)
 
 

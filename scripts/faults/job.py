@@ -82,7 +82,7 @@ def ddp(rank: int, world: int, before: Callable[[int], None]) -> Callable[[int],
     layers = [m for _ in range(8) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())]
     model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.5)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = torch.randn(64, 256)
+    data = torch.randn(16, 256)
 
     def step(i: int) -> None:
         before(i)

@@ -115,6 +115,7 @@ class Result:
     latency: int | None                     # windows after the onset's window, when right
     onset_window: int | None
     injected: bool = False                  # the kernel shows the fault took hold
+    bad_window: int | None = None           # the first window with a wrong or false name
     windows: list[dict[str, Any]] = field(default_factory=list)
     false_names: list[Name] = field(default_factory=list)   # before the onset, or none planted
     wrong_names: list[Name] = field(default_factory=list)
@@ -136,7 +137,7 @@ def score(plan: Plan, windows: list[dict[str, Any]], onset_ns: int | None) -> Re
     expected = plan.expected
     onset_w = next((i for i, w in enumerate(windows) if onset_ns is not None
                     and w["end_ns"] > onset_ns), None)
-    res = Result(plan, Outcome.CLEAN, None, onset_w, windows)
+    res = Result(plan, Outcome.CLEAN, None, onset_w, windows=windows)
     for i, w in enumerate(windows):
         for n in sorted(names(w), key=str):
             if expected is None or onset_w is None or i < onset_w:
@@ -144,8 +145,11 @@ def score(plan: Plan, windows: list[dict[str, Any]], onset_ns: int | None) -> Re
             elif _matches(n, expected):
                 if res.latency is None:
                     res.latency = i - onset_w
+                continue
             else:
                 res.wrong_names.append(n)
+            if res.bad_window is None:
+                res.bad_window = i
     if expected is None:
         res.outcome = Outcome.FALSE if res.false_names else Outcome.CLEAN
     elif res.wrong_names:
