@@ -82,12 +82,19 @@ class Network:
             raise
         return self
 
-    def shape(self, rank: int, rate_mbit: float) -> None:
-        """Rank's egress at ``rate_mbit``: a token bucket with a queue long enough that
-        nothing is dropped (a drop costs TCP a 200 ms retransmit, not a slower link)."""
-        _run("ip", "netns", "exec", self.ns(rank), "tc", "qdisc", "replace", "dev",
-             self.ifname(rank), "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kb",
-             "limit", "16mb")
+    def shape(self, ranks: list[int], rate_mbit: float) -> None:
+        """Each of ``ranks``' egress at ``rate_mbit``, all at once (one ``tc`` each, side by
+        side: shaped one after the other, the first would be the one slow link for a while): a
+        token bucket with a queue long enough that nothing is dropped (a drop costs TCP a
+        200 ms retransmit, not a slower link)."""
+        procs = [subprocess.Popen(["ip", "netns", "exec", self.ns(r), "tc", "qdisc", "replace",
+                                   "dev", self.ifname(r), "root", "tbf", "rate",
+                                   f"{rate_mbit}mbit", "burst", "32kb", "limit", "16mb"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for r in ranks]
+        errors = [p.communicate()[1] for p in procs if p.wait()]
+        if errors:
+            raise RuntimeError(f"tc tbf: {errors[0].decode().strip()}")
 
     def overlimits(self, rank: int) -> int:
         """Packets rank's shaper held back for want of tokens (0: the shaping never bit)."""

@@ -270,9 +270,8 @@ def _onset(plan: Plan, job: Job, stack: ExitStack) -> Callable[[], bool]:
         quota.cut(CPU_SHARE)
         return lambda: quota.throttled() > 0
     if kind in ("link", "stage", "shaped"):
-        shaped = range(WORLD) if kind == "shaped" else [plan.rank]
-        for r in shaped:
-            net.shape(r, SHAPED_MBIT)
+        shaped = list(range(WORLD)) if kind == "shaped" else [plan.rank]
+        net.shape(shaped, SHAPED_MBIT)
         return lambda: all(net.overlimits(r) > 0 for r in shaped)
     if kind == "pause":
         pauser = Pauser(pid, PAUSE_S, PAUSE_EVERY_S)
