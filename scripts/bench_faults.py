@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main() -> None:
     p.add_argument("--findings", type=Path, help="append what missed its target here")
     p.add_argument("--keep", type=Path, help="keep every trial's run dir under this dir")
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # clean up as on Ctrl-C
     why = can_inject()
     if why:
         sys.exit(f"bench_faults: cannot inject faults here: {why}")
