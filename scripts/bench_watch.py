@@ -1,6 +1,15 @@
-"""Scale benchmark of ``commviz watch``: one window of 16,384 simulated ranks joined.
+"""Scale benchmark of ``commviz watch``: one window of simulated ranks joined, the roots named.
 
-The ranks are ``scripts/bench_scale.py``'s (its generator, ``_artifact``: TP groups of 8, DP
+By default (``--mesh TP PP DP``, 8 x 4 x 4,096 = 131,072 ranks) the job is
+``scripts/mesh_sim.py``'s: a TP x PP x DP job with pipeline p2p, six steps, one root of each
+kind planted (a late rank, a rank whose transfers are slow, a rank that pauses, a slow pipeline
+link) in different DP replicas. The window must name exactly the planted roots, each with its
+cause (``commviz.live.cause``), and none of the thousands of ranks they hold up. Printed: the
+calls and transfers, the time to take the calls in (``Windows.add``, chunk by chunk as a watcher
+polls) and to close the window (the join of collectives and transfers, the rows, the causes),
+against 5 s, the peak RSS against 1 GiB, and the roots named against the planted ones.
+
+With ``--ranks N`` the ranks are ``scripts/bench_scale.py``'s (its generator, ``_artifact``: TP groups of 8, DP
 groups across them, one world all_reduce a step, 130 collectives per rank; rank 5 late by 4 ms
 at every third DP collective). Each rank's collectives become the calls the journal tail hands
 the watcher (``commviz.live.tail.Call``, one ``Shape`` per call site, times the kernels' so the
@@ -11,8 +20,9 @@ to close the window (``Windows.close``: the join by (group, seq) across ranks, t
 and origin, the late ranks), their sum against the 5 s target, and the process's peak RSS
 against 512 MiB (``VmHWM``: the generator's own memory included, it is freed rank by rank).
 
-    .venv/bin/python scripts/bench_watch.py                 # 16,384 ranks
-    .venv/bin/python scripts/bench_watch.py --ranks 1024
+    .venv/bin/python scripts/bench_watch.py                 # 131,072 ranks, roots planted
+    .venv/bin/python scripts/bench_watch.py --mesh 8 4 64   # 2,048 ranks
+    .venv/bin/python scripts/bench_watch.py --ranks 16384   # bench_scale's job
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale  # noqa: E402
+import mesh_sim  # noqa: E402
 
 from commviz import metadata as md  # noqa: E402
 from commviz.live.tail import Call, Shape  # noqa: E402
 from commviz.live.window import Windows  # noqa: E402
 
 TARGET_S, TARGET_MIB = 5.0, 512
+MESH_TARGET_MIB = 1024
 
 
 def rank_calls(rank: int, world: int, shapes: dict[tuple, Shape]) -> list[Call]:
@@ -59,10 +71,64 @@ def hwm_mib() -> float:
     return float("nan")
 
 
+def planted(mesh: mesh_sim.Mesh) -> list[mesh_sim.Plant]:
+    """One root of each kind, each in a DP replica of its own (a quarter of the way apart)."""
+    tp, pp, dp = mesh
+    replica = tp * pp
+    at = [max(1, dp * k // 4) * replica if dp > 1 else 0 for k in range(4)]
+    return [mesh_sim.Plant("late", at[0] + tp + 3, step=2),
+            mesh_sim.Plant("transfer", at[1] + 2 * tp + 5, step=2),
+            mesh_sim.Plant("pause", at[2] + 6, step=3),
+            mesh_sim.Plant("p2p_link", at[3] + tp + 1, at[3] + 2 * tp + 1, step=2)]
+
+
+def run_mesh(mesh: mesh_sim.Mesh, steps: int) -> int:
+    plants = planted(mesh)
+    t = time.perf_counter()
+    job = mesh_sim.Job(mesh, steps, plants)
+    made = time.perf_counter() - t
+    windows = Windows()
+    added = added_cpu = 0.0
+    calls = 0
+    for chunk in job.calls():
+        t, c = time.perf_counter(), time.process_time()
+        windows.add(chunk)
+        added += time.perf_counter() - t
+        added_cpu += time.process_time() - c
+        calls += len(chunk)
+    del job
+    t, c = time.perf_counter(), time.process_time()
+    window = windows.close(range(mesh.world), 0, 1)
+    closed, closed_cpu = time.perf_counter() - t, time.process_time() - c
+    instances = sum(r.window.instances for r in window.groups)
+    transfers = sum(r.window.instances for r in window.links)
+    print(f"machine: {len(os.sched_getaffinity(0))} CPUs; TP {mesh.tp} x PP {mesh.pp} x DP "
+          f"{mesh.dp} = {mesh.world} ranks, {steps} steps: {calls} calls, {instances} "
+          f"collective instances in {len(window.groups)} groups, {transfers} p2p transfers")
+    print(f"generated in {made:.1f} s (not counted)")
+    print(f"add (as polled) {added:.2f} s wall, {added_cpu:.2f} s CPU; close (join of "
+          f"collectives and transfers, rows, causes) {closed:.2f} s wall, {closed_cpu:.2f} s "
+          f"CPU (target < {TARGET_S:g} s); 1-minute load {os.getloadavg()[0]:.1f}")
+    print(f"peak RSS {hwm_mib():.0f} MiB (target < {MESH_TARGET_MIB} MiB)")
+    want = mesh_sim.expected(plants)
+    got = {(s.rank, str(s.cause), s.peer) for s in window.stragglers}
+    for s in window.stragglers:
+        print(f"  named: rank {s.rank}{f' -> {s.peer}' if s.peer is not None else ''} "
+              f"{s.cause} at {s.origin} ({s.late_in}/{s.instances}, {s.skew_ns / 1e6:.1f} ms, "
+              f"cost {s.cost_ns / 1e9:.2f} s, {len(s.waited)} waited listed)")
+    print(f"planted {len(want)}, named {len(got)}: {len(want & got)} right (rank and cause), "
+          f"{len(got - want)} wrong, {len(want - got)} missed")
+    return 0 if got == want else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ranks", type=int, default=16_384)
+    ap.add_argument("--ranks", type=int, help="bench_scale's TP x DP job of this many ranks")
+    ap.add_argument("--mesh", type=int, nargs=3, default=(8, 4, 4096), metavar=("TP", "PP", "DP"))
+    ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args(argv)
+    if args.ranks is None:
+        return run_mesh(mesh_sim.Mesh(*args.mesh), args.steps)
     world = args.ranks
     windows = Windows()
     shapes: dict[tuple, Shape] = {}

@@ -17,6 +17,9 @@ victim that must not be:
   slower;
 - ``whole`` (a negative): every group's comm ``WHOLE`` times slower from ``step`` on.
 
+``async_op``: the collectives are launched asynchronously (DDP's buckets on gloo): each call
+covers its launch, the rank waits for it outside the record.
+
 ``scripts/bench_watch.py`` runs it at 131,072 ranks; ``tests/test_cause.py`` at a few dozen.
 """
 
@@ -55,10 +58,11 @@ class Mesh(NamedTuple):
 
 
 def _meta(group: str, desc: str, ranks: tuple[int, ...], op: str, kind: str, origin: str,
-          nbytes: int, src: int | None = None, dst: int | None = None) -> Shape:
+          nbytes: int, src: int | None = None, dst: int | None = None,
+          async_op: bool = False) -> Shape:
     meta = {md.PG_NAME: group, md.PG_DESC: desc, md.PG_RANKS: list(ranks), md.OP: op,
             md.KIND: kind, md.ORIGIN: origin, md.DEVICE: "cpu", md.BYTES_IN: nbytes,
-            md.BYTES_OUT: nbytes}
+            md.BYTES_OUT: nbytes, md.ASYNC: async_op}
     if kind == "p2p":
         meta.update({md.SRC: src, md.DST: dst, md.ASYNC: True})
     return Shape.of(meta)
@@ -67,20 +71,23 @@ def _meta(group: str, desc: str, ranks: tuple[int, ...], op: str, kind: str, ori
 class Job:
     """The simulated job's shapes (one per call site and group or link) and its calls."""
 
-    def __init__(self, mesh: Mesh, steps: int, plants: list[Plant], seed: int = 0) -> None:
-        self.mesh, self.steps, self.plants = mesh, steps, plants
+    def __init__(self, mesh: Mesh, steps: int, plants: list[Plant], seed: int = 0,
+                 async_op: bool = False) -> None:
+        self.mesh, self.steps, self.plants, self.async_op = mesh, steps, plants, async_op
         tp, pp, dp = mesh
         grid = np.arange(mesh.world).reshape(dp, pp, tp)
         self.shapes: list[Shape] = []
         self.tp_shape = np.empty(mesh.world // tp, np.int64)
         for g, ranks in enumerate(grid.reshape(-1, tp)):
             self.tp_shape[g] = self._add(_meta(f"tp{g}", "tp", tuple(ranks.tolist()),
-                                               "all_reduce", "collective", TP_LINE, 1 << 20))
+                                               "all_reduce", "collective", TP_LINE, 1 << 20,
+                                               async_op=async_op))
         self.dp_shape = np.empty(pp * tp, np.int64)
         for g in range(pp * tp):
             ranks = tuple(grid.reshape(dp, -1)[:, g].tolist())
             self.dp_shape[g] = self._add(_meta(f"dp{g}", "dp", ranks, "all_reduce",
-                                               "collective", DP_LINE, 4 << 20))
+                                               "collective", DP_LINE, 4 << 20,
+                                               async_op=async_op))
         self.send_shape = np.full(mesh.world, -1, np.int64)   # by sender
         self.recv_shape = np.full(mesh.world, -1, np.int64)   # by receiver
         for r in range(mesh.world):
@@ -138,7 +145,8 @@ class Job:
                     if p.cause == "transfer" and step >= p.step and (p.rank // tp) % pp == s:
                         comm[p.rank // (tp * pp)] *= SLOW
                 end = np.repeat(arrive.max(axis=1) + comm, tp)
-                emit(idx, self.tp_shape[idx // tp], step, -1, t[idx], end)
+                emit(idx, self.tp_shape[idx // tp], step, -1, t[idx],
+                     t[idx] + POST if self.async_op else end)
                 t[idx] = end
                 if s + 1 < pp:
                     emit(idx, self.send_shape[idx], -1, step, t[idx], t[idx] + POST)
@@ -151,16 +159,22 @@ class Job:
                     comm[p.rank % (pp * tp)] *= SLOW
             end = np.tile(arrive.max(axis=0) + comm, dp)
             every = np.arange(world)
-            emit(every, self.dp_shape[every % (pp * tp)], step, -1, t, end)
+            emit(every, self.dp_shape[every % (pp * tp)], step, -1, t,
+                 t + POST if self.async_op else end)
             t = end
         cols = [np.concatenate(c) for c in zip(*parts)]
         order = np.lexsort((cols[4], cols[0]))          # each rank's calls in order, as polled
         return dict(zip(("rank", "shape", "seq", "pair", "begin", "end"),
                         (c[order] for c in cols)))
 
-    def calls(self, chunk: int = 1 << 16) -> Iterator[list[Call]]:
-        """The calls as the journal tail hands them over, ``chunk`` at a time."""
+    def calls(self, chunk: int = 1 << 16, steps: range | None = None) -> Iterator[list[Call]]:
+        """The calls as the journal tail hands them over, ``chunk`` at a time (``steps``:
+        only those of these steps)."""
         c = self.columns
+        if steps is not None:
+            step = np.maximum(c["seq"], c["pair"])
+            keep = (step >= steps.start) & (step < steps.stop)
+            c = {k: v[keep] for k, v in c.items()}
         for a in range(0, len(c["rank"]), chunk):
             cols = [c[k][a:a + chunk].tolist() for k in ("rank", "shape", "seq", "pair",
                                                          "begin", "end")]

@@ -103,6 +103,36 @@ def test_causes_go_through_the_series_to_the_report(tmp_path: Path):
     assert any(x.startswith("P2P LINK: rank 1 -> rank 5") for x in lines)
 
 
+def test_a_two_group_mesh_names_the_transfer_rank_once_the_run_so_far_is_known():
+    """The issue's 2 x 2 mesh (TP pairs, DP pairs: two sibling groups each): in its first
+    window, with no run so far, two siblings say too little and nobody is named; once the
+    healthy steps made the run so far, the slow rank is named "transfer" and no peer."""
+    mesh, plants = Mesh(2, 1, 2), [Plant("transfer", 3, step=13)]
+    job = Job(mesh, 18, plants)        # a normal from 20 instances of a class: 11 steps x 2
+    windows = Windows()
+    named = []
+    for steps in (range(1, 13), range(13, 19)):
+        for calls in job.calls(steps=steps):
+            windows.add(calls)
+        named.append(_named(windows.close(range(mesh.world), 0, 1)))
+    assert named == [set(), expected(plants)]
+    # slow from the first window on: two siblings alone name nobody, not a victim either
+    assert _window(mesh, [Plant("transfer", 3, step=2)]).stragglers == []
+
+
+def test_an_async_cpu_collective_launch_is_its_arrival():
+    """DDP's bucket all_reduces on gloo are launched with ``async_op``: the call covers its
+    launch, which is when the rank's data went in; the rank that launches last is late."""
+    mesh, plants = Mesh(4, 1, 1), [Plant("late", 2)]
+    job = Job(mesh, STEPS, plants, async_op=True)
+    windows = Windows()
+    for calls in job.calls():
+        windows.add(calls)
+    w = windows.close(range(mesh.world), 0, 1)
+    assert _named(w) == expected(plants)
+    assert w.stragglers[0].cost_ns > 0 and w.groups[0].window.comm_ns == 0
+
+
 PROMTOOL_TEST = """
 rule_files: [{rules}]
 evaluation_interval: 15s

@@ -133,7 +133,11 @@ def test_the_changed_origins_come_first_with_their_cause(base, changed, tmp_path
     assert got[big]["a"]["sizes"] == [4 * BIG] and got[big]["b"]["sizes"] == [4 * GROW * BIG]
     assert got[big]["late_ranks"] == []                      # nobody made late there
     # the late rank: more waiting, for the rank that slept
-    assert got[late]["cause"] == "waiting" and got[late]["late_ranks"] == [LATE_RANK]
+    assert got[late]["late_ranks"] == [LATE_RANK]
+    # named at its root with the watcher's cause (commviz.live.cause), and nobody else
+    assert got[late]["cause"] == "late"
+    assert [(n["rank"], n["cause"]) for n in got[late]["named"]] == [(LATE_RANK, "late")]
+    assert got[big]["named"] == []
     assert got[late]["delta_wait_ns"] > got[late]["delta_comm_ns"]
     # runs alike in shape: each line called once a step on each rank, in both runs
     for r in regressions + doc["unchanged"]:

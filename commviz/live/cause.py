@@ -13,7 +13,8 @@ names from ``Judge.name``. A slowdown shows as one of:
 - ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end: the
   transfer, waiting left out) runs ``SLOW_FACTOR`` times slower than their sibling groups' (same
   origin, size and bytes: the lower median of the siblings, so two siblings compare with the
-  faster) and than the run so far, and the rank is the one those slow groups share: in at least
+  faster) and than the run so far (before there is one: against three siblings or more), and
+  the rank is the one those slow groups share: in at least
   two of them, more than any other member. The peers it made late elsewhere (a TP peer, done
   late with it, arrives late to its DP all_reduce) are listed as having waited (``waited``) and
   their lateness is added to its cost: they are never named.
@@ -35,15 +36,13 @@ what was named: a slowdown that lasts half the run does not become the measure i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
 from commviz.metadata import StrEnum
+from commviz.live.instances import Instances, Transfers
 from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
-
-if TYPE_CHECKING:
-    from commviz.live.window import Instances, Transfers
 
 LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances
 MIN_LATE = 4
@@ -51,6 +50,7 @@ NORMAL_MIN = 20                 # instances (transfers) a normal figure is read 
 SLOW_FACTOR = 3.0               # a slow group or link: this times its siblings and the run so far
 SLOW_MIN = 3                    # instances (transfers) a slow group (link) shows in a window
 TRANSFER_MIN_NS = 1_000_000     # and this much slower per instance than its siblings
+SIBLINGS_ALONE = 3              # groups of a class judged with no run so far (two say little)
 PAUSE_MIN_NS = 100_000_000      # a stall: arrived last by this much (jitter is shorter)
 PAUSE_FACTOR = 10.0             # and this times its group's normal skew
 WAITED_SHOWN = 8
@@ -110,13 +110,18 @@ def said(s: Mapping[str, Any], fmt_ns: Callable[[int], str]) -> str:
 
 def quantile(hist: np.ndarray, q: float) -> int | None:
     """A histogram's ``q`` quantile over ``BINS``, to within a bin (12 %)."""
-    total = int(hist.sum())
-    if not total:
-        return None
-    i = int(np.searchsorted(np.cumsum(hist), q * total, side="left"))
-    lo = BINS[i - 1] if i > 0 else 0.0
-    hi = BINS[min(i, len(BINS) - 1)]
-    return int((lo * hi) ** 0.5 if lo else hi / 2)
+    got = quantiles(hist[None, :], q)[0]
+    return None if got < 0 else int(got)
+
+
+def quantiles(hists: np.ndarray, q: float) -> np.ndarray:
+    """``quantile`` of each row of ``hists`` (-1: an empty row)."""
+    total = hists.sum(axis=1)
+    i = (np.cumsum(hists, axis=1) < (q * total)[:, None]).sum(axis=1)
+    lo = np.where(i > 0, BINS[np.maximum(i - 1, 0)], 0.0)
+    hi = BINS[np.minimum(i, len(BINS) - 1)]
+    out = np.where(lo > 0, np.sqrt(lo * hi), hi / 2).astype(np.int64)
+    return np.where(total > 0, out, -1)
 
 
 @dataclass
@@ -128,12 +133,16 @@ class _Normal:
     def add(self, keys: np.ndarray, values: np.ndarray, names: list) -> None:
         if not len(keys):
             return
-        order = np.argsort(keys, kind="stable")
-        keys, values = keys[order], values[order]
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        for a, b in zip(starts.tolist(), np.r_[starts[1:], len(keys)].tolist()):
-            h = self.hists.setdefault(names[int(keys[a])], np.zeros(len(BINS) + 1, np.int64))
-            h += np.bincount(np.searchsorted(BINS, values[a:b]), minlength=len(BINS) + 1)
+        width = len(BINS) + 1
+        present, row = np.unique(keys, return_inverse=True)
+        hists = np.bincount(row.reshape(-1) * width + np.searchsorted(BINS, values),
+                            minlength=len(present) * width).reshape(len(present), width)
+        for k, h in zip(present.tolist(), hists):
+            got = self.hists.get(names[k])
+            if got is None:
+                self.hists[names[k]] = h.copy()
+            else:
+                got += h
 
     def median(self, name: object) -> int | None:
         h = self.hists.get(name)
@@ -188,7 +197,8 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
     sib = usual[at]
     known = np.array([normal.median(class_names[int(c)]) or 0 for c in ck.tolist()],
                      np.int64)[at]
-    slow = ((groups[at] >= 2) & (n >= SLOW_MIN) & (med >= SLOW_FACTOR * sib)
+    siblings = np.where(known > 0, 2, SIBLINGS_ALONE)
+    slow = ((groups[at] >= siblings) & (n >= SLOW_MIN) & (med >= SLOW_FACTOR * sib)
             & (med - sib >= TRANSFER_MIN_NS) & (med >= SLOW_FACTOR * known))
     return _Slow(keys[slow] % width, k_of[slow], med[slow], sib[slow], n[slow], at_of[slow])
 
@@ -207,11 +217,14 @@ class Judge:
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
         from what they did not cause."""
-        sub = inst.take(~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1))
+        sub = inst.take(inst.arrived & (inst.seq > WARMUP) & (inst.n > 1))
         classes, class_names = _classes(sub)
         late = self._late(sub)
-        slow = _slower(sub.group, classes, sub.comm, self.comm, class_names) if len(sub) \
-            else None
+        timed = sub.comm >= 0
+        slow = _slower(sub.group[timed], classes[timed], sub.comm[timed], self.comm,
+                       class_names) if timed.any() else None
+        if slow is not None:
+            slow.at = np.flatnonzero(timed)[slow.at]
         transfer, held = _shared(sub, slow) if slow is not None else ([], {})
         named = {s.rank for s in late} | {s.rank for s in transfer}
         pauses = self._paused(sub, named | set(held))
@@ -224,7 +237,7 @@ class Judge:
 
     def learn(self, inst: Instances) -> None:
         """Instances no window shows (older than a ``--once`` window), for the run so far."""
-        sub = inst.take(~inst.launch_only & (inst.seq > WARMUP) & (inst.n > 1))
+        sub = inst.take(inst.arrived & (inst.seq > WARMUP) & (inst.n > 1))
         classes, class_names = _classes(sub)
         self._learn(sub, classes, class_names, [], None, None, None)
 
@@ -243,8 +256,9 @@ class Judge:
         pairs, pair_of, pair_n = np.unique(row_of.astype(np.int64) * width + own.late_rank,
                                            return_inverse=True, return_counts=True)
         order, starts, ends = _segments(pair_of.reshape(-1))
-        _, by_group, _, _ = _group_medians(own.group, own.skew, len(own.groups))
         _, by_origin, _, _ = _group_medians(own.origin, own.skew, len(own.origins))
+        g_order = np.argsort(own.group, kind="stable")
+        g_sorted = own.group[g_order]
         out = []
         for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist())):
             r_i, rank = divmod(p, width)
@@ -256,8 +270,11 @@ class Judge:
             g, o = divmod(int(rows[r_i]), len(own.origins))
             group = own.groups[g]
             usual = self.skew.median(group.name)
-            if usual is None:          # none yet: the window's, its group's or its siblings'
-                usual = min(by_group[g], by_origin[o])
+            if usual is None:          # none yet: its group's other instances', or siblings'
+                mine = g_order[np.searchsorted(g_sorted, g):np.searchsorted(g_sorted, g, "right")]
+                others = own.skew[mine][own.late_rank[mine] != rank]
+                usual = min(int(np.median(others)) if len(others) else by_origin[o],
+                            by_origin[o])
             if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
                 continue
             out.append(Straggler(int(rank), own.origins[o], group.name, group.label, total, k,
@@ -282,17 +299,19 @@ class Judge:
         for rank, idx in by_rank.items():
             idx.sort(key=lambda i: int(sub.first_start[i]))
             best: list[int] = []
+            best_groups: set[int] = set()
             episode: list[int] = []
+            in_episode: set[int] = set()
             end = -1
             for i in idx:                     # stalls overlapping in time: one episode
                 if episode and int(sub.first_start[i]) > end:
-                    episode = []
+                    episode, in_episode = [], set()
                 episode.append(i)
+                in_episode.add(int(sub.group[i]))
                 end = max(end, int(sub.last_start[i]))
-                if len({int(sub.group[j]) for j in episode}) > \
-                        len({int(sub.group[j]) for j in best}):
-                    best = list(episode)
-            groups = {int(sub.group[j]) for j in best}
+                if len(in_episode) > len(best_groups):
+                    best, best_groups = list(episode), set(in_episode)
+            groups = best_groups
             if len(groups) < 2 or sub.inherited[best].all():
                 continue
             worst = max(best, key=lambda j: int(skew[j]))

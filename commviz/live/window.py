@@ -26,8 +26,11 @@ Times are the calls' CPU times (``t_begin``/``t_end`` of the record), except whe
 of an instance has its NCCL ops' GPU times (``Call.gpu_begin_ns``, ``commviz.live.gpujoin``):
 then arrivals, ends, skew, wait, comm time and the late rank are the GPU's (a late rank's
 kernel starts last; its peers wait inside their own kernels, so the arrival names it, not a
-kernel's length). Untimed launch-only instances (the plugin off, or a call it did not sample)
-get no comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
+kernel's length). A CPU collective launched asynchronously (``async_op``: DDP's buckets on
+gloo) covers its launch only, but its launch is its arrival (gloo takes the data in then): it
+gets no comm time or bandwidth, and its wait is the others' time from their launch to the last
+launch. Untimed NCCL launch-only instances (the plugin off, or a call it did not sample) get no
+comm time, bandwidth, wait or late rank, and their launch skews count only in a row with
 no timed instance (``Instances.arrivals``).
 
 The ranks a window names, and why (late, slow transfers, a pause, a slow pipeline link), are
@@ -44,13 +47,12 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.live.cause import BINS as SKEW_BINS
-from commviz.live.cause import Judge, Straggler, quantile
+from commviz.live.cause import Judge, Straggler, quantiles
+from commviz.live.instances import Group, Instances, Transfers
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
-from commviz.merge.instances import WARMUP
 
-SHAPES_REMEMBERED = 4096
-P2P_GROUP = "p2p"                # the rows of transfers: one group, a row per origin
+SHAPES_REMEMBERED = 1 << 19          # shape objects known by identity (p2p: one per peer)
 INHERIT_SHARE = 0.5              # a late arrival its previous collective held this much of
 CHAIN = 16                       # links followed back to the rank whose lateness it is
 
@@ -60,6 +62,7 @@ class Calls:
 
     def __init__(self) -> None:
         self.shapes: list[Shape] = []
+        self.tabled = _Tabled()
         self._index: dict[Shape, int] = {}
         self._content: dict[tuple, int] = {}
         self.rank, self.shape = array("i"), array("i")
@@ -83,6 +86,7 @@ class Calls:
             if i is None:
                 i = self._content[content] = len(self.shapes)
                 self.shapes.append(shape)
+                self.tabled.add(shape)
             if len(self._index) > SHAPES_REMEMBERED:
                 self._index.clear()
             self._index[shape] = i
@@ -96,12 +100,16 @@ class Calls:
             return
         rank, _, seq, pair, begin, end, failed, shapes, gpu_begin, gpu_end = zip(*calls)
         index = list(map(self._index.get, shapes))
-        if None in index:
-            index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
+        if None in index:              # each new shape once, then every call by identity
+            for shape in {s for s, i in zip(shapes, index) if i is None}:
+                self.shape_index(shape)
+            index = list(map(self._index.get, shapes))
+            if None in index:          # the identities were forgotten meanwhile (many shapes)
+                index = [self.shape_index(s) if i is None else i for i, s in zip(index, shapes)]
         if None in seq:
-            seq = tuple(-1 if n is None else n for n in seq)
+            seq = [-1 if n is None else n for n in seq]
         if None in pair:
-            pair = tuple(-1 if n is None else n for n in pair)
+            pair = [-1 if n is None else n for n in pair]
         self.rank.extend(rank)
         self.shape.extend(index)
         self.seq.extend(seq)
@@ -120,6 +128,7 @@ class Calls:
         """A new ``Calls`` holding ``rows`` of these (the same shapes)."""
         out = Calls()
         out.shapes, out._index, out._content = self.shapes, self._index, self._content
+        out.tabled = self.tabled
         for name, col in self.columns().items():
             getattr(out, name).frombytes(col[rows].tobytes())
         return out
@@ -130,107 +139,6 @@ _COLUMNS = (("rank", np.int32), ("shape", np.int32), ("seq", np.int64), ("pair",
             ("end", np.int64), ("gpu_begin", np.int64), ("gpu_end", np.int64), ("failed", np.int8))
 
 
-class Group(NamedTuple):
-    name: str
-    desc: str
-    ranks: tuple[int, ...]
-
-    @property
-    def label(self) -> str:
-        return md.group_label(self.desc, self.ranks)
-
-
-@dataclass(slots=True)
-class Instances:
-    """Complete instances, one element per instance in each array (``join``)."""
-
-    groups: list[Group]
-    origins: list[str]
-    group: np.ndarray            # index into ``groups``
-    origin: np.ndarray           # index into ``origins`` (the late rank's call's)
-    seq: np.ndarray
-    n: np.ndarray                # ranks that made the call
-    first_start: np.ndarray
-    last_start: np.ndarray
-    last_end: np.ndarray
-    late_rank: np.ndarray
-    wait: np.ndarray             # the other ranks' wait for the late one, summed
-    comm: np.ndarray             # ns; -1: none (launch only, failed)
-    bus_bytes: np.ndarray        # size x bus factor where there is a bandwidth, else 0
-    launch_only: np.ndarray
-    gpu: np.ndarray              # its times are its calls' GPU times (every call timed)
-    size: np.ndarray             # bytes (nccl-tests' S)
-    root: np.ndarray             # the rank whose lateness it was (``_roots``; -1: not known)
-    inherited: np.ndarray        # its late rank's lateness was carried in (``_held``)
-
-    @property
-    def skew(self) -> np.ndarray:
-        return self.last_start - self.first_start
-
-    def arrivals(self) -> np.ndarray:
-        """The skews a row's figures are read from: those of instances with real arrivals
-        (GPU-timed, or CPU calls that are not launch only); all of them when there are none
-        (NCCL without GPU times: the launch skew, said as CPU times)."""
-        usable = ~self.launch_only
-        return self.skew[usable] if usable.any() else self.skew
-
-    def take(self, mask: np.ndarray) -> Instances:
-        return Instances(self.groups, self.origins, **{
-            name: getattr(self, name)[mask] for name in _INSTANCE_ARRAYS})
-
-    def __len__(self) -> int:
-        return len(self.group)
-
-
-_INSTANCE_ARRAYS = ("group", "origin", "seq", "n", "first_start", "last_start", "last_end",
-                    "late_rank", "wait", "comm", "bus_bytes", "launch_only", "gpu", "size",
-                    "root", "inherited")
-
-
-@dataclass(slots=True)
-class Transfers:
-    """A window's point-to-point transfers, each a send matched to its receive (``join``)."""
-
-    group_names: list[str]
-    group_labels: list[str]
-    origins: list[str]
-    group: np.ndarray            # index into ``group_names``: the process group
-    origin: np.ndarray           # index into ``origins``: the receive's (stage and action)
-    src: np.ndarray
-    dst: np.ndarray
-    link: np.ndarray             # src << 32 | dst
-    size: np.ndarray
-    send_post: np.ndarray
-    recv_post: np.ndarray
-    delivery: np.ndarray         # the later post -> the receiver's next call; -1: not yet seen
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def take(self, mask: np.ndarray) -> Transfers:
-        return Transfers(self.group_names, self.group_labels, self.origins, **{
-            name: getattr(self, name)[mask] for name in _TRANSFER_ARRAYS})
-
-    def as_instances(self) -> Instances:
-        """The transfers as instances of one group (``P2P_GROUP``), for the rows per origin:
-        skew between the two postings, the receive's wait for a late send, the delivery as
-        their comm time."""
-        first = np.minimum(self.send_post, self.recv_post)
-        last = np.maximum(self.send_post, self.recv_post)
-        known = self.delivery >= 0
-        z = np.zeros(len(self), np.int64)
-        return Instances(
-            [Group(P2P_GROUP, P2P_GROUP, ())], self.origins, group=z, origin=self.origin,
-            seq=z + WARMUP + 1, n=z + 2, first_start=first, last_start=last,
-            last_end=last + np.maximum(self.delivery, 0),
-            late_rank=np.where(self.send_post > self.recv_post, self.src, self.dst),
-            wait=np.maximum(0, self.send_post - self.recv_post), comm=self.delivery,
-            bus_bytes=np.where(known & (self.delivery > 0), self.size, 0).astype(np.float64),
-            launch_only=np.zeros(len(self), bool), gpu=np.zeros(len(self), bool),
-            size=self.size, root=np.where(self.send_post > self.recv_post, self.src, self.dst),
-            inherited=np.zeros(len(self), bool))
-
-
 @dataclass(slots=True)
 class _ShapeTable:
     """Per shape, what the join needs, as arrays indexed by the shape column."""
@@ -239,6 +147,7 @@ class _ShapeTable:
     origin: np.ndarray
     size: np.ndarray
     launch_only: np.ndarray
+    cpu: np.ndarray             # not a CUDA tensor: its call starts when its data goes in
     factor: np.ndarray          # bus factor of its type over its group's rank count; 0: none
     collective: np.ndarray      # a collective (what joins by its number)
     p2p: np.ndarray             # a send or receive with a known peer (joins as a transfer)
@@ -248,35 +157,45 @@ class _ShapeTable:
     origins: list[str]
 
 
-_TRANSFER_ARRAYS = ("group", "origin", "src", "dst", "link", "size", "send_post", "recv_post",
-                    "delivery")
+class _Tabled:
+    """The shape table's columns, grown by each new shape once (``Calls.shape_index``): a
+    window's join reads them as arrays, never walking every shape again."""
 
+    def __init__(self) -> None:
+        self.groups: dict[str, int] = {}
+        self.origins: dict[str, int] = {}
+        self.g_list: list[Group] = []
+        self.cols: dict[str, list[Any]] = {k: [] for k in (
+            "group", "origin", "size", "launch", "cpu", "factor", "collective", "src", "dst")}
+        self._table: _ShapeTable | None = None
 
-def _shape_table(shapes: list[Shape]) -> _ShapeTable:
-    groups: dict[str, int] = {}
-    origins: dict[str, int] = {}
-    g_list: list[Group] = []
-    cols: dict[str, list[Any]] = {k: [] for k in ("group", "origin", "size", "launch", "factor",
-                                                  "collective", "src", "dst")}
-    for s in shapes:
-        if s.group not in groups:
-            groups[s.group] = len(g_list)
-            g_list.append(Group(s.group, s.group_desc, s.group_ranks))
-        origin = s.origin or s.op
-        cols["group"].append(groups[s.group])
-        cols["origin"].append(origins.setdefault(origin, len(origins)))
+    def add(self, s: Shape) -> None:
+        if s.group not in self.groups:
+            self.groups[s.group] = len(self.g_list)
+            self.g_list.append(Group(s.group, s.group_desc, s.group_ranks))
+        cols = self.cols
+        cols["group"].append(self.groups[s.group])
+        cols["origin"].append(self.origins.setdefault(s.origin or s.op, len(self.origins)))
         cols["size"].append(s.size_bytes or 0)
         cols["launch"].append(s.async_op or s.device == "cuda")
+        cols["cpu"].append(s.device != "cuda")
         cols["factor"].append(bw.bus_factor(s.ctype, len(s.group_ranks)) or 0.0)
         cols["collective"].append(s.kind == "collective")
-        for end in ("src", "dst"):
-            peer = s.meta.get(md.SRC if end == "src" else md.DST) if s.kind == "p2p" else None
+        for end, key in (("src", md.SRC), ("dst", md.DST)):
+            peer = s.meta.get(key) if s.kind == "p2p" else None
             cols[end].append(-1 if peer is None else int(peer))
-    src, dst = np.array(cols["src"], np.int64), np.array(cols["dst"], np.int64)
-    return _ShapeTable(np.array(cols["group"], np.int32), np.array(cols["origin"], np.int32),
-                       np.array(cols["size"], np.int64), np.array(cols["launch"], bool),
-                       np.array(cols["factor"], np.float64), np.array(cols["collective"], bool),
-                       (src >= 0) & (dst >= 0), src, dst, g_list, list(origins))
+        self._table = None
+
+    def table(self) -> _ShapeTable:
+        if self._table is None:
+            c = self.cols
+            src, dst = np.array(c["src"], np.int64), np.array(c["dst"], np.int64)
+            self._table = _ShapeTable(
+                np.array(c["group"], np.int32), np.array(c["origin"], np.int32),
+                np.array(c["size"], np.int64), np.array(c["launch"], bool),
+                np.array(c["cpu"], bool), np.array(c["factor"], np.float64), np.array(c["collective"], bool),
+                (src >= 0) & (dst >= 0), src, dst, list(self.g_list), list(self.origins))
+        return self._table
 
 
 def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.ndarray]:
@@ -285,7 +204,7 @@ def join(calls: Calls, seen: Iterable[int]) -> tuple[Instances, Transfers, np.nd
 
     ``seen``: the ranks whose calls this reader has; an instance is complete when every rank
     of its group among them made the call."""
-    table = _shape_table(calls.shapes)
+    table = calls.tabled.table()
     full = calls.columns()
     joins = table.collective[full["shape"]] & (full["seq"] >= 0)
     transfers = table.p2p[full["shape"]] & (full["pair"] >= 0)
@@ -330,25 +249,29 @@ def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
     timed = gpu[starts]
     launch = np.maximum.reduceat(table.launch_only[shape].astype(np.int8), starts).astype(bool)
     launch &= ~timed
+    arrived = timed | (np.minimum.reduceat(table.cpu[shape].astype(np.int8), starts) > 0)
     failed = np.maximum.reduceat(c["failed"][order], starts).astype(bool)
     waited = np.clip(np.minimum(np.repeat(last_start, n), end) - begin, 0, None)
-    wait = np.where(launch, 0, np.add.reduceat(waited, starts))
+    behind = np.clip(np.repeat(last_start, n) - begin, 0, None)   # launched: waited later
+    wait = np.where(~launch, np.add.reduceat(waited, starts),
+                    np.where(arrived, np.add.reduceat(behind, starts), 0))
     last_end = np.maximum.reduceat(end, starts)
     comm = np.where(launch | failed, -1, np.maximum(0, last_end - last_start))
     size = np.maximum.reduceat(table.size[shape], starts)
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
     late_rank = rank[lasts]
-    own, held = _held(rank, begin, end, starts, lasts, complete & ~launch)
+    own, carried = held(rank, begin, end, starts, lasts, complete & arrived)
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
                      last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
-                     comm=comm, bus_bytes=bus, launch_only=launch, gpu=timed, size=size,
-                     root=_roots(own, held, late_rank), inherited=~own)
+                     comm=comm, bus_bytes=bus, launch_only=launch, arrived=arrived, gpu=timed,
+                     size=size,
+                     root=roots(own, carried, late_rank), inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
 
 
-def _held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
+def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
           lasts: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per instance: whether its late rank was late by its own doing, and else the instance
     its lateness came from (-1: not known).
@@ -375,7 +298,7 @@ def _held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarr
     return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
 
 
-def _roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
     """Per instance the rank whose lateness it was: its late rank's when its own, else along
     ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
     longer than ``CHAIN``)."""
@@ -453,7 +376,8 @@ def _empty(table: _ShapeTable) -> Instances:
     z = np.zeros(0, np.int64)
     return Instances(table.groups, table.origins, group=z, origin=z, seq=z, n=z, first_start=z,
                      last_start=z, last_end=z, late_rank=z, wait=z, comm=z,
-                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool), gpu=np.zeros(0, bool),
+                     bus_bytes=np.zeros(0), launch_only=np.zeros(0, bool),
+                     arrived=np.zeros(0, bool), gpu=np.zeros(0, bool),
                      size=z, root=z, inherited=np.zeros(0, bool))
 
 
@@ -472,27 +396,22 @@ class Totals:
     wait_ns: int = 0
     skews: np.ndarray = field(default_factory=lambda: np.zeros(len(SKEW_BINS) + 1, np.int64))
 
-    def add(self, inst: Instances) -> None:
-        has_comm = inst.comm >= 0
-        self.instances += len(inst)
-        self.timed += int(inst.gpu.sum())
-        self.calls += int(inst.n.sum())
-        self.comm_ns += int(inst.comm[has_comm].sum())
-        self.bus_bytes += float(inst.bus_bytes.sum())
-        self.bus_ns += int(inst.comm[inst.bus_bytes > 0].sum())
-        self.wait_ns += int(inst.wait.sum())
-        self.skews += np.bincount(np.searchsorted(SKEW_BINS, inst.arrivals()),
-                                  minlength=len(SKEW_BINS) + 1)
+    def merge(self, sums: _RowSums, i: int) -> None:
+        """Add row ``i`` of ``sums``."""
+        self.instances += int(sums.instances[i])
+        self.timed += int(sums.timed[i])
+        self.calls += int(sums.calls[i])
+        self.comm_ns += int(sums.comm_ns[i])
+        self.bus_bytes += float(sums.bus_bytes[i])
+        self.bus_ns += int(sums.bus_ns[i])
+        self.wait_ns += int(sums.wait_ns[i])
+        self.skews += sums.skews[i]
 
     @property
     def busbw_gbps(self) -> float | None:
         """nccl-tests' bus bandwidth over the row's instances together (bytes x factor over
         their comm time)."""
         return self.bus_bytes / self.bus_ns if self.bus_ns else None
-
-    def skew_ns(self, q: float) -> int | None:
-        """The ``q`` quantile of the skews, to within a bin (12 %)."""
-        return quantile(self.skews, q)
 
 
 class Figures(NamedTuple):
@@ -508,16 +427,6 @@ class Figures(NamedTuple):
     wait_ns: int
 
 
-def figures(t: Totals, skews: np.ndarray | None = None) -> Figures:
-    """``skews``: the window's own, for exact quantiles (else read off the histogram)."""
-    if skews is not None and len(skews):
-        ordered = np.sort(skews)            # the inverted-CDF quantiles: values that occurred
-        p50, p99 = (int(ordered[max(0, int(np.ceil(q * len(ordered))) - 1)]) for q in (0.5, 0.99))
-    else:
-        p50, p99 = t.skew_ns(0.5), t.skew_ns(0.99)
-    return Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps, p50, p99, t.wait_ns)
-
-
 class Row(NamedTuple):
     """One group (``origin`` None) or one origin of a group: the window and the run so far."""
 
@@ -531,19 +440,61 @@ class Row(NamedTuple):
     run: Figures
 
 
-Key = tuple[int, int]                # (group index, origin index; -1: the group's row)
+@dataclass(slots=True)
+class _RowSums:
+    """Every row's sums over some instances at once (``of``), and its window's exact skew
+    quantiles: the rows of a 131,072-rank window are numbered in numpy, not one by one."""
 
+    keys: np.ndarray                 # per row: group index x origins + origin (or the group)
+    instances: np.ndarray
+    timed: np.ndarray
+    calls: np.ndarray
+    comm_ns: np.ndarray
+    bus_bytes: np.ndarray
+    bus_ns: np.ndarray
+    wait_ns: np.ndarray
+    skews: np.ndarray                # (rows, bins) histogram of the arrivals' skews
+    p50: np.ndarray                  # the inverted-CDF quantiles: values that occurred
+    p99: np.ndarray
 
-def _segments(inst: Instances, by_origin: bool) -> Iterable[tuple[Key, np.ndarray]]:
-    """The instances' indices per group (``by_origin``: per group and origin)."""
-    width = len(inst.origins) if by_origin else 1
-    row = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
-    order = np.argsort(row, kind="stable")
-    ordered = row[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(row) else []
-    for a, b in zip(starts, np.r_[starts[1:], len(order)] if len(row) else []):
-        g, o = divmod(int(ordered[a]), width)
-        yield (g, o if by_origin else -1), order[a:b]
+    @classmethod
+    def of(cls, inst: Instances, by_origin: bool) -> _RowSums:
+        width = len(inst.origins) if by_origin else 1
+        raw = inst.group.astype(np.int64) * width + (inst.origin if by_origin else 0)
+        keys, row = np.unique(raw, return_inverse=True)
+        row = row.reshape(-1)
+        R = len(keys)
+
+        def total(w: np.ndarray) -> np.ndarray:
+            return np.bincount(row, weights=w, minlength=R)
+        has_comm = inst.comm >= 0
+        usable = inst.arrived          # a row's arrivals: its usable instances', else all
+        arrivals = usable | (total(usable.astype(np.float64)) == 0)[row]
+        skew = inst.skew
+        b = np.searchsorted(SKEW_BINS, skew[arrivals])
+        skews = np.bincount(row[arrivals] * (len(SKEW_BINS) + 1) + b,
+                            minlength=R * (len(SKEW_BINS) + 1)).reshape(R, len(SKEW_BINS) + 1)
+        order = np.lexsort((skew[arrivals], row[arrivals]))
+        ordered = skew[arrivals][order]
+        n = np.bincount(row[arrivals], minlength=R)
+        first = np.r_[0, np.cumsum(n)[:-1]]
+        p50, p99 = (np.where(n > 0, ordered[np.minimum(first + np.maximum(
+            np.ceil(q * n).astype(np.int64) - 1, 0), max(len(ordered) - 1, 0))], -1)
+            if len(ordered) else np.full(R, -1) for q in (0.5, 0.99))
+        comm = np.where(has_comm, inst.comm, 0)
+        return cls(keys, np.bincount(row, minlength=R), total(inst.gpu.astype(np.float64)),
+                   total(inst.n.astype(np.float64)), total(comm.astype(np.float64)),
+                   total(inst.bus_bytes),
+                   total(np.where(inst.bus_bytes > 0, inst.comm, 0).astype(np.float64)),
+                   total(inst.wait.astype(np.float64)), skews, p50, p99)
+
+    def figures(self, i: int) -> Figures:
+        bus_ns = int(self.bus_ns[i])
+        p50, p99 = int(self.p50[i]), int(self.p99[i])
+        return Figures(int(self.instances[i]), int(self.timed[i]), int(self.calls[i]),
+                       int(self.comm_ns[i]), float(self.bus_bytes[i]) / bus_ns if bus_ns
+                       else None, None if p50 < 0 else p50, None if p99 < 0 else p99,
+                       int(self.wait_ns[i]))
 
 
 @dataclass
@@ -608,26 +559,38 @@ class Windows:
     def _rows(self, inst: Instances, here: Instances, seen: list[int],
               by_origin: bool) -> list[Row]:
         """Every row's run-so-far sums grow by ``inst``; the window's rows are ``here``'s."""
-        for (g, o), idx in _segments(inst, by_origin):
-            key = inst.groups[g].name, None if o < 0 else inst.origins[o]
-            self.run.setdefault(key, Totals()).add(inst.take(idx))
-        out = []
+        width = len(inst.origins) if by_origin else 1
+
+        def key(k: int) -> tuple[int, str, str | None]:
+            g, o = divmod(k, width)
+            return g, inst.groups[g].name, inst.origins[o] if by_origin else None
+        sums = _RowSums.of(inst, by_origin)
+        for i, k in enumerate(sums.keys.tolist()):
+            _, name, origin = key(k)
+            self.run.setdefault((name, origin), Totals()).merge(sums, i)
+        window = _RowSums.of(here, by_origin)
         seen_set = set(seen)
-        for (g, o), idx in _segments(here, by_origin):
-            group = here.groups[g]
-            origin = None if o < 0 else here.origins[o]
-            part = here.take(idx)
-            win = Totals()
-            win.add(part)
-            out.append(Row(group.name, group.label, origin,
-                           sum(r in seen_set for r in group.ranks), len(group.ranks),
-                           "gpu" if win.timed else "cpu", figures(win, part.arrivals()),
-                           figures(self.run[group.name, origin])))
+        counted: dict[int, int] = {}
+        named = [key(k) for k in window.keys.tolist()]
+        runs = [self.run[name, origin] for _, name, origin in named]
+        hists = np.stack([t.skews for t in runs]) if runs else np.zeros((0, len(SKEW_BINS) + 1))
+        p50, p99 = (quantiles(hists, q).tolist() for q in (0.5, 0.99))
+        out = []
+        for i, ((g, name, origin), t) in enumerate(zip(named, runs)):
+            group = inst.groups[g]
+            if g not in counted:
+                counted[g] = sum(r in seen_set for r in group.ranks)
+            f = window.figures(i)
+            run = Figures(t.instances, t.timed, t.calls, t.comm_ns, t.busbw_gbps,
+                          None if p50[i] < 0 else p50[i], None if p99[i] < 0 else p99[i],
+                          t.wait_ns)
+            out.append(Row(name, group.label, origin, counted[g], len(group.ranks),
+                           "gpu" if f.timed else "cpu", f, run))
         out.sort(key=lambda r: (-r.window.wait_ns, r.group, r.origin or ""))
         return out
 
 
 def _instance_keys(calls: Calls, rows: np.ndarray) -> np.ndarray:
     cols = calls.columns()
-    group = _shape_table(calls.shapes).group
+    group = calls.tabled.table().group
     return group[cols["shape"][rows]].astype(np.int64) << 40 | cols["seq"][rows]

@@ -39,10 +39,13 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.errors import CommvizError, SourceError
+from commviz.live.cause import Straggler
 from commviz.match.artifact import PgInfo
+from commviz.match.matched import matched_run
 from commviz.merge import bandwidth as bw
 from commviz.merge.instances import STRAGGLER_MIN_NS, bandwidth_ranks
-from commviz.merge.table import Flag, iter_tables, table_ranks
+from commviz.merge.table import CommTable, Flag, from_artifact, iter_tables, table_ranks
+from commviz.review import roots
 from commviz.review.fold import Fold
 
 ORIGIN, UNIT, GROUP, OP = "origin", "unit", "group", "op"
@@ -112,6 +115,7 @@ class RunSide:
     outside: int                        # instances left out: outside the steps, or warm-ups
     keys: dict[str, Side]
     problems: list[str] = field(default_factory=list)
+    named: dict[str, list[Straggler]] = field(default_factory=dict)   # key -> its roots
 
 
 class Change(md.StrEnum):
@@ -134,6 +138,7 @@ class Row:
     change: Change
     noise_ns: float | None = None
     late_ranks: list[int] = field(default_factory=list)   # whom B's added waiting was for
+    named: list[Straggler] = field(default_factory=list)  # B's roots there (``review.roots``)
 
     @property
     def delta_ns(self) -> float:
@@ -149,7 +154,10 @@ class Row:
 
     @property
     def cause(self) -> str:
-        """What most of the change is: "transfer" (comm time) or "waiting" (for late ranks)."""
+        """The cause of B's costliest root there ("late", "transfer", "pause"); with none named,
+        what most of the change is: "transfer" (comm time) or "waiting" (for late ranks)."""
+        if self.named:
+            return str(self.named[0].cause)
         return "waiting" if abs(self.delta_wait_ns) > abs(self.delta_comm_ns) else "transfer"
 
 
@@ -170,27 +178,37 @@ ORDER = (Change.REGRESSION, Change.IMPROVEMENT, Change.ONLY_B, Change.ONLY_A, Ch
 
 # -- one run -----------------------------------------------------------------------------------
 
-def read_fold(run_dir: str | os.PathLike[str]) -> tuple[Fold, list[str]]:
-    """Every rank's comm table of a run, folded; a table that cannot be read is an error
-    naming it (a comparison missing ranks would mislead), the tables' own problems notes."""
+def read_fold(run_dir: str | os.PathLike[str]) -> tuple[Fold, list[str], list[Straggler]]:
+    """Every rank's comm table of a run, folded, and the run's roots; a table that cannot be
+    read is an error naming it (a comparison missing ranks would mislead), the tables' own
+    problems notes. Without tables, each rank's from its record (``commviz report``'s way)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise SourceError(str(run), "not a run dir (no such directory)")
     ranks = table_ranks(run)
-    if not ranks:
-        raise SourceError(str(run), "no comm tables (comm_rank*.json) and no matched runs "
-                                    "(matched_rank*.json): run `commviz merge` or a launch first")
     unreadable: list[str] = []
     notes: list[str] = []
+    tables = iter_tables(run, ranks, unreadable) if ranks else _from_records(run, notes)
     fold = Fold()
-    for table in iter_tables(run, ranks, unreadable):
+    for table in tables:
         fold.add(table)
         notes += [f"rank {table.rank}: {p}" for p in table.problems]
     if unreadable:
         raise SourceError(str(run), f"{len(unreadable)} of {len(ranks)} ranks cannot be "
                                     f"compared: {unreadable[0]}")
+    calls = fold.calls()
     fold.finish(alike=False)
-    return fold, notes
+    return fold, notes, roots.name(fold, calls)
+
+
+def _from_records(run: Path, notes: list[str]) -> list[CommTable]:
+    """Each rank's table made from its records (a run dir no merge or launch left tables in)."""
+    matched = matched_run(run)
+    if not matched.ranks:
+        why = "; ".join(matched.problems) or "no commviz records and no profiler traces"
+        raise SourceError(str(run), f"nothing to compare: {why}")
+    notes += matched.problems
+    return [from_artifact(art) for _, art in sorted(matched.ranks.items())]
 
 
 def group_kind(pg: str, info: PgInfo | None) -> str:
@@ -260,7 +278,8 @@ def _factors(fold: Fold, n: np.ndarray) -> np.ndarray:
     return np.array([np.nan if x is None else x for x in f])[inv.reshape(-1)]
 
 
-def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSide:
+def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str],
+              named: list[Straggler] | None = None) -> RunSide:
     """The run's keys, per rank and step, over the instances inside its profiler steps."""
     ranks = max(len(fold.hosts), 1)
     numbers = sorted({s.n for steps in fold.steps.values() for s in steps})
@@ -309,7 +328,23 @@ def summarise(fold: Fold, by: str, run_dir: Path, problems: list[str]) -> RunSid
             groups=groups[i], ops=ops[i], sizes=sizes[i])
     return RunSide(run_dir=run_dir, ranks=len(fold.hosts), steps=numbers,
                    instances=len(keep), outside=len(fold) - len(keep), keys=keys,
-                   problems=problems)
+                   problems=problems, named=_named_by_key(fold, by, named or []))
+
+
+def _named_by_key(fold: Fold, by: str, named: list[Straggler]) -> dict[str, list[Straggler]]:
+    """The roots under the key their origin and group fall in (``by``)."""
+    names = fold.names.names
+    ops: dict[tuple[str, str], str] = {}
+    if by == OP and named:
+        for pg, origin, op in set(zip(fold.pg, fold.origin, fold.op)):
+            ops[names[pg], names[origin] if origin >= 0 else NONE] = names[op]
+    out: dict[str, list[Straggler]] = {}
+    for s in named:
+        key = {ORIGIN: s.origin, UNIT: fold.units.get(s.origin, s.origin),
+               GROUP: group_kind(s.group, fold.pgs.get(s.group)),
+               OP: ops.get((s.group, s.origin), NONE)}[by]
+        out.setdefault(key, []).append(s)
+    return out
 
 
 def _percentiles(k: np.ndarray, skew: np.ndarray, multi: np.ndarray, K: int
@@ -358,8 +393,8 @@ def _shown(k: np.ndarray, values: np.ndarray, K: int, show: Callable[[int], obje
 
 
 def run_side(run_dir: str | os.PathLike[str], by: str) -> RunSide:
-    fold, problems = read_fold(run_dir)
-    return summarise(fold, by, Path(run_dir), problems)
+    fold, problems, named = read_fold(run_dir)
+    return summarise(fold, by, Path(run_dir), problems, named)
 
 
 def _run_side_other(run_dir: str, by: str) -> RunSide | tuple[str, str]:
@@ -381,7 +416,8 @@ def compare(a: RunSide, b: RunSide, by: str, rule: NoiseRule = NoiseRule()) -> D
         if sa is None or sb is None:
             rows.append(Row(key, sa, sb, Change.ONLY_B if sa is None else Change.ONLY_A))
             continue
-        row = Row(key, sa, sb, Change.UNCHANGED, noise_ns=rule.bar(sa, sb))
+        row = Row(key, sa, sb, Change.UNCHANGED, noise_ns=rule.bar(sa, sb),
+                  named=b.named.get(key, []))
         if row.delta_ns > row.noise_ns:
             row.change = Change.REGRESSION
         elif row.delta_ns < -row.noise_ns:

@@ -54,6 +54,7 @@ def why(row: Row) -> str:
                 text += f" for rank{'s' if len(row.late_ranks) > 1 else ''} " + \
                         md.ranks_text(row.late_ranks)
             parts.append(text)
+    parts += [f"rank {s.rank} {s.cause}" for s in row.named]
     return ", ".join(parts)
 
 
@@ -188,6 +189,9 @@ def row_json(row: Row, by: str) -> dict[str, Any]:
             "delta_ns": row.delta_ns, "delta_comm_ns": row.delta_comm_ns,
             "delta_wait_ns": row.delta_wait_ns, "cause": row.cause,
             "late_ranks": row.late_ranks, "noise_ns": row.noise_ns, "why": why(row),
+            "named": [{"rank": s.rank, "cause": str(s.cause), "peer": s.peer,
+                       "group": s.group_label, "origin": s.origin, "cost_ns": s.cost_ns}
+                      for s in row.named],
             "a": _side_json(row.a), "b": _side_json(row.b)}
 
 

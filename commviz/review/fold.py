@@ -304,6 +304,14 @@ class Fold:
         self.origin.append(-1 if origin is None else name(origin))
         return i
 
+    def calls(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Before ``finish`` (which lets the rows go): every row's rank, instance, start and
+        end, as views (``commviz diff`` reads the causes off them, ``live.cause``)."""
+        per_table = np.asarray(self._table_rows, dtype=np.int64)
+        return (np.repeat(np.asarray(self._table_rank, dtype=np.int32), per_table),
+                _column(self._inst, np.int32), _column(self._start, np.int64),
+                _column(self._end, np.int64))
+
     # -- after the last table -------------------------------------------------------------------
     def finish(self, *, alike: bool) -> None:
         """Per instance: count, first/last start, last end, late rank, flags, size, step (-1:
