@@ -96,9 +96,11 @@ class Plan:
 
     @classmethod
     def of(cls, kind: Kind, seed: int) -> Plan:
+        ranks = WORLD - 1 if kind.workload == "pipe" else WORLD
         rng = random.Random(f"{kind.name}:{seed}")
-        rank = rng.randrange(WORLD - 1 if kind.workload == "pipe" else WORLD)
-        return cls(kind, seed, rank, rng.uniform(*ONSET_S), rng.randrange(120, 200))
+        first = random.Random(kind.name).randrange(ranks)    # consecutive seeds: every rank
+        return cls(kind, seed, (first + seed) % ranks, rng.uniform(*ONSET_S),
+                   rng.randrange(120, 200))
 
     @property
     def expected(self) -> Name | None:
