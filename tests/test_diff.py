@@ -198,3 +198,19 @@ def test_a_missing_run_or_unreadable_table_is_one_error_naming_it(base, tmp_path
     assert "comm_rank1.json" in err and "Traceback" not in err
     d = diff_runs(base[0], base[0], by=ORIGIN)               # a run against itself: all unchanged
     assert {r.change for r in d.rows} == {Change.UNCHANGED}
+
+
+def test_a_run_dir_of_records_alone_compares_as_with_its_tables(base, changed,
+                                                                 tmp_path: Path) -> None:
+    """A job that only called ``commviz.start`` leaves its records and no comm tables: diff
+    reads them as ``commviz report`` does, and says what it says with the tables."""
+    bare = tmp_path / "bare"
+    shutil.copytree(changed[0], bare)
+    for path in [*bare.glob("comm_rank*.json"), *bare.glob("matched_rank*.json")]:
+        path.unlink()
+    with_tables = diff_runs(base[0], changed[0], rule=RULE)
+    without = diff_runs(base[0], bare, rule=RULE)
+    assert [r.key for r in without.of(Change.REGRESSION)] == \
+        [r.key for r in with_tables.of(Change.REGRESSION)]
+    late = next(r for r in without.rows if r.key == _origin([r.key for r in without.rows], "late"))
+    assert [(s.rank, str(s.cause)) for s in late.named] == [(LATE_RANK, "late")]

@@ -11,7 +11,8 @@ names from ``Judge.name``. A slowdown shows as one of:
   bare majority: four ranks sharing two loaded cores made one of them last in 5 of 9 instances
   of a second, by 4 ms, with nobody slow.
 - ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end: the
-  transfer, waiting left out) runs ``SLOW_FACTOR`` times slower than their sibling groups' (same
+  transfer, waiting left out) runs ``SLOW_FACTOR`` times slower, in ``LATE_SHARE`` of their
+  instances, than their sibling groups' (same
   origin, size and bytes: the lower median of the siblings, so two siblings compare with the
   faster) and than the run so far (before there is one: against three siblings or more), and
   the rank is the one those slow groups share: in at least
@@ -19,7 +20,8 @@ names from ``Judge.name``. A slowdown shows as one of:
   late with it, arrives late to its DP all_reduce) are listed as having waited (``waited``) and
   their lateness is added to its cost: they are never named.
 - ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more and
-  ``PAUSE_FACTOR`` times the group's normal skew, in at least two of its groups at once
+  ``PAUSE_FACTOR`` times the group's normal skew and the window's median skew at that origin
+  (of the instances late by their own doing: a slowdown of every instance is no pause), in at least two of its groups at once
   (stalls overlapping in time). Its peers, held inside the first group's call, are late to
   their own other group once each: one group, not named.
 - ``p2p_link``: a pipeline link (sender ``rank``, receiver ``peer``) delivers slowly: its
@@ -185,12 +187,13 @@ class _Slow:
 
 
 def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Normal,
-            class_names: list) -> _Slow:
-    """The (segment, class) pairs whose median ``value`` is ``SLOW_FACTOR`` times their
-    siblings' (the other segments of the class) and the run so far's, and
-    ``TRANSFER_MIN_NS`` more."""
+            class_names: list, share: float) -> _Slow:
+    """The (segment, class) pairs whose ``value`` is, in ``share`` of their instances and at
+    their median, ``SLOW_FACTOR`` times their siblings' (the other segments of the class:
+    their lower median) and the run so far's, and ``TRANSFER_MIN_NS`` more."""
     width = int(seg.max()) + 1 if len(seg) else 1
-    keys, med, n, at_of = _medians(klass.astype(np.int64) * width + seg, value)
+    raw = klass.astype(np.int64) * width + seg
+    keys, med, n, at_of = _medians(raw, value)
     k_of = keys // width
     ck, usual, groups, _ = _medians(k_of, med)
     at = np.searchsorted(ck, k_of)
@@ -198,8 +201,11 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
     known = np.array([normal.median(class_names[int(c)]) or 0 for c in ck.tolist()],
                      np.int64)[at]
     siblings = np.where(known > 0, 2, SIBLINGS_ALONE)
-    slow = ((groups[at] >= siblings) & (n >= SLOW_MIN) & (med >= SLOW_FACTOR * sib)
-            & (med - sib >= TRANSFER_MIN_NS) & (med >= SLOW_FACTOR * known))
+    mine = np.searchsorted(keys, raw)              # each value's segment
+    bar = np.maximum(SLOW_FACTOR * np.maximum(sib, known), sib + TRANSFER_MIN_NS)
+    slow_n = np.bincount(mine, weights=value >= bar[mine], minlength=len(keys))
+    slow = ((groups[at] >= siblings) & (n >= SLOW_MIN) & (slow_n >= share * n)
+            & (med >= bar))
     return _Slow(keys[slow] % width, k_of[slow], med[slow], sib[slow], n[slow], at_of[slow])
 
 
@@ -211,9 +217,6 @@ class Judge:
         self.comm = _Normal()           # per sibling class: comm times of groups not slow
         self.delivery = _Normal()       # per link class: deliveries of links not slow
 
-    def normal_skew(self, group: str) -> int | None:
-        return self.skew.median(group)
-
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
         from what they did not cause."""
@@ -222,7 +225,7 @@ class Judge:
         late = self._late(sub)
         timed = sub.comm >= 0
         slow = _slower(sub.group[timed], classes[timed], sub.comm[timed], self.comm,
-                       class_names) if timed.any() else None
+                       class_names, LATE_SHARE) if timed.any() else None
         if slow is not None:
             slow.at = np.flatnonzero(timed)[slow.at]
         transfer, held = _shared(sub, slow) if slow is not None else ([], {})
@@ -288,8 +291,12 @@ class Judge:
         if not len(sub):
             return []
         usual = np.array([self.skew.median(g.name) or 0 for g in sub.groups], np.int64)
+        own = ~sub.inherited                  # a stall stands out of its origin's window too
+        _, here, _, _ = _group_medians(sub.origin[own], sub.skew[own], len(sub.origins))
+        here = np.where(here == np.iinfo(np.int64).max, 0, here)
         skew = sub.skew
-        stall = np.flatnonzero((skew >= PAUSE_MIN_NS) & (skew >= PAUSE_FACTOR * usual[sub.group]))
+        usual = np.maximum(usual[sub.group], here[sub.origin])
+        stall = np.flatnonzero((skew >= PAUSE_MIN_NS) & (skew >= PAUSE_FACTOR * usual))
         by_rank: dict[int, list[int]] = {}
         for i in stall.tolist():
             r = int(sub.root[i])
@@ -337,7 +344,7 @@ class Judge:
         _, link_of = np.unique(links.link[idx], return_inverse=True)
         klass, class_names = _link_classes(links, idx)
         slow = _slower(link_of.astype(np.int64), klass, links.delivery[idx], self.delivery,
-                       class_names)
+                       class_names, 0.5)
         order, starts, ends = _segments(link_of)
         per_link: dict[int, Straggler] = {}
         for s, m, u in zip(slow.segment.tolist(), slow.median.tolist(), slow.usual.tolist()):
