@@ -43,13 +43,14 @@ SHAPED_MBIT = 40              # a shaped link: 256 KiB in ~50 ms instead of < 1 
 CPU_SHARE = 0.1               # the slow rank's CPU quota: a tenth of one CPU
 PAUSE_S, PAUSE_EVERY_S = 0.3, 2.0
 P2P_LINK = "p2p_link"         # a pipeline link's cause: "rank" sends, "peer" receives
+LATE = "late"                 # also the cause of a line that gives none (kept before causes)
 
 
 class Name(NamedTuple):
     """Who a window names and why: a rank, or a pipeline link's (sender, receiver)."""
 
     who: int | tuple[int, int]
-    cause: str | None          # None: the watcher gives no cause (compared by who alone)
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class Kind:
 
 
 KINDS = {k.name: k for k in (
-    Kind("late", "mesh", False, "late", "one rank sleeps 20 ms before its DP all_reduce"),
-    Kind("compute", "ddp", False, "late", "one DDP rank's CPU quota cut to 0.1 CPU (cgroup)"),
+    Kind("late", "mesh", False, LATE, "one rank sleeps 20 ms before its DP all_reduce"),
+    Kind("compute", "ddp", False, LATE, "one DDP rank's CPU quota cut to 0.1 CPU (cgroup)"),
     Kind("link", "mesh", True, "transfer", "one rank's egress shaped to 40 Mbit/s (tbf)"),
     Kind("pause", "mesh", False, "pause", "one rank SIGSTOPped 300 ms every 2 s"),
     Kind("stage", "pipe", True, P2P_LINK, "one pipeline stage's egress shaped to 40 Mbit/s"),
@@ -126,11 +127,7 @@ class Result:
 def names(window: dict[str, Any]) -> set[Name]:
     """Who a window of ``commviz watch --format json`` names, and why."""
     return {Name((s["rank"], s["peer"]) if s.get("cause") == P2P_LINK else s["rank"],
-                 s.get("cause")) for s in window["stragglers"]}
-
-
-def _matches(name: Name, expected: Name) -> bool:
-    return name.who == expected.who and name.cause in (expected.cause, None)
+                 s.get("cause", LATE)) for s in window["stragglers"]}
 
 
 def score(plan: Plan, windows: list[dict[str, Any]], onset_ns: int | None) -> Result:
@@ -144,7 +141,7 @@ def score(plan: Plan, windows: list[dict[str, Any]], onset_ns: int | None) -> Re
         for n in sorted(names(w), key=str):
             if expected is None or onset_w is None or i < onset_w:
                 res.false_names.append(n)
-            elif _matches(n, expected):
+            elif n == expected:
                 if res.latency is None:
                     res.latency = i - onset_w
                 continue
