@@ -1,9 +1,10 @@
 """Scale benchmark of ``commviz watch``: one window of simulated ranks joined, the roots named.
 
 By default (``--mesh TP PP DP``, 8 x 4 x 4,096 = 131,072 ranks) the job is
-``scripts/mesh_sim.py``'s: a TP x PP x DP job with pipeline p2p, six steps, one root of each
+``scripts/mesh_sim.py``'s: a TP x PP x DP job with pipeline p2p, one root of each
 kind planted (a late rank, a rank whose transfers are slow, a rank that pauses, a slow pipeline
-link) in different DP replicas. The window must name exactly the planted roots, each with its
+link) in different DP replicas after a first window of two healthy steps (the run so far the
+causes are judged against). The second window must name exactly the planted roots, each with its
 cause (``commviz.live.cause``), and none of the thousands of ranks they hold up. Printed: the
 calls and transfers, the time to take the calls in (``Windows.add``, chunk by chunk as a watcher
 polls) and to close the window (the join of collectives and transfers, the rows, the causes),
@@ -43,6 +44,7 @@ from commviz.live.window import Windows  # noqa: E402
 
 TARGET_S, TARGET_MIB = 5.0, 512
 MESH_TARGET_MIB = 1024
+HEALTHY = 2                     # steps of the first window (20 instances at each origin and more)
 
 
 def rank_calls(rank: int, world: int, shapes: dict[tuple, Shape]) -> list[Call]:
@@ -76,21 +78,26 @@ def planted(mesh: mesh_sim.Mesh) -> list[mesh_sim.Plant]:
     tp, pp, dp = mesh
     replica = tp * pp
     at = [max(1, dp * k // 4) * replica if dp > 1 else 0 for k in range(4)]
-    return [mesh_sim.Plant("late", at[0] + tp + 3, step=2),
-            mesh_sim.Plant("transfer", at[1] + 2 * tp + 5, step=2),
-            mesh_sim.Plant("pause", at[2] + 6, step=3),
-            mesh_sim.Plant("p2p_link", at[3] + tp + 1, at[3] + 2 * tp + 1, step=2)]
+    return [mesh_sim.Plant("late", at[0] + tp + 3, step=HEALTHY + 1),
+            mesh_sim.Plant("transfer", at[1] + 2 * tp + 5, step=HEALTHY + 1),
+            mesh_sim.Plant("pause", at[2] + 6, step=HEALTHY + 2),
+            mesh_sim.Plant("p2p_link", at[3] + tp + 1, at[3] + 2 * tp + 1, step=HEALTHY + 1)]
 
 
 def run_mesh(mesh: mesh_sim.Mesh, steps: int) -> int:
+    """A first window of ``HEALTHY`` steps (the run so far the causes are judged against),
+    then the window of ``steps`` with the roots planted: the one measured."""
     plants = planted(mesh)
     t = time.perf_counter()
-    job = mesh_sim.Job(mesh, steps, plants)
+    job = mesh_sim.Job(mesh, HEALTHY + steps, plants)
     made = time.perf_counter() - t
     windows = Windows()
+    for chunk in job.calls(steps=range(1, HEALTHY + 1)):
+        windows.add(chunk)
+    windows.close(range(mesh.world), 0, 1)
     added = added_cpu = 0.0
     calls = 0
-    for chunk in job.calls():
+    for chunk in job.calls(steps=range(HEALTHY + 1, HEALTHY + steps + 1)):
         t, c = time.perf_counter(), time.process_time()
         windows.add(chunk)
         added += time.perf_counter() - t
@@ -103,7 +110,8 @@ def run_mesh(mesh: mesh_sim.Mesh, steps: int) -> int:
     instances = sum(r.window.instances for r in window.groups)
     transfers = sum(r.window.instances for r in window.links)
     print(f"machine: {len(os.sched_getaffinity(0))} CPUs; TP {mesh.tp} x PP {mesh.pp} x DP "
-          f"{mesh.dp} = {mesh.world} ranks, {steps} steps: {calls} calls, {instances} "
+          f"{mesh.dp} = {mesh.world} ranks; after a window of {HEALTHY} healthy steps, the "
+          f"window of {steps} steps: {calls} calls, {instances} "
           f"collective instances in {len(window.groups)} groups, {transfers} p2p transfers")
     print(f"generated in {made:.1f} s (not counted)")
     print(f"add (as polled) {added:.2f} s wall, {added_cpu:.2f} s CPU; close (join of "
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, help="bench_scale's TP x DP job of this many ranks")
     ap.add_argument("--mesh", type=int, nargs=3, default=(8, 4, 4096), metavar=("TP", "PP", "DP"))
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=5, help="steps of the measured window")
     args = ap.parse_args(argv)
     if args.ranks is None:
         return run_mesh(mesh_sim.Mesh(*args.mesh), args.steps)

@@ -29,15 +29,20 @@ from commviz.review import wholerun  # noqa: E402
 from commviz.review.report import fmt_ns  # noqa: E402
 
 MESHES = (Mesh(2, 2, 2), Mesh(4, 2, 4), Mesh(8, 4, 4))
-STEPS = 6
+HEALTHY = 11            # steps of a first window: 20 instances at each origin make the normal
+ONSET, STEPS = HEALTHY + 1, 6       # the plants' first step; the second window's steps
 
 
 def _window(mesh: Mesh, plants: list[Plant], seed: int = 0) -> Window:
-    job = Job(mesh, STEPS, plants, seed)
+    """The window of the faults: a first window of healthy steps made the run so far."""
+    job = Job(mesh, HEALTHY + STEPS, [p._replace(step=ONSET + p.step - 3) for p in plants],
+              seed)
     windows = Windows()
-    for calls in job.calls():
-        windows.add(calls)
-    return windows.close(range(mesh.world), 0, 1)
+    for steps in (range(1, ONSET), range(ONSET, ONSET + STEPS)):
+        for calls in job.calls(steps=steps):
+            windows.add(calls)
+        window = windows.close(range(mesh.world), 0, 1)
+    return window
 
 
 def _named(w: Window) -> set[tuple[int, str, int | None]]:
@@ -117,18 +122,22 @@ def test_a_two_group_mesh_names_the_transfer_rank_once_the_run_so_far_is_known()
         named.append(_named(windows.close(range(mesh.world), 0, 1)))
     assert named == [set(), expected(plants)]
     # slow from the first window on: two siblings alone name nobody, not a victim either
-    assert _window(mesh, [Plant("transfer", 3, step=2)]).stragglers == []
+    first = Windows()
+    for calls in Job(mesh, 6, [Plant("transfer", 3, step=2)]).calls():
+        first.add(calls)
+    assert first.close(range(mesh.world), 0, 1).stragglers == []
 
 
 def test_an_async_cpu_collective_launch_is_its_arrival():
     """DDP's bucket all_reduces on gloo are launched with ``async_op``: the call covers its
     launch, which is when the rank's data went in; the rank that launches last is late."""
-    mesh, plants = Mesh(4, 1, 1), [Plant("late", 2)]
-    job = Job(mesh, STEPS, plants, async_op=True)
+    mesh, plants = Mesh(4, 1, 1), [Plant("late", 2, step=30)]
+    job = Job(mesh, 35, plants, async_op=True)
     windows = Windows()
-    for calls in job.calls():
-        windows.add(calls)
-    w = windows.close(range(mesh.world), 0, 1)
+    for steps in (range(1, 30), range(30, 36)):
+        for calls in job.calls(steps=steps):
+            windows.add(calls)
+        w = windows.close(range(mesh.world), 0, 1)
     assert _named(w) == expected(plants)
     assert w.stragglers[0].cost_ns > 0 and w.groups[0].window.comm_ns == 0
 

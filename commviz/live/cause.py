@@ -5,25 +5,28 @@ its windows series (so the report's "over the whole run") and ``commviz diff`` a
 names from ``Judge.name``. A slowdown shows as one of:
 
 - ``late``: the rank arrived last persistently (its work before the collective was slow): last
-  in at least ``LATE_SHARE`` of an origin's instances of a group, at least ``MIN_LATE`` of them,
-  by a median skew of at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's
-  normal skew (a group's first collective, its warm-up, never counts). Three quarters, not a
-  bare majority: four ranks sharing two loaded cores made one of them last in 5 of 9 instances
-  of a second, by 4 ms, with nobody slow.
-- ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end: the
-  transfer, waiting left out) runs ``SLOW_FACTOR`` times slower, in ``LATE_SHARE`` of their
-  instances, than their sibling groups' (same
-  origin, size and bytes: the lower median of the siblings, so two siblings compare with the
-  faster) and than the run so far (before there is one: against three siblings or more), and
-  the rank is the one those slow groups share: in at least
-  two of them, more than any other member. The peers it made late elsewhere (a TP peer, done
-  late with it, arrives late to its DP all_reduce) are listed as having waited (``waited``) and
-  their lateness is added to its cost: they are never named.
-- ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more and
+  by its own doing in at least ``LATE_SHARE`` of an origin's instances of a group (those whose
+  lateness was carried in count against it), at least ``MIN_LATE`` of them, by a median skew of
+  at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's normal skew (its own
+  over the run so far, else its sibling groups' at that origin together; with neither, in the
+  warm-up window, nobody is judged late or paused; a group's first collective never counts).
+  Three quarters, not a bare majority: four ranks sharing two loaded cores made one of them
+  last in 5 of 9 instances of a second, by 4 ms, with nobody slow.
+- ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end:
+  the transfer, waiting left out) runs ``SLOW_FACTOR`` times slower, in ``LATE_SHARE`` of their
+  instances, than their sibling groups' (same origin, size and bytes: the siblings' lower
+  median, so two siblings compare with the faster) and than the run so far (before there is
+  one: against three siblings or more), and the rank is the one those slow groups share: in at
+  least two of them, more than any other member. The peers it made late elsewhere (a TP peer,
+  done late with it, arrives late to its DP all_reduce) are listed as having waited
+  (``waited``) and their lateness is added to its cost: they are never named.
+- ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more,
   ``PAUSE_FACTOR`` times the group's normal skew and the window's median skew at that origin
-  (of the instances late by their own doing: a slowdown of every instance is no pause), in at least two of its groups at once
-  (stalls overlapping in time). Its peers, held inside the first group's call, are late to
-  their own other group once each: one group, not named.
+  (of the instances late by their own doing: a slowdown of every instance is no pause), and
+  ``PAUSE_COMM_FACTOR`` times the window's comm time there (every link slow alike stalls the
+  ranks that much), in at least two of its groups at once (stalls overlapping in time). Its
+  peers, held inside the first group's call, carry that lateness into their other group: it
+  is the paused rank's.
 - ``p2p_link``: a pipeline link (sender ``rank``, receiver ``peer``) delivers slowly: its
   transfers' *delivery* (both sides posted to the receiver's next call) runs ``SLOW_FACTOR``
   times slower than the sibling links' of the same origin and bytes, and than the run so far;
@@ -55,6 +58,7 @@ TRANSFER_MIN_NS = 1_000_000     # and this much slower per instance than its sib
 SIBLINGS_ALONE = 3              # groups of a class judged with no run so far (two say little)
 PAUSE_MIN_NS = 100_000_000      # a stall: arrived last by this much (jitter is shorter)
 PAUSE_FACTOR = 10.0             # and this times its group's normal skew
+PAUSE_COMM_FACTOR = 5.0         # and this times the window's comm time at the origin
 WAITED_SHOWN = 8
 # figures (ns) run-so-far medians are read from: 20 bins a decade from 1 µs to 100 s
 BINS = np.geomspace(1e3, 1e11, 161)
@@ -210,12 +214,22 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
 
 
 class Judge:
-    """Names a window's roots (``name``) and keeps the run so far they are judged against."""
+    """Names a window's roots (``name``) and keeps the run so far they are judged against.
+    ``alone``: a whole run judged as one window (``commviz diff``): before a run so far, a late
+    rank's skew is judged against the median skew of the instances outside the candidates'
+    (each a rank last in three quarters of an origin's instances)."""
 
-    def __init__(self) -> None:
+    def __init__(self, alone: bool = False) -> None:
+        self.alone = alone
         self.skew = _Normal()           # per group name: skews the named did not cause
+        self.origin_skew = _Normal()    # per origin: the same, its groups together
         self.comm = _Normal()           # per sibling class: comm times of groups not slow
         self.delivery = _Normal()       # per link class: deliveries of links not slow
+
+    def _usual(self, group: str, origin: str) -> int | None:
+        """A group's normal skew at an origin: its own, else its sibling groups' together."""
+        usual = self.skew.median(group)
+        return usual if usual is not None else self.origin_skew.median(origin)
 
     def name(self, inst: Instances, links: Transfers | None = None) -> list[Straggler]:
         """Every root of the window's slowdowns, the costliest first; the run so far learns
@@ -252,32 +266,34 @@ class Judge:
         own = sub.take(~sub.inherited)
         if not len(own):
             return []
-        row = own.group.astype(np.int64) * len(own.origins) + own.origin
-        rows, row_of, row_n = np.unique(row, return_inverse=True, return_counts=True)
-        row_of = row_of.reshape(-1)
+        rows, row_n = np.unique(sub.group.astype(np.int64) * len(sub.origins) + sub.origin,
+                                return_counts=True)      # every instance of a row counts
+        row_of = np.searchsorted(rows, own.group.astype(np.int64) * len(own.origins)
+                                 + own.origin)
         width = int(own.late_rank.max()) + 1
         pairs, pair_of, pair_n = np.unique(row_of.astype(np.int64) * width + own.late_rank,
                                            return_inverse=True, return_counts=True)
         order, starts, ends = _segments(pair_of.reshape(-1))
-        _, by_origin, _, _ = _group_medians(own.origin, own.skew, len(own.origins))
-        g_order = np.argsort(own.group, kind="stable")
-        g_sorted = own.group[g_order]
+        candidates = [(i, p, k) for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist()))
+                      if k >= MIN_LATE and k >= LATE_SHARE * int(row_n[p // width])]
+        alone = None                   # a whole run judged alone: the others' median skew
+        if self.alone and candidates:
+            others = np.ones(len(own), bool)
+            for i, _, _ in candidates:
+                others[order[starts[i]:ends[i]]] = False
+            alone = int(np.median(own.skew[others])) if others.any() else None
         out = []
-        for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist())):
+        for i, p, k in candidates:
             r_i, rank = divmod(p, width)
             total = int(row_n[r_i])
-            if k < MIN_LATE or k < LATE_SHARE * total:
-                continue
             these = order[starts[i]:ends[i]]
             skew = int(np.median(own.skew[these]))
             g, o = divmod(int(rows[r_i]), len(own.origins))
             group = own.groups[g]
-            usual = self.skew.median(group.name)
-            if usual is None:          # none yet: its group's other instances', or siblings'
-                mine = g_order[np.searchsorted(g_sorted, g):np.searchsorted(g_sorted, g, "right")]
-                others = own.skew[mine][own.late_rank[mine] != rank]
-                usual = min(int(np.median(others)) if len(others) else by_origin[o],
-                            by_origin[o])
+            usual = self._usual(group.name, own.origins[o])
+            usual = alone if usual is None else usual
+            if usual is None:          # no run so far yet (the warm-up window): not judged
+                continue
             if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
                 continue
             out.append(Straggler(int(rank), own.origins[o], group.name, group.label, total, k,
@@ -290,15 +306,22 @@ class Judge:
         """Ranks last, by a stall, in two or more of their groups at once."""
         if not len(sub):
             return []
-        usual = np.array([self.skew.median(g.name) or 0 for g in sub.groups], np.int64)
         own = ~sub.inherited                  # a stall stands out of its origin's window too
         _, here, _, _ = _group_medians(sub.origin[own], sub.skew[own], len(sub.origins))
-        here = np.where(here == np.iinfo(np.int64).max, 0, here)
+        timed = sub.comm >= 0                 # and of its transfers (every link slow alike)
+        _, comm, _, _ = _group_medians(sub.origin[timed], sub.comm[timed], len(sub.origins))
+        none = np.iinfo(np.int64).max
+        here, comm = np.where(here == none, 0, here), np.where(comm == none, 0, comm)
         skew = sub.skew
-        usual = np.maximum(usual[sub.group], here[sub.origin])
-        stall = np.flatnonzero((skew >= PAUSE_MIN_NS) & (skew >= PAUSE_FACTOR * usual))
+        stall = []
+        for i in np.flatnonzero(skew >= PAUSE_MIN_NS).tolist():
+            o = int(sub.origin[i])
+            known = self._usual(sub.groups[int(sub.group[i])].name, sub.origins[o])
+            if known is not None and skew[i] >= PAUSE_FACTOR * max(known, here[o]) \
+                    and skew[i] >= PAUSE_COMM_FACTOR * comm[o]:
+                stall.append(i)
         by_rank: dict[int, list[int]] = {}
-        for i in stall.tolist():
+        for i in stall:
             r = int(sub.root[i])
             if r not in excluded:
                 by_rank.setdefault(r, []).append(i)
@@ -381,6 +404,7 @@ class Judge:
                 elif s.cause == Cause.PAUSE:
                     keep &= ~((sub.root == s.rank) & (sub.skew >= PAUSE_MIN_NS))
             self.skew.add(sub.group[keep].astype(np.int64), sub.skew[keep], names)
+            self.origin_skew.add(sub.origin[keep].astype(np.int64), sub.skew[keep], sub.origins)
             has = sub.comm >= 0
             if slow is not None and len(slow.segment):
                 width = int(sub.group.max()) + 1

@@ -6,7 +6,8 @@ whether its lateness was its own or carried in from a collective where it waited
 they are the live join's ``Instances``, and ``live.cause.Judge`` names their roots with their
 causes, as ``commviz watch`` does a window: one reading of "why" (docs/reviewing.md). The run is
 one window: a late rank is named when it was late in three quarters of an origin's instances of
-the whole run. Point-to-point transfers are not in the fold's numbered collectives: no link is
+the whole run, by five times the median skew of the other instances (no run
+so far precedes it; a pause, judged against one, is not named here). Point-to-point transfers are not in the fold's numbered collectives: no link is
 named here.
 """
 
@@ -29,7 +30,7 @@ def name(fold: Fold, calls: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
          ) -> list[Straggler]:
     """The run's roots (``calls``: ``Fold.calls()``, taken before ``Fold.finish``)."""
     inst = instances(fold, calls)
-    return Judge().name(inst) if len(inst) else []
+    return Judge(alone=True).name(inst) if len(inst) else []
 
 
 def instances(fold: Fold, calls: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
