@@ -8,8 +8,9 @@ names from ``Judge.name``. A slowdown shows as one of:
   by its own doing in at least ``LATE_SHARE`` of an origin's instances of a group (those whose
   lateness was carried in count against it), at least ``MIN_LATE`` of them, by a median skew of
   at least ``STRAGGLER_MIN_NS`` and ``STRAGGLER_FACTOR`` times the group's normal skew (its own
-  over the run so far, else its sibling groups' at that origin together; with neither, in the
-  warm-up window, nobody is judged late or paused; a group's first collective never counts).
+  over the run so far, else its sibling groups' at that origin together, else the window's;
+  in the window that holds the group's warm-up, its first collective, nobody is judged late
+  or paused there: the ranks' start-up is in it).
   Three quarters, not a bare majority: four ranks sharing two loaded cores made one of them
   last in 5 of 9 instances of a second, by 4 ms, with nobody slow.
 - ``transfer``: the rank's transfers are slow. Its groups' *comm* (last arrival to last end:
@@ -215,9 +216,11 @@ def _slower(seg: np.ndarray, klass: np.ndarray, value: np.ndarray, normal: _Norm
 
 class Judge:
     """Names a window's roots (``name``) and keeps the run so far they are judged against.
-    ``alone``: a whole run judged as one window (``commviz diff``): before a run so far, a late
-    rank's skew is judged against the median skew of the instances outside the candidates'
-    (each a rank last in three quarters of an origin's instances)."""
+    Before a group has a run so far, a late rank's skew is judged against the window's median
+    skew outside the candidates' instances (each a rank last in three quarters of an origin's
+    instances), and a pause against the window's median: unless the window holds the group's
+    warm-up, the ranks' start-up (then nobody is judged there). ``alone``: a whole run judged
+    as one window (``commviz diff``: its warm-ups are left out, the run is judged all the same)."""
 
     def __init__(self, alone: bool = False) -> None:
         self.alone = alone
@@ -236,7 +239,9 @@ class Judge:
         from what they did not cause."""
         sub = inst.take(inst.arrived & (inst.seq > WARMUP) & (inst.n > 1))
         classes, class_names = _classes(sub)
-        late = self._late(sub)
+        starting = set() if self.alone else set(
+            np.unique(inst.group[inst.seq <= WARMUP]).tolist())
+        late = self._late(sub, starting)
         timed = sub.comm >= 0
         slow = _slower(sub.group[timed], classes[timed], sub.comm[timed], self.comm,
                        class_names, LATE_SHARE) if timed.any() else None
@@ -244,7 +249,7 @@ class Judge:
             slow.at = np.flatnonzero(timed)[slow.at]
         transfer, held = _shared(sub, slow) if slow is not None else ([], {})
         named = {s.rank for s in late} | {s.rank for s in transfer}
-        pauses = self._paused(sub, named | set(held))
+        pauses = self._paused(sub, named | set(held), starting)
         link_named, link_ranks, link_slow = self._links(links)
         out = _attribute(late, transfer, held, link_named, link_ranks)
         out += pauses
@@ -260,9 +265,10 @@ class Judge:
 
     # -- late -------------------------------------------------------------------------------
 
-    def _late(self, sub: Instances) -> list[Straggler]:
+    def _late(self, sub: Instances, starting: set[int]) -> list[Straggler]:
         """Ranks last persistently by their own lateness (not carried in: ``Instances.root``);
-        the lateness they made others carry into later collectives is added to their cost."""
+        the lateness they made others carry into later collectives is added to their cost.
+        ``starting``: the groups whose warm-up is in the window (no run so far: not judged)."""
         own = sub.take(~sub.inherited)
         if not len(own):
             return []
@@ -276,8 +282,8 @@ class Judge:
         order, starts, ends = _segments(pair_of.reshape(-1))
         candidates = [(i, p, k) for i, (p, k) in enumerate(zip(pairs.tolist(), pair_n.tolist()))
                       if k >= MIN_LATE and k >= LATE_SHARE * int(row_n[p // width])]
-        alone = None                   # a whole run judged alone: the others' median skew
-        if self.alone and candidates:
+        alone = None                   # no run so far: the window's other instances' median
+        if candidates:
             others = np.ones(len(own), bool)
             for i, _, _ in candidates:
                 others[order[starts[i]:ends[i]]] = False
@@ -291,8 +297,9 @@ class Judge:
             g, o = divmod(int(rows[r_i]), len(own.origins))
             group = own.groups[g]
             usual = self._usual(group.name, own.origins[o])
-            usual = alone if usual is None else usual
-            if usual is None:          # no run so far yet (the warm-up window): not judged
+            if usual is None and g not in starting:
+                usual = alone
+            if usual is None:          # the warm-up window (the ranks' start-up): not judged
                 continue
             if skew < max(STRAGGLER_MIN_NS, STRAGGLER_FACTOR * usual):
                 continue
@@ -302,8 +309,10 @@ class Judge:
 
     # -- pause ------------------------------------------------------------------------------
 
-    def _paused(self, sub: Instances, excluded: set[int]) -> list[Straggler]:
-        """Ranks last, by a stall, in two or more of their groups at once."""
+    def _paused(self, sub: Instances, excluded: set[int], starting: set[int]
+                ) -> list[Straggler]:
+        """Ranks last, by a stall, in two or more of their groups at once (``starting``: as
+        ``_late``'s)."""
         if not len(sub):
             return []
         own = ~sub.inherited                  # a stall stands out of its origin's window too
@@ -315,8 +324,10 @@ class Judge:
         skew = sub.skew
         stall = []
         for i in np.flatnonzero(skew >= PAUSE_MIN_NS).tolist():
-            o = int(sub.origin[i])
-            known = self._usual(sub.groups[int(sub.group[i])].name, sub.origins[o])
+            o, g = int(sub.origin[i]), int(sub.group[i])
+            known = self._usual(sub.groups[g].name, sub.origins[o])
+            if known is None and g not in starting:
+                known = 0                  # no run so far: the window's own median alone
             if known is not None and skew[i] >= PAUSE_FACTOR * max(known, here[o]) \
                     and skew[i] >= PAUSE_COMM_FACTOR * comm[o]:
                 stall.append(i)
