@@ -27,7 +27,7 @@ names from ``Judge.name``. A slowdown shows as one of:
   ``PAUSE_COMM_FACTOR`` times the window's comm time there (every link slow alike stalls the
   ranks that much), in at least two of its groups at once (stalls overlapping in time). Its
   peers, held inside the first group's call, carry that lateness into their other group: it
-  is the paused rank's.
+  is the paused rank's, but only the stalls of groups it is in count and are shown.
 - ``p2p_link``: a pipeline link (sender ``rank``, receiver ``peer``) delivers slowly: its
   transfers' *delivery* (both sides posted to the receiver's next call) runs ``SLOW_FACTOR``
   times slower than the sibling links' of the same origin and bytes, and than the run so far;
@@ -348,14 +348,17 @@ class Judge:
                 if episode and int(sub.first_start[i]) > end:
                     episode, in_episode = [], set()
                 episode.append(i)
-                in_episode.add(int(sub.group[i]))
+                members = sub.groups[int(sub.group[i])].ranks
+                if rank in members or not members:      # its own groups' stalls (or unknown)
+                    in_episode.add(int(sub.group[i]))
                 end = max(end, int(sub.last_start[i]))
                 if len(in_episode) > len(best_groups):
                     best, best_groups = list(episode), set(in_episode)
             groups = best_groups
-            if len(groups) < 2 or sub.inherited[best].all():
+            mine = [j for j in best if int(sub.group[j]) in groups]
+            if len(groups) < 2 or sub.inherited[mine].all():
                 continue
-            worst = max(best, key=lambda j: int(skew[j]))
+            worst = max(mine, key=lambda j: int(skew[j]))
             g = sub.groups[int(sub.group[worst])]
             waited = sorted({int(sub.late_rank[j]) for j in idx} - {rank})
             out.append(Straggler(rank, sub.origins[int(sub.origin[worst])], g.name, g.label,

@@ -267,7 +267,8 @@ def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
                      last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
                      comm=comm, bus_bytes=bus, launch_only=launch, arrived=arrived, gpu=timed,
                      size=size,
-                     root=roots(own, carried, late_rank), inherited=~own)
+                     root=roots(own, carried, late_rank, last_start - begin[starts]),
+                     inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
 
 
@@ -298,17 +299,22 @@ def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarra
     return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
 
 
-def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray, skew: np.ndarray
+          ) -> np.ndarray:
     """Per instance the rank whose lateness it was: its late rank's when its own, else along
     ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
-    longer than ``CHAIN``)."""
+    longer than ``CHAIN``). A link is followed only where the instance held from was skewed by
+    ``INHERIT_SHARE`` of the lateness carried out of it: else that lateness was made inside its
+    calls (a rank stopped in one, a stalled transfer), not by its late rank, and the chain ends
+    unknown."""
     at = np.arange(len(held))
     root = np.full(len(held), -1, np.int64)
     settled = np.zeros(len(held), bool)
     for _ in range(CHAIN):
         mine = ~settled & own[at]
         root[mine] = late_rank[at[mine]]
-        settled |= mine | (held[at] < 0)
+        back = held[at]
+        settled |= mine | (back < 0) | (skew[np.maximum(back, 0)] < INHERIT_SHARE * skew[at])
         if settled.all():
             break
         at = np.where(settled, at, held[at])
