@@ -226,16 +226,18 @@ def test_lateness_made_inside_a_call_is_not_its_late_rank_s():
     assert roots(own, carried, rank[lasts], skew).tolist() == [1, 0, 0]
 
 
-def _mesh_instances(stalls: list[tuple[int, int, bool, int]]) -> Instances:
+def _mesh_instances(stalls: list[tuple[int, int, bool, int]], dp_carried: bool = False
+                    ) -> Instances:
     """A 2 x 2 mesh's window, 12 healthy steps (TP [0, 1], [2, 3]; DP [0, 2], [1, 3]) then
-    ``stalls``: (group, late rank, carried in, root) of 290-300 ms each, at one time."""
+    ``stalls``: (group, late rank, carried in, root) of 290-300 ms each, at one time.
+    ``dp_carried``: the healthy DP instances' lateness carried in from TP."""
     ms = 1_000_000
     groups = [Group(str(i), "", r) for i, r in enumerate(((0, 1), (2, 3), (0, 2), (1, 3)))]
     rows = []                       # group, origin, t, skew, late rank, inherited, root
     for step in range(12):
         for g, (a, b) in enumerate(r.ranks for r in groups):
             late = (a, b)[step % 2]
-            rows.append((g, g // 2, step * 10 * ms, ms // 3, late, False, late))
+            rows.append((g, g // 2, step * 10 * ms, ms // 3, late, dp_carried and g > 1, late))
     for k, (g, late, inherited, root) in enumerate(stalls):
         rows.append((g, g // 2, 200 * ms, (290 + k * 5) * ms, late, inherited, root))
     col = np.array(rows, dtype=np.int64).T
@@ -256,3 +258,11 @@ def test_a_pause_is_named_in_its_own_groups_only():
     assert Judge().name(_mesh_instances([(0, 0, False, 0), (3, 1, True, 0)])) == []
     (s,) = Judge().name(_mesh_instances([(0, 1, False, 1), (3, 1, False, 1)]))
     assert (s.rank, s.cause, s.group) == (1, Cause.PAUSE, "3") and s.late_in == 2
+
+
+def test_a_pause_stands_out_of_its_origin_s_carried_lateness_too():
+    """The DP all_reduce, called right after the TP one, has its late arrivals carried in: its
+    own late arrivals in a window are the stalls alone, no measure of the origin's skew."""
+    stalls = [(0, 1, False, 1), (3, 1, False, 1)]
+    (s,) = Judge().name(_mesh_instances(stalls, dp_carried=True))
+    assert (s.rank, s.cause, s.late_in) == (1, Cause.PAUSE, 2)
