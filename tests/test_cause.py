@@ -266,3 +266,19 @@ def test_a_pause_stands_out_of_its_origin_s_carried_lateness_too():
     stalls = [(0, 1, False, 1), (3, 1, False, 1)]
     (s,) = Judge().name(_mesh_instances(stalls, dp_carried=True))
     assert (s.rank, s.cause, s.late_in) == (1, Cause.PAUSE, 2)
+
+
+def test_after_an_async_launch_a_late_rank_s_lateness_is_its_own():
+    """DDP's bucket all_reduces, launched with ``async_op``: a rank that computes slowly
+    launches each bucket last; the others wait for the work later, outside any call, so their
+    gap between two launches is as long as its own: it tells nothing, the lateness is its own."""
+    ms = 1_000_000
+    # calls (rank, begin, end): two launches of each rank, rank 1 last by 50 ms at both
+    rank = np.array([0, 1, 0, 1])
+    begin = np.array([0, 50 * ms, 60 * ms, 110 * ms])
+    end = begin + ms // 10
+    starts, lasts = np.array([0, 2]), np.array([1, 3])
+    usable = np.ones(2, bool)
+    assert held(rank, begin, end, starts, lasts, usable)[0].tolist() == [True, False]
+    own, carried = held(rank, begin, end, starts, lasts, usable, np.zeros(4, bool))
+    assert own.tolist() == [True, True] and carried.tolist() == [-1, -1]

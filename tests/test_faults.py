@@ -28,12 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=s
 SEEDS = (1, 2)
 PATIENCE = trial.DEADLINE + 2
 SLOW = {"compute"}          # a DDP job: twice the others' time, one seed
-# strict: the day the slow DDP rank is named, this fails until the mark goes
-NOT_YET = {"compute": pytest.mark.xfail(strict=True, reason=(
-    "DDP's bucket all_reduces are async_op calls: the live join takes them as launch-only (no "
-    "late rank), although on gloo an async collective's launch is the rank's arrival"))}
-FAULTS = [pytest.param(k.name, s, marks=NOT_YET.get(k.name, ()))
-          for k in trial.KINDS.values() if k.cause for s in SEEDS[:1 if k.name in SLOW else None]]
+FAULTS = [(k.name, s) for k in trial.KINDS.values() if k.cause
+          for s in SEEDS[:1 if k.name in SLOW else None]]
 NO_FAULT = [(k.name, s) for k in trial.KINDS.values() if not k.cause for s in SEEDS]
 
 
