@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness import REPO
@@ -23,8 +24,9 @@ import mesh_sim  # noqa: E402
 from mesh_sim import Job, Mesh, Plant, expected  # noqa: E402
 
 from commviz.live import series  # noqa: E402
-from commviz.live.cause import Cause, said  # noqa: E402
-from commviz.live.window import Window, Windows  # noqa: E402
+from commviz.live.cause import Cause, Judge, said  # noqa: E402
+from commviz.live.instances import Group, Instances  # noqa: E402
+from commviz.live.window import Window, Windows, held, roots  # noqa: E402
 from commviz.review import wholerun  # noqa: E402
 from commviz.review.report import fmt_ns  # noqa: E402
 
@@ -202,3 +204,81 @@ def test_prometheus_rule_names_the_transfer_slow_rank_not_its_victims(tmp_path: 
     done = subprocess.run(["promtool", "test", "rules", str(test)], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_lateness_made_inside_a_call_is_not_its_late_rank_s():
+    """A rank stopped inside a collective (its transfer stalled: both ends 300 ms late) holds
+    its peer, who arrives 300 ms late to its next collective; the rank that arrived last to the
+    stalled call, by 0.3 ms, is not the root of that lateness: nobody known is."""
+    ms = 1_000_000
+    # calls (rank, begin, end) of 3 instances: [1, 3] healthy; [0, 2], rank 0 last by 0.3 ms,
+    # stalled inside; [0, 1], rank 1 waits there 290 ms for rank 0
+    rank = np.array([3, 1, 2, 0, 1, 0])
+    begin = np.array([0, ms // 10, 0, ms * 3 // 10, 10 * ms, 300 * ms + ms // 2])
+    end = np.array([9 * ms, 9 * ms, 300 * ms, 300 * ms, 301 * ms, 301 * ms])
+    starts, lasts = np.array([0, 2, 4]), np.array([1, 3, 5])
+    own, carried = held(rank, begin, end, starts, lasts, np.ones(3, bool))
+    assert own.tolist() == [True, True, False] and carried.tolist() == [-1, -1, 1]
+    skew = begin[lasts] - begin[starts]
+    assert roots(own, carried, rank[lasts], skew).tolist() == [1, 0, -1]
+    # a late arrival carried on is still its root's
+    skew[1] = 300 * ms
+    assert roots(own, carried, rank[lasts], skew).tolist() == [1, 0, 0]
+
+
+def _mesh_instances(stalls: list[tuple[int, int, bool, int]], dp_carried: bool = False
+                    ) -> Instances:
+    """A 2 x 2 mesh's window, 12 healthy steps (TP [0, 1], [2, 3]; DP [0, 2], [1, 3]) then
+    ``stalls``: (group, late rank, carried in, root) of 290-300 ms each, at one time.
+    ``dp_carried``: the healthy DP instances' lateness carried in from TP."""
+    ms = 1_000_000
+    groups = [Group(str(i), "", r) for i, r in enumerate(((0, 1), (2, 3), (0, 2), (1, 3)))]
+    rows = []                       # group, origin, t, skew, late rank, inherited, root
+    for step in range(12):
+        for g, (a, b) in enumerate(r.ranks for r in groups):
+            late = (a, b)[step % 2]
+            rows.append((g, g // 2, step * 10 * ms, ms // 3, late, dp_carried and g > 1, late))
+    for k, (g, late, inherited, root) in enumerate(stalls):
+        rows.append((g, g // 2, 200 * ms, (290 + k * 5) * ms, late, inherited, root))
+    col = np.array(rows, dtype=np.int64).T
+    n = len(rows)
+    return Instances(groups, ["tp", "dp"], group=col[0], origin=col[1], seq=np.arange(n) + 10,
+                     n=np.full(n, 2), first_start=col[2], last_start=col[2] + col[3],
+                     last_end=col[2] + col[3] + ms // 2, late_rank=col[4], wait=col[3],
+                     comm=np.full(n, ms // 2), bus_bytes=np.zeros(n),
+                     launch_only=np.zeros(n, bool), arrived=np.ones(n, bool),
+                     gpu=np.zeros(n, bool), size=np.full(n, 1024), root=col[6],
+                     inherited=col[5].astype(bool))
+
+
+def test_a_pause_is_named_in_its_own_groups_only():
+    """A rank is never named paused in a group it is not in: rank 0's stall in [0, 1] and
+    one carried (root 0) into [1, 3], which rank 0 is not in, are one group of its own: no
+    pause. Rank 1 stalling [0, 1] and [1, 3] is named, at one of them."""
+    assert Judge().name(_mesh_instances([(0, 0, False, 0), (3, 1, True, 0)])) == []
+    (s,) = Judge().name(_mesh_instances([(0, 1, False, 1), (3, 1, False, 1)]))
+    assert (s.rank, s.cause, s.group) == (1, Cause.PAUSE, "3") and s.late_in == 2
+
+
+def test_a_pause_stands_out_of_its_origin_s_carried_lateness_too():
+    """The DP all_reduce, called right after the TP one, has its late arrivals carried in: its
+    own late arrivals in a window are the stalls alone, no measure of the origin's skew."""
+    stalls = [(0, 1, False, 1), (3, 1, False, 1)]
+    (s,) = Judge().name(_mesh_instances(stalls, dp_carried=True))
+    assert (s.rank, s.cause, s.late_in) == (1, Cause.PAUSE, 2)
+
+
+def test_after_an_async_launch_a_late_rank_s_lateness_is_its_own():
+    """DDP's bucket all_reduces, launched with ``async_op``: a rank that computes slowly
+    launches each bucket last; the others wait for the work later, outside any call, so their
+    gap between two launches is as long as its own: it tells nothing, the lateness is its own."""
+    ms = 1_000_000
+    # calls (rank, begin, end): two launches of each rank, rank 1 last by 50 ms at both
+    rank = np.array([0, 1, 0, 1])
+    begin = np.array([0, 50 * ms, 60 * ms, 110 * ms])
+    end = begin + ms // 10
+    starts, lasts = np.array([0, 2]), np.array([1, 3])
+    usable = np.ones(2, bool)
+    assert held(rank, begin, end, starts, lasts, usable)[0].tolist() == [True, False]
+    own, carried = held(rank, begin, end, starts, lasts, usable, np.zeros(4, bool))
+    assert own.tolist() == [True, True] and carried.tolist() == [-1, -1]

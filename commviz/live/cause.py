@@ -23,11 +23,11 @@ names from ``Judge.name``. A slowdown shows as one of:
   (``waited``) and their lateness is added to its cost: they are never named.
 - ``pause``: the rank stopped for a while: it arrived last, by ``PAUSE_MIN_NS`` or more,
   ``PAUSE_FACTOR`` times the group's normal skew and the window's median skew at that origin
-  (of the instances late by their own doing: a slowdown of every instance is no pause), and
-  ``PAUSE_COMM_FACTOR`` times the window's comm time there (every link slow alike stalls the
-  ranks that much), in at least two of its groups at once (stalls overlapping in time). Its
+  (of the instances late by their own doing, where there are enough: a slowdown of every
+  instance is no pause), and ``PAUSE_COMM_FACTOR`` times the window's comm time there (every
+  link slow alike stalls the ranks that much), in at least two of its groups at once (stalls overlapping in time). Its
   peers, held inside the first group's call, carry that lateness into their other group: it
-  is the paused rank's.
+  is the paused rank's, but only the stalls of groups it is in count and are shown.
 - ``p2p_link``: a pipeline link (sender ``rank``, receiver ``peer``) delivers slowly: its
   transfers' *delivery* (both sides posted to the receiver's next call) runs ``SLOW_FACTOR``
   times slower than the sibling links' of the same origin and bytes, and than the run so far;
@@ -315,12 +315,17 @@ class Judge:
         ``_late``'s)."""
         if not len(sub):
             return []
-        own = ~sub.inherited                  # a stall stands out of its origin's window too
+        # a stall stands out of its origin's window too: of the instances late by their own
+        # doing, where there are NORMAL_MIN of them (a collective called right after another
+        # has its lateness carried in nearly always: its few own late arrivals in a window can
+        # be the stalls themselves; then the run so far and the comm time are the measure)
+        own = ~sub.inherited
         _, here, _, _ = _group_medians(sub.origin[own], sub.skew[own], len(sub.origins))
+        few = np.bincount(sub.origin[own], minlength=len(sub.origins)) < NORMAL_MIN
         timed = sub.comm >= 0                 # and of its transfers (every link slow alike)
         _, comm, _, _ = _group_medians(sub.origin[timed], sub.comm[timed], len(sub.origins))
         none = np.iinfo(np.int64).max
-        here, comm = np.where(here == none, 0, here), np.where(comm == none, 0, comm)
+        here, comm = np.where(few, 0, here), np.where(comm == none, 0, comm)
         skew = sub.skew
         stall = []
         for i in np.flatnonzero(skew >= PAUSE_MIN_NS).tolist():
@@ -348,14 +353,17 @@ class Judge:
                 if episode and int(sub.first_start[i]) > end:
                     episode, in_episode = [], set()
                 episode.append(i)
-                in_episode.add(int(sub.group[i]))
+                members = sub.groups[int(sub.group[i])].ranks
+                if rank in members or not members:      # its own groups' stalls (or unknown)
+                    in_episode.add(int(sub.group[i]))
                 end = max(end, int(sub.last_start[i]))
                 if len(in_episode) > len(best_groups):
                     best, best_groups = list(episode), set(in_episode)
             groups = best_groups
-            if len(groups) < 2 or sub.inherited[best].all():
+            mine = [j for j in best if int(sub.group[j]) in groups]
+            if len(groups) < 2 or sub.inherited[mine].all():
                 continue
-            worst = max(best, key=lambda j: int(skew[j]))
+            worst = max(mine, key=lambda j: int(skew[j]))
             g = sub.groups[int(sub.group[worst])]
             waited = sorted({int(sub.late_rank[j]) for j in idx} - {rank})
             out.append(Straggler(rank, sub.origins[int(sub.origin[worst])], g.name, g.label,

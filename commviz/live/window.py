@@ -261,18 +261,21 @@ def _instances(c: dict[str, np.ndarray], joins: np.ndarray, table: _ShapeTable,
     factor = table.factor[shape[lasts]]
     bus = np.where((comm > 0) & (factor > 0), size * factor, 0.0)
     late_rank = rank[lasts]
-    own, carried = held(rank, begin, end, starts, lasts, complete & arrived)
+    own, carried = held(rank, begin, end, starts, lasts, complete & arrived,
+                        ~(table.launch_only[shape] & ~np.repeat(timed, n)))
     inst = Instances(table.groups, table.origins, group=igroup, origin=table.origin[shape[lasts]],
                      seq=key[starts] & ((1 << 40) - 1), n=n, first_start=begin[starts],
                      last_start=last_start, last_end=last_end, late_rank=late_rank, wait=wait,
                      comm=comm, bus_bytes=bus, launch_only=launch, arrived=arrived, gpu=timed,
                      size=size,
-                     root=roots(own, carried, late_rank), inherited=~own)
+                     root=roots(own, carried, late_rank, last_start - begin[starts]),
+                     inherited=~own)
     return inst.take(complete), pending if rows is None else rows[pending]
 
 
 def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarray,
-          lasts: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+          lasts: np.ndarray, usable: np.ndarray, waits: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """Per instance: whether its late rank was late by its own doing, and else the instance
     its lateness came from (-1: not known).
 
@@ -281,12 +284,17 @@ def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarra
     skew (or nothing tells: its first call in the window). Otherwise its previous call ended
     late (it waited there, arrived late there too, or the data of a transfer came late) and
     the lateness is carried in: from that call's instance, where it is a collective. The
-    calls are in the join's order (``starts``/``lasts``: each instance's first and last)."""
+    calls are in the join's order (``starts``/``lasts``: each instance's first and last).
+    ``waits``: per call, whether its end is when the rank was done waiting (default: all);
+    an async launch's is not (the rank waits for its work later, outside any call, as DDP's
+    bucket all_reduces): a gap after one tells nothing, as before a rank's first call."""
     by_rank = np.lexsort((begin, rank))
     prev = np.full(len(rank), -1, np.int64)
     same = rank[by_rank[1:]] == rank[by_rank[:-1]]
     prev[by_rank[1:][same]] = by_rank[:-1][same]
     has = prev >= 0
+    if waits is not None:
+        has &= waits[np.maximum(prev, 0)]
     gap = np.where(has, begin - end[np.maximum(prev, 0)], 0)
     x = lasts
     others = np.add.reduceat(has.astype(np.int64), starts) - has[x]
@@ -298,17 +306,22 @@ def held(rank: np.ndarray, begin: np.ndarray, end: np.ndarray, starts: np.ndarra
     return own, np.where(~own & usable & (held >= 0) & usable[np.maximum(held, 0)], held, -1)
 
 
-def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray) -> np.ndarray:
+def roots(own: np.ndarray, held: np.ndarray, late_rank: np.ndarray, skew: np.ndarray
+          ) -> np.ndarray:
     """Per instance the rank whose lateness it was: its late rank's when its own, else along
     ``held`` the first late rank late by its own doing (-1: the chain ends unknown or is
-    longer than ``CHAIN``)."""
+    longer than ``CHAIN``). A link is followed only where the instance held from was skewed by
+    ``INHERIT_SHARE`` of the lateness carried out of it: else that lateness was made inside its
+    calls (a rank stopped in one, a stalled transfer), not by its late rank, and the chain ends
+    unknown."""
     at = np.arange(len(held))
     root = np.full(len(held), -1, np.int64)
     settled = np.zeros(len(held), bool)
     for _ in range(CHAIN):
         mine = ~settled & own[at]
         root[mine] = late_rank[at[mine]]
-        settled |= mine | (held[at] < 0)
+        back = held[at]
+        settled |= mine | (back < 0) | (skew[np.maximum(back, 0)] < INHERIT_SHARE * skew[at])
         if settled.all():
             break
         at = np.where(settled, at, held[at])

@@ -64,6 +64,7 @@ def instances(fold: Fold, calls: tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         first_start=first, last_start=last, last_end=fold.last_end[ids], late_rank=late,
         wait=fold.wait[ids], comm=comm, bus_bytes=np.zeros(len(ids)), launch_only=launch,
         arrived=~launch,
-        gpu=np.zeros(len(ids), bool), size=fold.size[ids], root=roots(own, carried, late),
+        gpu=np.zeros(len(ids), bool), size=fold.size[ids],
+        root=roots(own, carried, late, last - first),
         inherited=~own)
     return full.take(key_pg[ids] >= 0)
