@@ -25,7 +25,7 @@ from pathlib import Path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from commviz.errors import CommvizError, ConfigError
-from commviz.live.address import LOOPBACK, parse_address
+from commviz.live.address import add_address, checked
 from commviz.live.gpujoin import GpuJoin
 from commviz.live.metrics import ORIGINS, SERIES, Counts
 from commviz.live.tail import RunTail
@@ -130,13 +130,7 @@ def serve(run_dir: Path, address: str, interval: float = INTERVAL_S,
           series: int = SERIES, parent: int | None = None) -> None:
     """Serve ``/metrics`` on ``address`` until killed, or until process ``parent`` is gone
     (says where on stdout once bound)."""
-    try:
-        host, port = parse_address(address)
-    except ValueError as exc:
-        raise ConfigError("--address", str(exc)) from None
-    if not run_dir.is_dir():
-        raise ConfigError("RUN_DIR", f"{run_dir} is not a directory")
-    os.nice(NICENESS)
+    host, port = checked(run_dir, address, NICENESS)
     exporter = Exporter(run_dir, interval, ranks, local, origins, series)
     exporter.refresh()
     try:
@@ -163,9 +157,7 @@ def register(p: argparse.ArgumentParser) -> None:
                      "/metrics, from the ranks' journals in RUN_DIR (one exporter per node; "
                      "metric names, labels and the late-rank rule: docs/prometheus.md).")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--address", default=f"{LOOPBACK}:{DEFAULT_PORT}",
-                   help=f"HOST:PORT to serve on, or PORT on {LOOPBACK} (default "
-                   f"{LOOPBACK}:{DEFAULT_PORT}); 0.0.0.0:PORT for a Prometheus elsewhere")
+    add_address(p, DEFAULT_PORT, "for a Prometheus elsewhere")
     p.add_argument("--interval", type=float, default=INTERVAL_S,
                    help=f"seconds between reads of the journals (default {INTERVAL_S})")
     p.add_argument("--ranks", default=None,

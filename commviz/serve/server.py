@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import mimetypes
-import os
 import socket
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +26,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from commviz.errors import CommvizError, ConfigError
-from commviz.live.address import LOOPBACK, parse_address
+from commviz.live.address import add_address, checked
 from commviz.record.journal import journal_ranks
 from commviz.serve import after
 from commviz.serve.live import DEFAULT_INTERVAL_S, HANG_AFTER_S, LiveView
@@ -227,13 +226,7 @@ class _Server(ThreadingHTTPServer):
 def serve(run_dir: Path, address: str, interval: float = DEFAULT_INTERVAL_S,
           hang_after_s: float = HANG_AFTER_S) -> None:
     """Serve the run's page on ``address`` until killed (says where on stdout once bound)."""
-    try:
-        host, port = parse_address(address)
-    except ValueError as exc:
-        raise ConfigError("--address", str(exc)) from None
-    if not run_dir.is_dir():
-        raise ConfigError("RUN_DIR", f"{run_dir} is not a directory")
-    os.nice(NICENESS)
+    host, port = checked(run_dir, address, NICENESS)
     site = Site(run_dir, interval, hang_after_s)
     try:
         server = _Server((host, port), _handler(site))
@@ -258,9 +251,7 @@ def register(p: argparse.ArgumentParser) -> None:
                      "whole run, the timeline and the merged trace for the Perfetto UI. "
                      "Read-only (docs/serve.md).")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--address", default=f"{LOOPBACK}:{DEFAULT_PORT}",
-                   help=f"HOST:PORT to serve on, or PORT on {LOOPBACK} (default "
-                   f"{LOOPBACK}:{DEFAULT_PORT}); 0.0.0.0:PORT serves other hosts too")
+    add_address(p, DEFAULT_PORT, "serves other hosts too")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
                    help=f"seconds between live refreshes (default {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--hang-after", type=float, default=HANG_AFTER_S, metavar="S",

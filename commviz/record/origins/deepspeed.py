@@ -25,7 +25,6 @@ A bucket's parameters are named from the optimizer's own ``param_names`` (the en
 
 from __future__ import annotations
 
-import os
 import sys
 import weakref
 from types import FrameType
@@ -33,6 +32,8 @@ from typing import Any, NamedTuple
 
 from commviz import metadata as md
 from commviz.record.origins.base import Call, Origin, Refresh, Resolver
+from commviz.record.origins.frames import PackageFrame as _Frame
+from commviz.record.origins.frames import package_frames, package_root
 
 ZERO3 = "ZeRO-3"
 # (file under deepspeed/, function) -> the unit a call made inside it serves
@@ -67,33 +68,7 @@ class Unit(NamedTuple):
     extra: tuple[tuple[str, Any], ...] = ()
 
 
-class _Frame(NamedTuple):
-    where: str          # the file, relative to deepspeed's package
-    name: str
-    frame: FrameType
 
-
-_root: str | None = None
-
-
-def _package() -> str:
-    global _root
-    if _root is None:
-        _root = os.path.dirname(os.path.abspath(sys.modules["deepspeed"].__file__)) + os.sep
-    return _root
-
-
-def _frames(frame: FrameType | None) -> list[_Frame]:
-    """DeepSpeed's frames from ``frame`` outwards, innermost first."""
-    root = _package()
-    out = []
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if file.startswith(root):
-            out.append(_Frame(file[len(root):].replace(os.sep, "/"), frame.f_code.co_name,
-                              frame))
-        frame = frame.f_back
-    return out
 
 
 def _stage(frames: list[_Frame]) -> str:
@@ -129,7 +104,7 @@ def _resolve(call: Call, cache: Cache) -> Origin | None:
 
 def unit(frame: FrameType | None, op: str, count: bool, cache: Cache) -> Unit | None:
     """The DeepSpeed unit a call made from ``frame`` serves; None outside DeepSpeed."""
-    frames = _frames(frame)
+    frames = package_frames(frame, package_root("deepspeed"))
     if not frames:
         return None
     keys = {(f.where, f.name): f for f in frames}

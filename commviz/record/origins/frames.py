@@ -8,6 +8,7 @@ with one dictionary look-up per frame of torch, whichever frameworks are known."
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from types import CodeType, FrameType
@@ -23,6 +24,35 @@ def torch_path(*parts: str) -> str:
     import torch
 
     return os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), *parts)
+
+
+class PackageFrame(NamedTuple):
+    """A frame of one framework's package: its file relative to the package, its function."""
+
+    where: str
+    name: str
+    frame: FrameType
+
+
+@functools.cache
+def package_root(module: str) -> str:
+    """The folder of the imported package ``module``, with a trailing separator."""
+    return os.path.dirname(os.path.abspath(sys.modules[module].__file__)) + os.sep
+
+
+def package_frames(frame: FrameType | None, root: str, qualified: bool = False
+                   ) -> list[PackageFrame]:
+    """The frames of the package at ``root`` from ``frame`` outwards, innermost first, each
+    named by its function (``qualified``: its qualified name, ``Class.method``)."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(root):
+            name = getattr(code, "co_qualname", code.co_name) if qualified else code.co_name
+            out.append(PackageFrame(code.co_filename[len(root):].replace(os.sep, "/"), name,
+                                    frame))
+        frame = frame.f_back
+    return out
 
 
 class _Places(NamedTuple):

@@ -29,14 +29,14 @@ pipeline stage, the bucket or the optimizer.
 
 from __future__ import annotations
 
-import os
 import sys
 import weakref
-from types import FrameType
 from typing import Any, NamedTuple
 
 from commviz import metadata as md
 from commviz.record.origins.base import Call, Origin, Refresh, Resolver
+from commviz.record.origins.frames import PackageFrame as _Frame
+from commviz.record.origins.frames import package_frames, package_root
 
 _OPS = {"all_reduce": "all-reduce", "all_gather_into_tensor": "all-gather",
         "all_gather": "all-gather", "reduce_scatter_tensor": "reduce-scatter",
@@ -93,11 +93,6 @@ _DIRECTIONS = {"tensor_send_next": "send forward", "tensor_send_prev": "send bac
                "tensor_recv_prev": "recv forward", "tensor_recv_next": "recv backward"}
 
 
-class _Frame(NamedTuple):
-    where: str          # the file, relative to megatron/core
-    name: str           # the function's qualified name
-    frame: FrameType
-
 
 class _Model(NamedTuple):
     """A model chunk's modules and parameters by id, named as Megatron names them."""
@@ -119,27 +114,6 @@ class Cache:
         self.schedule: tuple[Any, dict[str, list[tuple[int, int]]], dict[str, int]] | None = None
 
 
-_root: str | None = None
-
-
-def _package() -> str:
-    global _root
-    if _root is None:
-        _root = os.path.dirname(os.path.abspath(sys.modules["megatron.core"].__file__)) + os.sep
-    return _root
-
-
-def _frames(frame: FrameType | None) -> list[_Frame]:
-    """Megatron-core's frames from ``frame`` outwards, innermost first."""
-    root = _package()
-    out = []
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename.startswith(root):
-            out.append(_Frame(code.co_filename[len(root):].replace(os.sep, "/"),
-                              getattr(code, "co_qualname", code.co_name), frame))
-        frame = frame.f_back
-    return out
 
 
 def _op(op: str) -> str:
@@ -207,9 +181,10 @@ def _resolve(call: Call, cache: Cache) -> Origin | None:
     if "megatron.core" not in sys.modules:
         return None
     user = call.frames.user      # a call the job's own code makes, under Megatron's schedule
-    if user is not None and not user.f_code.co_filename.startswith(_package()):
+    root = package_root("megatron.core")
+    if user is not None and not user.f_code.co_filename.startswith(root):
         return None              # (its loss function, say), is the job's line
-    frames = _frames(call.frame)
+    frames = package_frames(call.frame, root, qualified=True)
     if not frames:
         return None
     recompute = any((f.where, f.name) == _RECOMPUTE for f in frames)
