@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -152,38 +153,30 @@ def _loop(graph: dict[str, set[str]], group: set[str]) -> list[str]:
     return back[::-1]
 
 
-def torch_imports(path: Path) -> list[int]:
-    """Lines that import torch or a module of it, wherever they stand."""
-    lines = []
+def import_names(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """Each import in ``path`` wherever it stands, and each ``__import__`` call: line, names."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            yield node.lineno, [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        if any(n.split(".")[0] == "torch" for n in names):
-            lines.append(node.lineno)
-    return lines
+            yield node.lineno, [node.module or ""]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "__import__":
+            yield node.lineno, ["__import__"]
+
+
+def torch_imports(path: Path) -> list[int]:
+    """Lines that import torch or a module of it, wherever they stand."""
+    return sorted(line for line, names in import_names(path)
+                  if any(n.split(".")[0] == "torch" for n in names))
 
 
 def uses_importlib(path: Path) -> list[int]:
     """Lines that import by name at run time: ``importlib`` (but its ``resources``),
     ``__import__``, ``pkgutil``/``runpy``."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            names = ["__import__"] if node.func.id == "__import__" else []
-        else:
-            continue
-        if any(n.split(".")[0] in ("importlib", "__import__", "pkgutil", "runpy")
-               and n != "importlib.resources" for n in names):
-            lines.append(node.lineno)
-    return lines
+    return sorted(line for line, names in import_names(path)
+                  if any(n.split(".")[0] in ("importlib", "__import__", "pkgutil", "runpy")
+                         and n != "importlib.resources" for n in names))
 
 
 def test_every_module_has_a_stage() -> None:
