@@ -43,7 +43,7 @@ import fr_compare  # noqa: E402  (tests/: the Flight Recorder comparison the tes
 
 from commviz import metadata as md  # noqa: E402
 from commviz.errors import CommvizError  # noqa: E402
-from commviz.review import flightrec  # noqa: E402
+from commviz.review.analyses import flightrec  # noqa: E402
 from commviz.match import match_run  # noqa: E402
 from commviz.record.store import loads_plain  # noqa: E402
 from commviz.kernels import parse_nccl  # noqa: E402

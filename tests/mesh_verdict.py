@@ -17,7 +17,8 @@ from pathlib import Path
 
 from nccl_verdict import STATUS_LIVE, STDOUT, Flight, printed_verdict
 
-from commviz.review.verdict import FailureKind, Verdict
+from commviz.review.model.verdict import FailureKind, Verdict
+from commviz.review.render.verdict_text import verdict_text
 
 JOBS = Path(__file__).parent / "jobs"
 CONFIG = JOBS / "broken_mesh.yaml"
@@ -47,13 +48,13 @@ def check_agrees_with_flight_recorder(case: str, v: Verdict | None, fl: Flight) 
         key = ("tp", AT_STEP)
         assert fl.findings.get(key, (set(), set()))[0] == {BAD}, fl.findings
         assert (v.root.pg_desc, v.root.seq, set(v.root.missing)) == ("tp", AT_STEP, {BAD}), \
-            v.render()
+            verdict_text(v)
     elif case == "a2a_splits":
         # the world's dispatch all_to_all of step 5 (each step: counts, then tokens)
         assert fl.findings is not None
         key = ("default_pg", 2 * AT_STEP)
         assert key in fl.findings, fl.findings
-        assert (v.root.pg_desc, v.root.seq) == key, v.render()
+        assert (v.root.pg_desc, v.root.seq) == key, verdict_text(v)
 
 
 def check_verdict(case: str, v: Verdict | None, run_dir: Path, job: Path = JOBS / JOB_NAME
@@ -61,7 +62,7 @@ def check_verdict(case: str, v: Verdict | None, run_dir: Path, job: Path = JOBS 
     """Beyond Flight Recorder: why (the kind), who (the culprit) and where the culprit was
     (``job``: the job as it ran, whose lines the stacks name)."""
     assert v is not None, f"no verdict on {run_dir}"
-    text = v.render()
+    text = verdict_text(v)
     assert v.kind is KIND[case] and v.culprits == (BAD,), text
     stopped = v.ranks[BAD].stopped_at
     assert stopped is not None and (Path(stopped.file).name, stopped.line) == \
@@ -85,4 +86,4 @@ def check_live(case: str, run_dir: Path) -> None:
 
 
 def check_printed(case: str, v: Verdict, run_dir: Path) -> None:
-    assert printed_verdict(run_dir)[:1] == v.render().splitlines()[:1]
+    assert printed_verdict(run_dir)[:1] == verdict_text(v).splitlines()[:1]

@@ -30,8 +30,10 @@ from test_verdict import fr_entries, fr_findings
 from commviz import metadata as md
 from commviz.launch import outcome
 from commviz.record import stacks as st
-from commviz.review import flightrec
-from commviz.review.verdict import FailureKind, Verdict, build_verdict
+from commviz.review.analyses import flightrec
+from commviz.review.model.verdict import FailureKind, Verdict
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_text
 from commviz.trace.run import load_run
 
 JOBS = Path(__file__).parent / "jobs"
@@ -266,11 +268,11 @@ def check_agrees_with_flight_recorder(case: str, v: Verdict | None, fl: Flight,
                                          else ({BAD}, set())), fl.findings
     assert v is not None and v.root is not None, fl.findings
     root = v.root
-    assert (root.pg_desc, root.seq) == key and set(root.missing) == missing, v.render()
+    assert (root.pg_desc, root.seq) == key and set(root.missing) == missing, verdict_text(v)
     expected = {r: next((e["state"] for e in es if e["process_group"][0] == root.pg
                          and e["collective_seq_id"] == root.seq and not e.get("is_p2p")), None)
                 for r, es in fl.entries.items() if r in root.members}
-    assert expected and v.flight_states(root) == expected, (expected, v.render())
+    assert expected and v.flight_states(root) == expected, (expected, verdict_text(v))
 
 
 def _check_graph_hang(v: Verdict | None, fl: Flight, run_dir: Path, job: Path) -> None:
@@ -279,7 +281,7 @@ def _check_graph_hang(v: Verdict | None, fl: Flight, run_dir: Path, job: Path) -
     (Ctrl-C) hold where each rank was: rank 1 at its sleep, rank 0 waiting for the GPU."""
     states = {e["state"] for es in fl.entries.values() for e in es}
     assert states == {"completed"} and not fl.findings, (fl.findings, states)
-    assert v is None or v.root is None, v.render()
+    assert v is None or v.root is None, verdict_text(v)
     stuck = st.read_stacks(st.stacks_path(run_dir, BAD))
     assert stuck is not None and _where(stuck.user_frame()) == (JOB_NAME, scenario_line(job, "graph"))
     waiting = st.read_stacks(st.stacks_path(run_dir, 0))
@@ -297,7 +299,7 @@ def check_verdict(case: str, v: Verdict | None, run_dir: Path, job: Path,
     (its stack: the scenario's line of the job); and (``printed``) the launch printed that
     verdict (not for a kept run dir: its launch ran an earlier commviz)."""
     assert v is not None, f"no verdict on {run_dir}"
-    text = v.render()
+    text = verdict_text(v)
     assert v.kind is KIND[case], text
     if case in ("type", "size"):     # two ranks, two calls: nothing tells which is wrong
         assert v.culprits == (0, BAD), text

@@ -22,7 +22,7 @@ from nccl_verdict import flight
 
 from commviz import metadata as md
 from commviz.match.model import CommEvent, instance_key
-from commviz.review.desync import find_desyncs
+from commviz.review.analyses.desync import find_desyncs
 
 KEPT = Path(__file__).parent / "fixtures" / "gpu" / "verdict-4xh100" / "a2a_splits"
 BAD, SEQ = 1, 10                          # broken_mesh.py: rank 1, step 5's dispatch

@@ -247,7 +247,7 @@ def test_no_import_is_hidden_behind_importlib() -> None:
 
 
 @pytest.mark.parametrize("source, found", [
-    ("from commviz.review.summary import summary_tracks\n", "commviz.review.summary"),
+    ("from commviz.review.analyses.rollups import summary_tracks\n", "commviz.review.analyses.rollups"),
     ("def f():\n    from commviz.review import report\n", "commviz.review.report"),
     ("from ..review import report\n", "commviz.review.report"),
     ("import commviz.verify\n", "commviz.verify"),

@@ -152,7 +152,7 @@ def test_the_histogram_holds_gpu_seconds_and_counts_the_untimed(timed: list) -> 
 
 def test_kept_windows_say_gpu_and_the_report_reads_them(timed: list, tmp_path: Path) -> None:
     from commviz.live import series
-    from commviz.review import wholerun
+    from commviz.review.render import wholerun
 
     window = window_of(timed)
     series.append(tmp_path, window)

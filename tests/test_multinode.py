@@ -371,7 +371,7 @@ def test_status_from_one_node_gets_every_ranks_stacks(tmp_path):
     both ranks' live stacks files hold a dump, and the verdict names rank 1 at its sleep. With
     that launch stopped (SIGSTOP), status names its node as not answering."""
     from commviz.record import stacks
-    from commviz.review.verdict import build_verdict
+    from commviz.review.analyses.judge import build_verdict
 
     procs = _two_nodes(tmp_path, 0)
     run_dir = tmp_path / "runs" / "run"

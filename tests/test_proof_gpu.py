@@ -100,13 +100,14 @@ def test_a_healthy_run_gets_no_verdict_and_no_desync(name: str, tmp_path: Path) 
     """Every proof run completed (torch's Flight Recorder has each collective completed on
     every rank): nothing to explain, no rank out of step. A scatter's input and a gather's
     output are the root's alone (TP's scatter); all_to_all's uneven splits differ by design."""
-    from commviz.review.flightrec import read
+    from commviz.review.analyses.flightrec import read
     from commviz.review.report import review_run
+    from commviz.review.render.verdict_text import verdict_text
 
     run = shutil.copytree(GPU / name, tmp_path / Path(name).name)
     fr = read(run)
     assert sorted(fr) == list(range(_world(run))) and all(s == "completed" for dump in fr.values()
                                         for s in dump.states.values()), fr
     review = review_run(run)
-    assert review.verdict is None, review.verdict.render()
+    assert review.verdict is None, verdict_text(review.verdict)
     assert review.desyncs == []

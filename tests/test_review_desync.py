@@ -18,7 +18,7 @@ import torch
 from commviz import metadata as md
 from commviz.cli import main as cli_main
 from commviz.match.model import CommEvent, instance_key
-from commviz.review.desync import find_desyncs
+from commviz.review.analyses.desync import find_desyncs
 from commviz.review.report import review_run
 from harness import run_ranks
 

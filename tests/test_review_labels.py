@@ -16,7 +16,7 @@ import torch
 
 import commviz
 import commviz.distributed as cdist
-from commviz.review import plots
+from commviz.review.render import plots
 from commviz.review.report import render_markdown, review_run
 from harness import run_ranks
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from commviz.cli import main as cli_main
-from commviz.review import plots
+from commviz.review.render import plots
 from commviz.review.report import load_inputs, review_run, write_report
 from commviz.merge.summary import summary_tracks
 from harness import run_ranks

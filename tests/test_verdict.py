@@ -20,7 +20,9 @@ import pytest
 from fr_compare import FR_ENV, fr_entries, fr_findings
 from harness import torchrun
 
-from commviz.review.verdict import CallState, FailureKind, build_verdict
+from commviz.review.model.verdict import CallState, FailureKind
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_text
 
 JOB = Path(__file__).parent / "jobs" / "broken_job.py"
 BAD, WORLD = 1, 3                          # broken_job.py: rank 1 of 3 breaks
@@ -44,14 +46,14 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
     verdict = build_verdict(run_dir)
     assert verdict is not None and verdict.root is not None
     root = verdict.root
-    assert verdict.culprits == (BAD,), verdict.render()
+    assert verdict.culprits == (BAD,), verdict_text(verdict)
     expected_kind = {"stuck": FailureKind.HANG, "type": FailureKind.TYPE_MISMATCH,
                      "size": FailureKind.SIZE_MISMATCH, "raise": FailureKind.CRASH,
                      "kill": FailureKind.KILLED, "skip": FailureKind.NEVER_ARRIVED}[case]
-    assert verdict.kind is expected_kind, verdict.render()
+    assert verdict.kind is expected_kind, verdict_text(verdict)
     assert root.seq == AT_SEQ
     # the scenario's group: the subgroup's collective for a skip, the world's otherwise
-    assert root.pg_desc == ("sub" if case == "skip" else "default_pg"), verdict.render()
+    assert root.pg_desc == ("sub" if case == "skip" else "default_pg"), verdict_text(verdict)
 
     entries = fr_entries(fr_dir)
     if case in ("size", "kill"):               # rank 1 aborted / was killed: it left no dump
@@ -93,9 +95,9 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
     if case == "kill":                         # SIGKILL: nothing could be written
         assert stopped is None and verdict.ranks[BAD].stacks is None
     else:
-        assert stopped is not None and Path(stopped.file) == JOB, verdict.render()
-        assert line[case] in stopped.source(), verdict.render()
-    text = verdict.render()
+        assert stopped is not None and Path(stopped.file) == JOB, verdict_text(verdict)
+        assert line[case] in stopped.source(), verdict_text(verdict)
+    text = verdict_text(verdict)
     assert text.startswith(f"VERDICT: {expected_kind} - culprit rank(s) {BAD}")
 
     if case == "stuck":                       # the merged trace marks where each rank stopped
@@ -126,7 +128,7 @@ def test_verdict_shows_what_flight_recorder_said_of_each_rank(scenario, tmp_path
     each rank's state at the root collective exactly as its Flight Recorder entry has it."""
     import shutil
 
-    from commviz.review import flightrec
+    from commviz.review.analyses import flightrec
 
     case, run_dir, fr_dir, _ = scenario
     run = tmp_path / "run"
@@ -142,7 +144,7 @@ def test_verdict_shows_what_flight_recorder_said_of_each_rank(scenario, tmp_path
                          and e["collective_seq_id"] == root.seq and not e.get("is_p2p")), None)
                 for r, es in entries.items() if r in root.members}
     assert expected and verdict.flight_states(root) == expected, (case, expected)
-    line = next(ln for ln in verdict.render().splitlines() if "Flight Recorder there" in ln)
+    line = next(ln for ln in verdict_text(verdict).splitlines() if "Flight Recorder there" in ln)
     assert all(f"rank {r} {state or 'no entry'}" in line for r, state in expected.items())
 
 

@@ -31,7 +31,8 @@ import mesh_verdict as mv
 from fr_compare import fr_entries, fr_findings
 from nccl_verdict import Flight, launch_all, launch_verdict, unrecorded
 
-from commviz.review import flightrec
+from commviz.review.analyses import flightrec
+from commviz.review.render.verdict_text import verdict_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 GLOO = ("--set", "job.backend=gloo", "--set", "job.timeout_s=30",
@@ -131,7 +132,7 @@ def check_uneven_splits(run: Path, fl: Flight, tmp_path: Path) -> None:
         (e,) = [e for e in entries if e["collective_seq_id"] == A2A_SEQ]
         sig = v.root.calls[rank].signature
         assert (sig.in_total, sig.out_total) == (prod(e["input_sizes"][0]),
-                                                 prod(e["output_sizes"][0])), v.render()
+                                                 prod(e["output_sizes"][0])), verdict_text(v)
     got = subprocess.run([sys.executable, "-m", "commviz", "report", str(run), "--no-plots",
                           "--format", "json", "-o", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=120)

@@ -19,7 +19,8 @@ import pytest
 from nccl_verdict import (BAD, CASES, JOB_NAME, KIND, check_agrees_with_flight_recorder,
                           check_verdict, flight, launch_verdict, relocated_copy, unrecorded)
 
-from commviz.review.verdict import CallState, build_verdict
+from commviz.review.model.verdict import CallState
+from commviz.review.analyses.judge import build_verdict
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "tests" / "fixtures" / "gpu" / "verdict-2xh100"

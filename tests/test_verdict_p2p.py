@@ -22,8 +22,9 @@ import torch
 from fr_compare import FR_ENV, fr_entries, fr_findings
 from harness import torchrun
 
-from commviz.review.verdict import (Call, CallState, FailureKind, Verdict, build_verdict,
-                                    verdict_json)
+from commviz.review.model.verdict import Call, CallState, FailureKind, Verdict
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_json, verdict_text
 
 JOB = Path(__file__).parent / "jobs" / "p2p_job.py"
 RANKS = {"stuck": 2, "size": 2, "deadlock": 2, "raise": 2, "chain": 3}
@@ -86,7 +87,7 @@ def test_a_rank_stuck_before_its_send(scenarios) -> None:
     s = scenarios["stuck"]
     v = verdict_of(s)
     root = v.root
-    assert (v.kind, v.culprits) == (FailureKind.HANG, (1,)), v.render()
+    assert (v.kind, v.culprits) == (FailureKind.HANG, (1,)), verdict_text(v)
     assert gloo_timeouts(s.output) == {0: "recv"}, s.output[-3000:]
     assert list(root.calls) == [0] and root.missing == (1,)
     waited = root.calls[0]
@@ -94,14 +95,14 @@ def test_a_rank_stuck_before_its_send(scenarios) -> None:
     assert waited.callsite == f"{JOB}:{line_of('dist.recv(buf[:N // 2]')}"
     assert v.ranks[0].waited_ns(waited) >= 0.9 * GLOO_TIMEOUT_S * 1e9
     stopped = v.ranks[1].stopped_at
-    assert stopped is not None and Path(stopped.file) == JOB, v.render()
+    assert stopped is not None and Path(stopped.file) == JOB, verdict_text(v)
     assert stopped.line == line_of('bad and case == "stuck"') + 1
     assert "time.sleep(" in stopped.source()
     (also,) = v.others
     assert [transfer(c) for c in also.calls.values()] == [(0, "send", 1, AT)]
     assert also.missing == (1,) and also.culprits == (1,) and not v.consequences
 
-    lines = v.render().splitlines()
+    lines = verdict_text(v).splitlines()
     assert lines[0] == "VERDICT: hang - culprit rank(s) 1"
     assert lines[1].startswith(f"  at group 0 (default_pg) rank 0 recv←1 #{AT} {NBYTES} B Float: "
                                f"rank 1 never posted send→0 #{AT}"), lines
@@ -141,7 +142,7 @@ def test_a_send_larger_than_its_receive(scenarios) -> None:
     sent, room = map(int, re.search(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)",
                                     s.output).groups())
     assert (sent, room) == (NBYTES, NBYTES // 2)
-    assert (v.kind, v.culprits) == (FailureKind.SIZE_MISMATCH, (1,)), v.render()
+    assert (v.kind, v.culprits) == (FailureKind.SIZE_MISMATCH, (1,)), verdict_text(v)
     assert root.channel is not None and (root.channel.src, root.channel.dst) == (0, 1)
     assert root.seq == AT and not root.missing
     send, recv = root.calls[0], root.calls[1]
@@ -152,10 +153,10 @@ def test_a_send_larger_than_its_receive(scenarios) -> None:
     assert f"rank 0 sends {sent} B Float, rank 1 receives {room} B Float" in root.why
     stopped = v.ranks[1].stopped_at
     assert stopped is not None and stopped.line == line_of("dist.recv(buf[:N // 2]")
-    assert v.ranks[1].stacks is not None and v.ranks[1].stacks.fatal, v.render()
+    assert v.ranks[1].stacks is not None and v.ranks[1].stacks.fatal, verdict_text(v)
     for then in v.consequences:      # rank 0's later transfers, or its 5th receive if it failed
-        assert then.cause is root and then.waits_on == (1,), v.render()
-    assert not v.others, v.render()
+        assert then.cause is root and then.waits_on == (1,), verdict_text(v)
+    assert not v.others, verdict_text(v)
 
 
 def test_both_ranks_receive_first(scenarios) -> None:
@@ -164,16 +165,16 @@ def test_both_ranks_receive_first(scenarios) -> None:
     s = scenarios["deadlock"]
     v = verdict_of(s)
     assert set(gloo_timeouts(s.output).values()) == {"recv"}, s.output[-3000:]
-    assert (v.kind, v.culprits) == (FailureKind.DEADLOCK, (0, 1)), v.render()
+    assert (v.kind, v.culprits) == (FailureKind.DEADLOCK, (0, 1)), verdict_text(v)
     (then,) = v.consequences
     assert then.cause is v.root and not v.others
     ops = {transfer(c) for i in (v.root, then) for c in i.calls.values()}
     assert ops == {(0, "recv", 1, AT), (1, "recv", 0, AT)}
     for r in (0, 1):
         stopped = v.ranks[r].stopped_at
-        assert stopped is not None and stopped.line == line_of("dist.recv(buf, prv)"), v.render()
+        assert stopped is not None and stopped.line == line_of("dist.recv(buf, prv)"), verdict_text(v)
     assert f"recv←1 #{AT}" in v.root.why and f"recv←0 #{AT}" in v.root.why
-    assert v.render().startswith("VERDICT: deadlock - culprit rank(s) 0-1\n")
+    assert verdict_text(v).startswith("VERDICT: deadlock - culprit rank(s) 0-1\n")
 
 
 def test_a_rank_raises_before_its_send(scenarios) -> None:
@@ -182,11 +183,11 @@ def test_a_rank_raises_before_its_send(scenarios) -> None:
     s = scenarios["raise"]
     v = verdict_of(s)
     root = v.root
-    assert (v.kind, v.culprits) == (FailureKind.CRASH, (1,)), v.render()
+    assert (v.kind, v.culprits) == (FailureKind.CRASH, (1,)), verdict_text(v)
     assert [transfer(c) for c in root.calls.values()] == [(0, "recv", 1, AT)]
     assert root.missing == (1,) and "injected failure at step 4" in root.why
     stopped = v.ranks[1].stopped_at
-    assert stopped is not None and stopped.line == line_of("raise RuntimeError("), v.render()
+    assert stopped is not None and stopped.line == line_of("raise RuntimeError("), verdict_text(v)
     assert all(i.culprits == (1,) for i in (root, *v.others, *v.consequences))
 
 
@@ -201,16 +202,16 @@ def test_a_transfer_waits_on_a_collective(scenarios) -> None:
     findings = fr_findings(s.fr_dir, s.run_dir.parent / "db.pkl")
     assert findings[("sub", AT)][0] == {0}
     assert any(e["collective_seq_id"] == AT for e in fr_entries(s.fr_dir)[1])   # rank 1 in it
-    assert (v.kind, v.culprits) == (FailureKind.HANG, (0,)), v.render()
+    assert (v.kind, v.culprits) == (FailureKind.HANG, (0,)), verdict_text(v)
     assert (root.channel, root.pg_desc, root.seq, root.missing) == (None, "sub", AT, (0,))
     (then,) = v.consequences
     assert then.cause is root and then.missing == (1,)
     assert [transfer(c) for c in then.calls.values()] == [(2, "recv", 1, AT)]
     assert [transfer(c) for i in v.others for c in i.calls.values()] == [(2, "send", 0, AT)]
     stopped = v.ranks[0].stopped_at
-    assert stopped is not None, v.render()
-    assert stopped.line == line_of('bad and case == "chain"') + 1, v.render()
-    text = v.render()
+    assert stopped is not None, verdict_text(v)
+    assert stopped.line == line_of('bad and case == "chain"') + 1, verdict_text(v)
+    text = verdict_text(v)
     assert f"  then group 0 (default_pg) rank 2 recv←1 #{AT} {NBYTES} B Float: rank(s) 1 " \
            f"missing, waiting in group 1 (sub) seq {AT} all_reduce(" in text, text
 

@@ -18,7 +18,7 @@ from commviz.errors import SourceError
 from commviz.launch import placement
 from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
-from commviz.review.exits import log_dir
+from commviz.review.analyses.exits import log_dir
 
 DUMP_WAIT_S = 1.0              # how long the ranks get to write their dumps before the answer
 

@@ -46,7 +46,8 @@ from commviz.launch.schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
-from commviz.review.exits import log_dir
+from commviz.review.analyses.exits import log_dir
+from commviz.review.render.verdict_text import verdict_text
 from commviz.trace.run import Run, load_run, skipped_note
 
 CONFIG_NAME = "config.yaml"
@@ -271,7 +272,7 @@ def _report_failures(run_dir: Path, code: int, log_path: Path, log_text: str,
             out.write(f"  traceback: {first.detail}\n")
         for f in rest:
             out.write(f"  rank {f.rank} stopped because rank {first.rank} failed: {f.reason}\n")
-    out.write(judged.render() if judged is not None else "")
+    out.write(verdict_text(judged) if judged is not None else "")
 
 
 def _point_at_logs(placed: list[placement.Placement], log_path: Path, held: int,

@@ -5,7 +5,7 @@ the same agent, output and exit code), except that when ranks fail, what the ela
 of each (``ChildFailedError.failures``: global rank -> ``ProcessFailure``: exit code, signal,
 pid, the rank's error file and message, failure time) is written to the file named by
 ``RESULTS_ENV`` before torchrun reports it. The launcher and ``commviz report`` read those typed
-results (``commviz.review.exits``, where the file is declared: ``ResultsFile``), never
+results (``commviz.review.analyses.exits``, where the file is declared: ``ResultsFile``), never
 torchrun's printed summary, which is not an API.
 """
 
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from commviz.review.exits import RESULTS, FailureFile, ResultsFile
+from commviz.review.analyses.exits import RESULTS, FailureFile, ResultsFile
 
 RESULTS_ENV = "COMMVIZ_ELASTIC_RESULTS"
 

@@ -17,7 +17,7 @@ import os
 import pickle
 from pathlib import Path
 
-from commviz.review.flightrec import PREFIX, dump_path, folder
+from commviz.review.analyses.flightrec import PREFIX, dump_path, folder
 
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 PREFIX_VAR = "TORCH_FR_DUMP_TEMP_FILE"

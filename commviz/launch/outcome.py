@@ -1,12 +1,12 @@
 """After torchrun returns: which rank failed and why, and what the run dir now holds.
 
 Why ranks failed, and which one is the root cause, is read from the run dir's logs as
-``commviz report`` reads it (``commviz.review.exits``: the worker's failure files, the elastic
+``commviz report`` reads it (``commviz.review.analyses.exits``: the worker's failure files, the elastic
 agent's results); the launch adds what a rank said on torchrun's output when it could not
 write its failure file (``worded_failures``).
 
 ``judge`` then says why, from the records and stacks in the run dir
-(``commviz.review.verdict``), with these failures as each rank's exit; its culprits are named
+(``commviz.review.analyses.judge``), with these failures as each rank's exit; its culprits are named
 first (``culprits_first``), before a rank that failed earlier only because it waited for them.
 """
 
@@ -19,9 +19,10 @@ from pathlib import Path
 from commviz.errors import CommvizError
 from commviz.record import schema
 from commviz.record.store import load_record
-from commviz.review import exits
-from commviz.review.exits import Failure, Said
-from commviz.review.verdict import Verdict, build_verdict
+from commviz.review.analyses import exits
+from commviz.review.analyses.exits import Failure, Said
+from commviz.review.model.verdict import Verdict
+from commviz.review.analyses.judge import build_verdict
 from commviz.trace.run import Run
 
 _WORD = re.compile(r"\[commviz\] rank (\d+) failed(?: at (\d+))?: (.+)$")  # worker.py's verdict
@@ -40,13 +41,13 @@ def worded_failures(output: str) -> dict[int, Said]:
 
 
 def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
-    """Every failed rank, the root cause first (``commviz.review.exits.failures``), with what
+    """Every failed rank, the root cause first (``commviz.review.analyses.exits.failures``), with what
     the ranks said on torchrun's output."""
     return exits.failures(log_dir, worded_failures(torchrun_output))
 
 
 def judge(run_dir: Path, found: list[Failure], run: Run | None = None) -> Verdict | None:
-    """The verdict on the failed job (``commviz.review.verdict``), these failures as each
+    """The verdict on the failed job (``commviz.review.analyses.judge``), these failures as each
     rank's exit; None when the run dir holds nothing to judge."""
     try:
         return build_verdict(run_dir, {f.rank: f.exit() for f in found}, run=run)

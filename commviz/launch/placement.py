@@ -1,5 +1,5 @@
 """Each worker's placement file, written first thing (the file and what it says:
-``commviz.review.placed``, which ``commviz status`` reads too), and a launch's own workers.
+``commviz.review.analyses.placed``, which ``commviz status`` reads too), and a launch's own workers.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
 
-from commviz.review.placed import NAME, Placement, process_started_ns, read_all
+from commviz.review.analyses.placed import NAME, Placement, process_started_ns, read_all
 
 LAUNCH_ENV = "COMMVIZ_LAUNCH_ID"       # set by the launch for its torchrun and so its workers
 

@@ -2,7 +2,7 @@
 
 NCCL's watchdog waits 10 minutes by default. ``HangWatch`` reads the run dir's journals every
 few seconds; when the ranks disagree (some rank waits in a collective that another has not
-joined: ``commviz.review.verdict``) and nothing has moved for ``after_s`` seconds, it asks every
+joined: ``commviz.review.analyses.judge``) and nothing has moved for ``after_s`` seconds, it asks every
 rank on this host for its stacks (they go on running) and prints the verdict, once per hang.
 In a multi-node job the launch that runs rank 0 asks every node's ranks, as ``commviz status``
 does (through the shared run dir, which the other launches answer): one launch prints the
@@ -20,7 +20,9 @@ from commviz.errors import CommvizError
 from commviz.merge.select import format_ranks
 from commviz.record import stacks
 from commviz.review.status import DEFAULT_WAIT_S, ask_every_rank
-from commviz.review.verdict import Verdict, build_verdict
+from commviz.review.model.verdict import Verdict
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_text
 from commviz.trace.run import load_run
 
 DEFAULT_AFTER_S = 60.0
@@ -78,7 +80,7 @@ class HangWatch(threading.Thread):
         self.reported.append(v)
         self.say(f"HANG? nothing has moved for {still_s:.0f} s while the ranks disagree "
                  f"(stacks asked of ranks {format_ranks(ranks) or 'none'}; the job goes on):\n"
-                 f"{detail}{v.render()}")
+                 f"{detail}{verdict_text(v)}")
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from commviz.launch import placement
-from commviz.review.exits import FAILED, FailedFile, log_dir
+from commviz.review.analyses.exits import FAILED, FailedFile, log_dir
 # what write_shard leaves beside the record: the shard and the rank's matched run, and the comm
 # table made from it (what ``commviz overview`` reads)
 SHARD_PATTERNS = ("shard_rank{rank}.pftrace", "matched_rank{rank}.json", "comm_rank{rank}.json")

@@ -17,7 +17,7 @@ Times are ns on the merged clock. Per instance:
   imports, connecting the group), not anyone holding the others up: never a straggler, and
   left out of the group's normal skew;
 - ``pipeline``: a transfer of a pipeline schedule (``commviz.origin`` of pipelining): a stage
-  waiting for its neighbour is the schedule's bubble (``commviz.review.pipeline``), never a
+  waiting for its neighbour is the schedule's bubble (``commviz.review.analyses.pipeline``), never a
   straggler, and left out of its group's normal skew.
 
 An instance some rank of the run never joined (``missing``: a hang, a rank that died or

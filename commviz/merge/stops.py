@@ -4,7 +4,7 @@ When any rank left a stack dump in the run dir (``commviz.record.stacks``: torn 
 died of a signal) or a call raised, every rank gets one marker at the end of its last
 collective (on the merged clock): its op and number, whether it returned, and in its args the
 stack the rank left (the main thread's frames, innermost first) and its uncaught exception.
-The culprit is the review's to name (``commviz.review.verdict``); the markers show every
+The culprit is the review's to name (``commviz.review.analyses.judge``); the markers show every
 rank's last moment side by side, so the culprit's stack is in its own.
 """
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from commviz.merge import instances
-from commviz.review.origins import BY
+from commviz.review.analyses.origins import BY
 from commviz.review.report import FORMATS, TOP, write_report
 
 

@@ -17,7 +17,7 @@ overview folds a group's alike ranks into one lane with their count and min/medi
 times. The fold depends only on the tables, never on the order they were read in.
 
 Desyncs, from tables: each group's collectives lined up by sequence number over the stretch
-every rank recorded, as ``review.desync`` does with the full records; a table holds each
+every rank recorded, as ``review.analyses.desync`` does with the full records; a table holds each
 call's op, bytes and nccl-tests type (not its dtype, root or reduction), so those must agree,
 and every member of the group present in the run must hold the number.
 
@@ -46,7 +46,7 @@ from commviz.match.model import InstanceKey, KeyKind
 from commviz.merge.instances import WARMUP, straggler_thresholds
 from commviz.merge.table import CommTable, Flag
 from commviz.trace.steps import Step
-from commviz.review.desync import DesyncKind
+from commviz.review.analyses.desync import DesyncKind
 
 
 class Names:

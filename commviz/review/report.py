@@ -4,7 +4,7 @@
 merge also reads, on the same clock) and runs every analysis;
 ``write_report`` renders it, writes it into the run dir (or ``out``) and draws the plots. Its
 verdict is the launch's: how each rank ended is read from the logs ``commviz launch`` left in
-the run dir (``commviz.review.exits``). Tables list what costs the most time first and stop at
+the run dir (``commviz.review.analyses.exits``). Tables list what costs the most time first and stop at
 ``top`` rows; the JSON holds everything, times in ns, sizes in bytes, bandwidth in GB/s (1e9
 bytes/s).
 """
@@ -27,16 +27,18 @@ from commviz.match.model import CommEvent
 from commviz.merge import instances as inst_mod
 from commviz.merge.instances import LAUNCH_ONLY_WHY, Instance, LaunchOnly, build_instances
 from commviz.merge.select import format_ranks, suggestion
-from commviz.review.desync import Desync, find_desyncs
-from commviz.review.exits import read_exits
-from commviz.review.origins import OriginRow, event_origin, instance_origin, rollup
-from commviz.review.summary import (CollectiveSummary, GroupSummary, RankSummary,
+from commviz.review.analyses.desync import Desync, find_desyncs
+from commviz.review.analyses.exits import read_exits
+from commviz.review.analyses.origins import OriginRow, event_origin, instance_origin, rollup
+from commviz.review.analyses.rollups import (CollectiveSummary, GroupSummary, RankSummary,
                                     collective_summaries, group_summaries, rank_summaries)
-from commviz.review.overlap import RankOverlap, overlap_table
-from commviz.review.pipeline import SLOW_FACTOR, StageWaits, ordered, slowest, stage_waits
-from commviz.review.verdict import Verdict, build_verdict, roles, verdict_json
-from commviz.review import wholerun
-from commviz.review.streams import StreamRow, stream_table
+from commviz.review.analyses.overlap import RankOverlap, overlap_table
+from commviz.review.analyses.pipeline import SLOW_FACTOR, StageWaits, ordered, slowest, stage_waits
+from commviz.review.model.verdict import Verdict
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import roles, verdict_json, verdict_text
+from commviz.review.render import wholerun
+from commviz.review.analyses.streams import StreamRow, stream_table
 from commviz.trace.gpu import GpuOp
 from commviz.trace.run import Run, load_run, skipped_note
 from commviz.kernels import KERNEL_CLASSES
@@ -372,7 +374,7 @@ def render_table(review: Review, top: int = TOP, width: int = TABLE_WIDTH) -> st
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False)
     if review.verdict is not None:
-        console.print(review.verdict.render(), markup=False, highlight=False, soft_wrap=True)
+        console.print(verdict_text(review.verdict), markup=False, highlight=False, soft_wrap=True)
     console.print(_headline(review))
     for problem in review.problems:
         console.print(f"problem: {problem}")
@@ -397,7 +399,7 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
     """Markdown; plot links are relative to ``base`` (the report's folder) when given."""
     lines = [f"# {_headline(review)}", ""]
     if review.verdict is not None:
-        lines = ["# Verdict", "", "```", review.verdict.render().rstrip("\n"), "```", ""] + lines
+        lines = ["# Verdict", "", "```", verdict_text(review.verdict).rstrip("\n"), "```", ""] + lines
     if review.problems:
         lines += ["## Problems", "", *[f"- {_md_cell(p)}" for p in review.problems], ""]
     if review.skipped:
@@ -499,7 +501,7 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     review = review_run(run_dir, by=by, run=run, **thresholds)
     written: list[Path] = []
     if plots:
-        from commviz.review.plots import write_plots
+        from commviz.review.render.plots import write_plots
         from commviz.review.preview import report_timeline
 
         plots_dir = Path(plots_dir) if plots_dir is not None else run_dir / "plots"

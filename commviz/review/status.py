@@ -7,8 +7,8 @@ status waits for them (``--wait``), says which ranks gave their stacks and which
 why not where it can tell. A rank that started but records nothing yet (importing torch,
 joining the process group, building the c10d boundary kernel: a fresh node's first import takes
 about 30 s) is told from the placement file its worker wrote first thing
-(``commviz.review.placed``): since when, and whether its process still runs. The verdict is
-then built from the ranks' journals and those stacks (``commviz.review.verdict``). Exit status
+(``commviz.review.analyses.placed``): since when, and whether its process still runs. The verdict is
+then built from the ranks' journals and those stacks (``commviz.review.analyses.judge``). Exit status
 0 when the ranks agree (nothing held up yet, or nothing recorded yet), 1 with a verdict, 2 when
 the run dir cannot be read.
 """
@@ -25,9 +25,10 @@ from pathlib import Path
 
 from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
-from commviz.review import placed
-from commviz.review.exits import log_dir
-from commviz.review.verdict import build_verdict
+from commviz.review.analyses import placed
+from commviz.review.analyses.exits import log_dir
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_text
 from commviz.trace.run import Run, load_run
 
 DEFAULT_WAIT_S = 5.0
@@ -182,7 +183,7 @@ def handler(args: argparse.Namespace) -> int:
         sys.stdout.write("no rank is held up: every collective begun was completed by its "
                          "group, or is still being joined\n")
         return 0
-    sys.stdout.write(verdict.render())
+    sys.stdout.write(verdict_text(verdict))
     return 1
 
 

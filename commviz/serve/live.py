@@ -22,7 +22,8 @@ from commviz.errors import CommvizError
 from commviz.live import series
 from commviz.live.watch import Watcher
 from commviz.record.journal import journal_ranks
-from commviz.review.verdict import build_verdict
+from commviz.review.analyses.judge import build_verdict
+from commviz.review.render.verdict_text import verdict_text
 from commviz.serve.page import Links, Panel, live_html
 
 DEFAULT_INTERVAL_S = 2.0
@@ -86,7 +87,7 @@ class LiveView:
             v = build_verdict(self.run_dir, live=True)
         except (CommvizError, OSError, ValueError):
             return None                     # a journal mid-write: the next refresh
-        return None if v is None else v.render()
+        return None if v is None else verdict_text(v)
 
     def _problem(self, line: str) -> None:
         if line not in self.problems:

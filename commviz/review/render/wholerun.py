@@ -187,7 +187,7 @@ def plot_windows(run_dir: Path, plots_dir: Path) -> list[Path]:
     """``plots/windows.png`` (nothing without a kept series)."""
     from matplotlib.figure import Figure      # only a report that draws pays for it
 
-    from commviz.review.plots import _save
+    from commviz.review.render.plots import _save
 
     try:
         whole = read_whole_run(run_dir)

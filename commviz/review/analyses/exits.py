@@ -22,7 +22,7 @@ died without a word (SIGKILL, a crash: its peers only saw it vanish) first, else
 failure file, whatever its kind: a rank stopped by a SIGTERM that did not come from torchrun
 (which stops the others only after the first failure) is the culprit, not the peer that then
 lost its connection. Every other rank stopped because of it. Each failure is one ``Exit`` of
-the verdict (``commviz.review.verdict``).
+the verdict (``commviz.review.analyses.judge``).
 """
 
 from __future__ import annotations
