@@ -28,7 +28,7 @@ from commviz.live.cause import Cause, Judge, said  # noqa: E402
 from commviz.live.instances import Group, Instances  # noqa: E402
 from commviz.live.window import Window, Windows, held, roots  # noqa: E402
 from commviz.review.render import wholerun  # noqa: E402
-from commviz.review.report import fmt_ns  # noqa: E402
+from commviz.metadata import fmt_ns  # noqa: E402
 
 MESHES = (Mesh(2, 2, 2), Mesh(4, 2, 4), Mesh(8, 4, 4))
 HEALTHY = 11            # steps of a first window: 20 instances at each origin make the normal

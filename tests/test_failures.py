@@ -86,7 +86,7 @@ def test_missing_record_is_missing_not_a_desync(healthy: Path, tmp_path: Path) -
     assert result.returncode == 0 and "Traceback" not in out, out
     assert "commviz_rank1.pkl: missing" in out
     assert_verifies(run / "merged.pftrace", linked=False)
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     review = review_run(run)
     assert review.desyncs == [], [d.message for d in review.desyncs]
@@ -190,7 +190,7 @@ def _desync_job(rank: int, world: int, run_dir: str) -> int:
 def test_desynced_rank_merges_and_verifies(tmp_path: Path) -> None:
     from harness import run_ranks
 
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     run = tmp_path / "run"
     assert all(run_ranks(_desync_job, 2, str(run), timeout=90))
@@ -224,7 +224,7 @@ def test_timestamps_of_1e30_are_named_and_not_believed(healthy: Path, tmp_path: 
     assert result.returncode == 0 and "Traceback" not in out, out
     assert f"{path}: rank 1: no profiler event has a believable time" in out, out
     assert_verifies(run / "merged.pftrace")
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     review = review_run(run)
     assert review.instances and max(i.skew_ns for i in review.instances) < 10e9

@@ -294,7 +294,7 @@ def test_report_by_unit_per_layer_and_parallelism(job: tuple[Path, list[dict[str
                                                    tmp_path: Path) -> None:
     """``commviz report --by unit`` rolls Megatron's records up per layer and parallelism,
     per pipeline stage and per DDP bucket."""
-    from commviz.review.report import write_report
+    from commviz.review.render.report_formats import write_report
 
     run_dir, snaps = job
     report = json.loads(write_report(run_dir, fmt="json", plots=False, by="unit",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from commviz.cli import main as cli_main
-from commviz.review.report import review_run
+from commviz.review.analyses.reviewing import review_run
 
 hta_analysis = pytest.importorskip("hta.trace_analysis")
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"

@@ -368,7 +368,7 @@ def test_origins_in_the_trace_the_overview_and_the_report(
     from commviz.merge import merge_run, write_shard
     from commviz.merge.table import write_table
     from commviz.review.overview import write_overview
-    from commviz.review.report import write_report
+    from commviz.review.render.report_formats import write_report
     from commviz.write.read import read_pftrace, slices
 
     run_dir, snaps = job

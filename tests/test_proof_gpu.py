@@ -101,7 +101,7 @@ def test_a_healthy_run_gets_no_verdict_and_no_desync(name: str, tmp_path: Path) 
     every rank): nothing to explain, no rank out of step. A scatter's input and a gather's
     output are the root's alone (TP's scatter); all_to_all's uneven splits differ by design."""
     from commviz.review.analyses.flightrec import read
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
     from commviz.review.render.verdict_text import verdict_text
 
     run = shutil.copytree(GPU / name, tmp_path / Path(name).name)

@@ -19,7 +19,7 @@ from commviz import metadata as md
 from commviz.cli import main as cli_main
 from commviz.match.model import CommEvent, instance_key
 from commviz.review.analyses.desync import find_desyncs
-from commviz.review.report import review_run
+from commviz.review.analyses.reviewing import review_run
 from harness import run_ranks
 
 

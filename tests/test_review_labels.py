@@ -17,7 +17,8 @@ import torch
 import commviz
 import commviz.distributed as cdist
 from commviz.review.render import plots
-from commviz.review.report import render_markdown, review_run
+from commviz.review.analyses.reviewing import review_run
+from commviz.review.render.report_formats import render_markdown
 from harness import run_ranks
 
 GAP_S = 0.4          # a pause between two phases of the job, like a warm-up

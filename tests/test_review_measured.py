@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from commviz.review.report import render_markdown, render_table, to_json, write_report
+from commviz.review.render.report_formats import render_markdown, render_table, to_json, write_report
 from fr_compare import FR_ENV, compare
 from harness import run_ranks
 
@@ -111,7 +111,7 @@ def test_gpu_calls_outside_the_profiled_step_are_launch_only_for_want_of_a_kerne
     name): the report says "no kernel", never "async", and the rest are measured."""
     import shutil
 
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     fixture = Path(__file__).parent / "fixtures" / "gpu" / "eager"
     run_dir = Path(shutil.copytree(fixture, tmp_path / "run"))

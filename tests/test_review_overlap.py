@@ -147,7 +147,7 @@ GPU_JOB = textwrap.dedent('''
 
 @pytest.mark.gpu(count=2)
 def test_nccl_all_reduce_busbw_beside_cuda_events(tmp_path, run_dir):
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     job = tmp_path / "job.py"
     job.write_text(GPU_JOB)
@@ -180,7 +180,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 
 @pytest.mark.skipif(not (FIXTURES / "graphed").is_dir(), reason="GPU fixtures not present")
 def test_gpu_fixture_review():
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     for name in ("eager", "graphed"):
         review = review_run(FIXTURES / name)

@@ -20,7 +20,8 @@ import torch
 
 from commviz.cli import main as cli_main
 from commviz.review.render import plots
-from commviz.review.report import load_inputs, review_run, write_report
+from commviz.review.analyses.reviewing import load_inputs, review_run
+from commviz.review.render.report_formats import write_report
 from commviz.merge.summary import summary_tracks
 from harness import run_ranks
 
@@ -194,7 +195,7 @@ def test_stragglers_table_names_the_late_rank_and_the_line_that_called(slow_run)
     (read from this file's source, not from commviz)."""
     import inspect
 
-    from commviz.review.report import render_markdown
+    from commviz.review.render.report_formats import render_markdown
     from test_review_labels import _rows
 
     source, first = inspect.getsourcelines(_slow_rank_job)

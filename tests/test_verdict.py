@@ -110,7 +110,7 @@ def test_verdict_agrees_with_flight_recorder(scenario) -> None:
         assert got.returncode == 0, got.stdout + got.stderr
         assert got.stdout.startswith(text.splitlines()[0]), got.stdout[:2000]
         assert "time.sleep(" in got.stdout
-        from commviz.review.report import write_report
+        from commviz.review.render.report_formats import write_report
 
         md_text = write_report(run_dir, fmt="markdown", plots=False, out=base / "r.md").text
         assert md_text.startswith("# Verdict\n\n```\nVERDICT: hang - culprit rank(s) 1")
@@ -229,7 +229,7 @@ def test_start_up_skew_is_warm_up_not_a_straggler(tmp_path: Path) -> None:
     straggler."""
     from harness import run_ranks
 
-    from commviz.review.report import review_run
+    from commviz.review.analyses.reviewing import review_run
 
     run = tmp_path / "run"
     run_ranks(_late_start_job, 2, str(run), timeout=120)

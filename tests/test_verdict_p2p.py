@@ -113,7 +113,7 @@ def test_a_rank_stuck_before_its_send(scenarios) -> None:
 def test_a_stuck_rank_in_the_report_json(scenarios, tmp_path: Path) -> None:
     """``commviz report --format json``: the root transfer with its channel, number, each
     posted side's call (label, call site) and how long rank 0 waited in it."""
-    from commviz.review.report import write_report
+    from commviz.review.render.report_formats import write_report
 
     s = scenarios["stuck"]
     doc = json.loads(write_report(s.run_dir, fmt="json", plots=False,

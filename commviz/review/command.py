@@ -12,7 +12,7 @@ import sys
 
 from commviz.merge import instances
 from commviz.review.analyses.origins import BY
-from commviz.review.report import FORMATS, TOP, write_report
+from commviz.review.render.report_formats import FORMATS, TOP, write_report
 
 
 def handler(args: argparse.Namespace) -> int:

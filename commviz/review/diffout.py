@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from commviz import metadata as md
 from commviz.metadata import fmt_gbps, fmt_ns
 from commviz.review.diff import BY, ORIGIN, Change, Diff, NoiseRule, Row, RunSide, Side, diff_runs
-from commviz.review.report import _md_cell
+from commviz.review.render.report_formats import _md_cell
 
 FORMATS = ("table", "markdown", "json")
 PLOT_NAME = "diff.png"

@@ -32,7 +32,7 @@ ORIGINS_DRAWN = 6
 
 
 class Table(NamedTuple):
-    """A section as ``commviz.review.report.Section`` takes it (the report imports this
+    """A section as ``commviz.review.render.report_formats.Section`` takes it (the report imports this
     module, so it gets the tables here, not the other way)."""
 
     title: str
