@@ -18,7 +18,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from commviz import cli
 from commviz.merge import merge_run
-from commviz.review.preview import TIMELINE_PNG, Timeline, Window, draw, read_timeline
+from commviz.review.render.timeline import TIMELINE_PNG, Timeline, Window, draw, read_timeline
 from commviz.review.render.report_formats import write_report
 from harness import run_ranks
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from commviz.errors import CommvizError
 from commviz.merge.select import format_ranks
 from commviz.record import stacks
-from commviz.review.status import DEFAULT_WAIT_S, ask_every_rank
+from commviz.review.analyses.asked import DEFAULT_WAIT_S, ask_every_rank
 from commviz.review.model.verdict import Verdict
 from commviz.review.analyses.judge import build_verdict
 from commviz.review.render.verdict_text import verdict_text

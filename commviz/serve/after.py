@@ -25,7 +25,7 @@ from commviz.merge.core import MERGED_NAME
 from commviz.merge.keep import parse_window
 from commviz.merge.select import format_ranks, parse_ranks
 from commviz.review.overview import OVERVIEW_NAME
-from commviz.review.preview import write_preview
+from commviz.review.render.timeline import write_preview
 from commviz.serve.page import rows_table
 
 REPORT_NAME = "report.md"

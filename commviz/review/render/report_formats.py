@@ -400,7 +400,7 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     written: list[Path] = []
     if plots:
         from commviz.review.render.plots import write_plots
-        from commviz.review.preview import report_timeline
+        from commviz.review.render.timeline import report_timeline
 
         plots_dir = Path(plots_dir) if plots_dir is not None else run_dir / "plots"
         timeline, problems = report_timeline(run_dir, plots_dir)   # merged.pftrace drawn

@@ -1,23 +1,17 @@
-"""``commviz status RUN_DIR``: the verdict on a job that is still running, from another shell.
-
-Every rank of the run dir is asked for its stacks without stopping it
+"""While a job runs, every rank of its run dir asked for its stacks without stopping it
 (``commviz.record.stacks.LIVE_SIGNAL``): those on this host directly, those on other nodes
-through the run dir, which their node's ``commviz launch`` answers (``commviz.record.asking``);
-status waits for them (``--wait``), says which ranks gave their stacks and which did not, and
+through the run dir, which their node's ``commviz launch`` answers (``commviz.record.asking``).
+``ask_every_rank`` waits for them and says which ranks gave their stacks and which did not, and
 why not where it can tell. A rank that started but records nothing yet (importing torch,
 joining the process group, building the c10d boundary kernel: a fresh node's first import takes
 about 30 s) is told from the placement file its worker wrote first thing
-(``commviz.review.analyses.placed``): since when, and whether its process still runs. The verdict is
-then built from the ranks' journals and those stacks (``commviz.review.analyses.judge``). Exit status
-0 when the ranks agree (nothing held up yet, or nothing recorded yet), 1 with a verdict, 2 when
-the run dir cannot be read.
+(``review.analyses.placed``): since when, and whether its process still runs. ``commviz
+status`` and a launch's hang watch judge the ranks with those stacks (``review.analyses.judge``).
 """
 
 from __future__ import annotations
 
-import argparse
 import socket
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -27,9 +21,7 @@ from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
 from commviz.review.analyses import placed
 from commviz.review.analyses.exits import log_dir
-from commviz.review.analyses.judge import build_verdict
-from commviz.review.render.verdict_text import verdict_text
-from commviz.trace.run import Run, load_run
+from commviz.trace.run import Run
 
 DEFAULT_WAIT_S = 5.0
 POLL_S = 0.1                   # how often the stacks and the answers are looked for
@@ -168,31 +160,3 @@ def ask_every_rank(run_dir: Path, run: Run, wait_s: float) -> Asked:
                  answered=[a for a in answered if set(a["ranks"]) & elsewhere],
                  silent=dict(silent), unanswered=dict(unanswered),
                  absent=sorted(set(range(size)) - told), starting=begun, problems=problems)
-
-
-def handler(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    run = load_run(run_dir)
-    asked = ask_every_rank(run_dir, run, args.wait)
-    verdict = build_verdict(run_dir, live=True, run=run)
-    sys.stdout.write(asked.render(run_dir))
-    if verdict is None and not any(ri.record is not None for ri in run.ranks.values()):
-        sys.stdout.write("no rank records yet: nothing to judge\n")
-        return 0
-    if verdict is None:
-        sys.stdout.write("no rank is held up: every collective begun was completed by its "
-                         "group, or is still being joined\n")
-        return 0
-    sys.stdout.write(verdict_text(verdict))
-    return 1
-
-
-def register(p: argparse.ArgumentParser) -> None:
-    p.description = ("While a job runs: ask its ranks, on every node, for their stacks (they go "
-                     "on) and say which rank holds the others up, where it is, and what the "
-                     "others wait in.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run dir the job records into")
-    p.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
-                   help="at most how long to wait for the ranks' stacks and the other nodes' "
-                        f"answers (default {DEFAULT_WAIT_S:g})")
-    p.set_defaults(func=handler)

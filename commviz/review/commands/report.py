@@ -15,7 +15,7 @@ from commviz.review.analyses.origins import BY
 from commviz.review.render.report_formats import FORMATS, TOP, write_report
 
 
-def handler(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     result = write_report(
         args.run_dir, fmt=args.format, plots_dir=args.plots, out=args.out,
         plots=not args.no_plots, top=args.top, by=args.by,
@@ -54,4 +54,4 @@ def register(p: argparse.ArgumentParser) -> None:
                         "pipeline stage)")
     p.add_argument("--fail-on-desync", action="store_true",
                    help="exit with status 1 when a desync is found")
-    p.set_defaults(func=handler)
+    p.set_defaults(func=run)
