@@ -28,7 +28,13 @@ STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz.write",), "write: the Perfetto encoder and reader, Chrome JSON"),
     (("commviz.merge",), "merge: shards, comm tables, cross-rank instances, the merged trace"),
     (("commviz.live",), "live: the always-on record read while the job runs (watch, metrics)"),
-    (("commviz.review",), "review: report, desyncs, overview"),
+    (("commviz.review.model", "commviz.review.analyses"),
+     "review's analyses: functions over a loaded run (verdict, desyncs, roll-ups, pipeline, "
+     "overlap), and the model they return"),
+    (("commviz.review.render",), "review's wording: text, Markdown, JSON, plots, the timeline"),
+    (("commviz.review",), "review's front (commviz.Run) over the analyses and their wording, the "
+                          "diff and the overview"),
+    (("commviz.review.commands",), "review's command line: one module a command"),
     (("commviz.verify",), "verify: checks the merged trace against the inputs"),
     (("commviz.cli", "commviz.__main__", "commviz.launch", "commviz.gathering",
       "commviz.gathered", "commviz.convert", "commviz.serve"),
