@@ -19,80 +19,26 @@ or on NCCL their ops' GPU times where the windows say so (``times``, per window 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from commviz.errors import SourceError
 from commviz.live import series
 from commviz.metadata import fmt_ns
+from commviz.review.analyses.kept_windows import read_whole_run, times_of
 
 WINDOWS_PNG = "windows.png"
 ORIGINS_DRAWN = 6
 
 
 class Table(NamedTuple):
-    """A section as ``commviz.review.render.report_formats.Section`` takes it (the report imports this
+    """A section as ``review.render.report_formats.Section`` takes it (the report imports this
     module, so it gets the tables here, not the other way)."""
 
     title: str
     columns: list[str]
     rows: list[list[str]]
     note: str = ""
-
-
-@dataclass
-class Slowdown:
-    """One rank late to one origin of one group, over the windows that named it."""
-
-    rank: int
-    origin: str
-    group_label: str
-    cause: str
-    peer: int | None
-    began: int                        # the first window that named it
-    began_s: tuple[float, float]      # its start and end, seconds after the first window began
-    windows: list[int] = field(default_factory=list)
-    skews: list[int] = field(default_factory=list)
-    cost_ns: int = 0
-
-
-@dataclass
-class WholeRun:
-    path: Path
-    windows: list[series.WindowFile]
-    notes: list[str]
-
-    @property
-    def t0(self) -> int:
-        return self.windows[0]["start_ns"]
-
-    def slowdowns(self) -> list[Slowdown]:
-        found: dict[tuple[int, str, str, str], Slowdown] = {}
-        for w in self.windows:
-            for s in w["stragglers"]:
-                cause = s.get("cause", "late")
-                key = (s["rank"], s["group"], s["origin"], cause)
-                if key not in found:
-                    found[key] = Slowdown(s["rank"], s["origin"], s["group_label"], cause,
-                                          s.get("peer"), w["index"],
-                                          ((w["start_ns"] - self.t0) / 1e9,
-                                           (w["end_ns"] - self.t0) / 1e9))
-                d = found[key]
-                d.windows.append(w["index"])
-                d.skews.append(s["skew_ns"])
-                d.cost_ns += s["cost_ns"]
-        return sorted(found.values(), key=lambda d: (d.began, -d.cost_ns))
-
-
-def read_whole_run(run_dir: Path) -> WholeRun | None:
-    """The windows of the watcher that wrote most (None: no watcher kept any)."""
-    path = series.path_of(run_dir)
-    if not path.is_file():
-        return None
-    lines, notes = series.read(path)
-    windows = series.one_watcher(lines)
-    return WholeRun(path, windows, notes) if windows else None
 
 
 def _who(rank: int, cause: str, peer: int | None) -> str:
@@ -104,12 +50,6 @@ def _late(w: series.WindowFile) -> str:
                      f"{s.get('cause', 'late')} at {s['origin']} in {s['group_label']} "
                      f"({fmt_ns(s['skew_ns'])}, cost {fmt_ns(s['cost_ns'])})"
                      for s in w["stragglers"])
-
-
-def times_of(whole: WholeRun) -> str:
-    """Which times the windows used: "cpu", "gpu" or "mixed" (``series.times_of``, run-wide)."""
-    used = {w["times"] for w in whole.windows}
-    return used.pop() if len(used) == 1 else "mixed"
 
 
 _SAID = {"cpu": "CPU times of the calls", "gpu": "GPU times of the NCCL ops",
