@@ -7,8 +7,9 @@ Perfetto trace) -> ``review`` (skew, stragglers, bandwidth, desyncs).
 
 __version__ = "0.1.0"
 
-# The job-side API, loaded on first use: importing commviz (the after-the-job CLI does) imports
-# no torch and installs nothing; ``start``, ``patch`` and ``graph`` install what they need.
+# The API, loaded on first use: importing commviz (the after-the-job CLI does) imports no torch
+# and installs nothing; ``start``, ``patch`` and ``graph`` install what they need; ``Run`` is the
+# after-the-job front over a run dir (``commviz.review.front``).
 from commviz.lazy import lazy_api
 
 _API = {
@@ -17,7 +18,7 @@ _API = {
     "mark": "commviz.capture", "debug_handler": "commviz.serve.debug", "gather": "commviz.gathering", "patch": "commviz.patching",
     "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
     "profile": "commviz.record", "start": "commviz.patching", "trace_handler": "commviz.record",
-    "unrecorded": "commviz.record.calls",
+    "unrecorded": "commviz.record.calls", "Run": "commviz.review.front",
 }
 
 __all__ = sorted(_API) + ["__version__"]

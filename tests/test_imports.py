@@ -57,6 +57,13 @@ def test_after_the_job_commands_import_no_torch(run: Path, tmp_path: Path) -> No
         assert _python(code) == "0 False", argv
 
 
+def test_the_front_reads_a_run_without_torch(run: Path) -> None:
+    """``commviz.Run``, every analysis of a notebook's, loads no torch."""
+    code = ("import sys\nimport commviz\nr = commviz.Run(%r)\n"
+            "r.review(); r.verdict(); r.stragglers(); r.windows(); r.report('json')\n"
+            "print('torch' in sys.modules)" % str(run))
+    assert _python(code) == "False"
+
 def test_serve_renders_its_pages_without_torch(run: Path) -> None:
     """``commviz serve``: the live panel refreshed from the run's files and the page after the
     job (report, whole run, timeline form) are made without torch."""

@@ -12,14 +12,14 @@ import sys
 
 from commviz.merge import instances
 from commviz.review.analyses.origins import BY
-from commviz.review.render.report_formats import FORMATS, TOP, write_report
+from commviz.review.front import Run
+from commviz.review.render.report_formats import FORMATS, TOP
 
 
 def run(args: argparse.Namespace) -> int:
-    result = write_report(
-        args.run_dir, fmt=args.format, plots_dir=args.plots, out=args.out,
-        plots=not args.no_plots, top=args.top, by=args.by,
-        straggler_min_ns=int(args.straggler_ms * 1e6))
+    result = Run(args.run_dir).write_report(
+        fmt=args.format, plots_dir=args.plots, out=args.out, plots=not args.no_plots,
+        top=args.top, by=args.by, straggler_min_ns=int(args.straggler_ms * 1e6))
     if args.out is None:                       # with -o the file is the output
         sys.stdout.write(result.text)
     written = [str(result.out), *(str(p) for p in result.plots)]

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from commviz.review.analyses.asked import DEFAULT_WAIT_S, ask_every_rank
-from commviz.review.analyses.judge import build_verdict
+from commviz.review.front import Run
 from commviz.review.render.verdict_text import verdict_text
-from commviz.trace.run import load_run
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    run = load_run(run_dir)
-    asked = ask_every_rank(run_dir, run, args.wait)
-    verdict = build_verdict(run_dir, live=True, run=run)
-    sys.stdout.write(asked.render(run_dir))
-    if verdict is None and not any(ri.record is not None for ri in run.ranks.values()):
+    job = Run(args.run_dir)
+    asked = ask_every_rank(job.run_dir, job.files, args.wait)
+    verdict = job.verdict(live=True)
+    sys.stdout.write(asked.render(job.run_dir))
+    if verdict is None and not any(ri.record is not None for ri in job.files.ranks.values()):
         sys.stdout.write("no rank records yet: nothing to judge\n")
         return 0
     if verdict is None:

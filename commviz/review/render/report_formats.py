@@ -395,8 +395,17 @@ def write_report(run_dir: str | Path, *, fmt: str = "table", plots_dir: str | Pa
     unless ``plots`` is False, the PNGs (default ``RUN_DIR/plots``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r} (one of {', '.join(FORMATS)})")
-    run_dir = Path(run_dir)
-    review = review_run(run_dir, by=by, run=run, **thresholds)
+    return write_review(review_run(run_dir, by=by, run=run, **thresholds), fmt=fmt,
+                        plots_dir=plots_dir, out=out, plots=plots, top=top)
+
+
+def write_review(review: Review, *, fmt: str = "table", plots_dir: str | Path | None = None,
+                 out: str | Path | None = None, plots: bool = True, top: int = TOP
+                 ) -> ReportResult:
+    """Write a review already made, as ``write_report`` does (its problems grow by the plots')."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format {fmt!r} (one of {', '.join(FORMATS)})")
+    run_dir = review.run_dir
     written: list[Path] = []
     if plots:
         from commviz.review.render.plots import write_plots
