@@ -1,1 +1,2 @@
-"""review.render"""
+"""review's wording: what the analyses found as a terminal table, Markdown, JSON, PNG plots and
+the merged trace's timeline; nothing here judges, it only tells."""
