@@ -14,7 +14,7 @@ from commviz.lazy import lazy_api
 
 _API = {
     "RECORDER": "commviz.record.recorder", "enable": "commviz.record.recorder",
-    "annotate_collective": "commviz.annotate", "graph": "commviz.capture",
+    "annotate_collective": "commviz.collective_annotation", "graph": "commviz.capture",
     "mark": "commviz.capture", "debug_handler": "commviz.serve.debug", "gather": "commviz.gathering", "patch": "commviz.patching",
     "unpatch": "commviz.patching", "flush": "commviz.record", "load_record": "commviz.record",
     "profile": "commviz.record", "start": "commviz.patching", "trace_handler": "commviz.record",

@@ -24,13 +24,13 @@ class Command(NamedTuple):
 
 
 COMMANDS = (
-    Command("launch", "commviz.launch.command",
+    Command("launch", "commviz.launch.launch_command",
             "run a YAML-configured experiment through torchrun and merge its trace"),
     Command("merge", "commviz.merge.command",
             "merge every rank's profiler trace and record into one trace"),
     Command("annotate", "commviz.merge.annotate",
             "attach a rank's recorded collective metadata to its profiler trace"),
-    Command("verify", "commviz.verify.command",
+    Command("verify", "commviz.verify.verify_command",
             "check a .pftrace as Perfetto will read it (and against its inputs)"),
     Command("report", "commviz.review.commands.report",
             "skew, stragglers, bandwidth, desyncs and streams of a run"),

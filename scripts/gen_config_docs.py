@@ -1,4 +1,4 @@
-"""Write docs/configuration.md from the launch config's schema (commviz.launch.schema).
+"""Write docs/configuration.md from the launch config's schema (commviz.launch.config_schema).
 
 The schema's fields carry their type, default and meaning, so the reference is generated from
 them and cannot drift: ``tests/test_docs.py`` fails when the page is not what this script
@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from commviz.launch.schema import Config
+from commviz.launch.config_schema import Config
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

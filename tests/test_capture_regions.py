@@ -121,7 +121,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCapture]:
 
 
 def record(op: str, lane: int, nelems: int = 4096, ranks: int = 2) -> list[Any]:
-    """A wrapper's compact record, as ``commviz.annotate.begin`` builds it."""
+    """A wrapper's compact record, as ``commviz.collective_annotation.begin`` builds it."""
     rec: list[Any] = [None] * (md.R_REGION + 1)
     rec[md.R_OP], rec[md.R_IN], rec[md.R_OUT] = op, nelems, nelems
     rec[md.R_INFO] = md.GroupInfo(pg=None, name=f"pg{lane}", desc="",

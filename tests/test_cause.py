@@ -25,7 +25,7 @@ from mesh_sim import Job, Mesh, Plant, expected  # noqa: E402
 
 from commviz.live import series  # noqa: E402
 from commviz.live.cause import Cause, Judge, said  # noqa: E402
-from commviz.live.instances import Group, Instances  # noqa: E402
+from commviz.live.joined import Group, Instances  # noqa: E402
 from commviz.live.window import Window, Windows, held, roots  # noqa: E402
 from commviz.review.render import wholerun  # noqa: E402
 from commviz.metadata import fmt_ns  # noqa: E402

@@ -16,8 +16,8 @@ from commviz import cli
 from commviz.errors import ConfigError
 from commviz.launch import config as C
 from commviz.launch import groups
-from commviz.launch.command import resolve
-from commviz.launch.schema import Group
+from commviz.launch.launch_command import resolve
+from commviz.launch.config_schema import Group
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -396,7 +396,7 @@ def test_node_rank_outside_the_job(capsys):
 def test_schema_documents_every_key():
     from pydantic import BaseModel
 
-    from commviz.launch import schema as S
+    from commviz.launch import config_schema as S
 
     for model in (S.Config, S.Job, S.Group, S.Collective, S.Transformer, S.Workload, S.Profile,
                   S.Record, S.Output):

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # longest prefix that names it.
 STAGES: list[tuple[tuple[str, ...], str]] = [
     (("commviz",), "shared facts: errors, metadata keys and wording, lazy API, kernel names"),
-    (("commviz.record", "commviz.capture", "commviz.annotate", "commviz.patching",
+    (("commviz.record", "commviz.capture", "commviz.collective_annotation", "commviz.patching",
       "commviz.distributed"), "record: in the job, every call as it is made"),
     (("commviz.trace",), "trace: loading profiler traces and run dirs"),
     (("commviz.match",), "match: records onto kernels, one rank at a time"),

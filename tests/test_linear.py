@@ -26,8 +26,8 @@ import pytest
 import commviz
 from commviz import metadata as md
 from commviz.capture.names import kernel_key
-from commviz.match import clock, coalesced, graphed, index, match_rank, ranges
-from commviz.match.clock import ClockPlan
+from commviz.match import coalesced, graphed, index, match_rank, merged_clock, ranges
+from commviz.match.merged_clock import ClockPlan
 from commviz.merge import flows, merge_run
 from commviz.trace.load import load_trace
 from commviz.trace.run import load_run
@@ -327,13 +327,13 @@ def _clock_work(ranks: int, chained: bool) -> int:
     for r in range(1, ranks):
         mine = {**merged[r], **(merged[r - 1] if chained else merged[0])}
         ends[r] = {key: end - shift[r] for key, end in mine.items()}
-    plan = ClockPlan(offsets={0: 0}, sources={0: clock.SAME_HOST},
+    plan = ClockPlan(offsets={0: 0}, sources={0: merged_clock.SAME_HOST},
                      pending=list(range(ranks - 1, 0, -1)))    # the worst order for a chain
-    with lines_run(clock) as counts:
-        problems = clock.derive(plan, ends)
+    with lines_run(merged_clock) as counts:
+        problems = merged_clock.derive(plan, ends)
     assert not problems
     assert plan.offsets == shift
-    return counts[clock.__name__]
+    return counts[merged_clock.__name__]
 
 
 @pytest.mark.parametrize("chained", [False, True], ids=["world-group", "neighbours-only"])

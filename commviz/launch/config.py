@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from commviz.errors import ConfigError
-from commviz.launch import schema as S
+from commviz.launch import config_schema as S
 from commviz.launch.groups import LayoutError, layout
 
 DEFAULT_NAME = "default.yaml"

@@ -12,7 +12,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from commviz.launch.schema import WORLD, Config, Group
+from commviz.launch.config_schema import WORLD, Config, Group
 
 
 class LayoutError(ValueError):

@@ -20,7 +20,7 @@ from typing import TextIO
 from commviz.launch.config import MULTICAST_OFF
 from commviz.launch.elastic import RESULTS_ENV
 from commviz.launch.placement import LAUNCH_ENV
-from commviz.launch.schema import Config
+from commviz.launch.config_schema import Config
 from commviz.review.analyses.exits import LOG_DIR, results_name
 
 WORKER = "commviz.launch.worker"

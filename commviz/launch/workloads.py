@@ -22,7 +22,7 @@ import torch
 import commviz.distributed as D
 from commviz.capture import graph as commviz_graph
 from commviz.capture import mark
-from commviz.launch import schema as S
+from commviz.launch import config_schema as S
 from commviz.launch.config import elements, import_entrypoint
 
 Step = Callable[[], None]

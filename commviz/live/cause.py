@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 from commviz.metadata import StrEnum
-from commviz.live.instances import Instances, Transfers
+from commviz.live.joined import Instances, Transfers
 from commviz.merge.instances import STRAGGLER_FACTOR, STRAGGLER_MIN_NS, WARMUP
 
 LATE_SHARE = 3 / 4               # late in at least this share of an origin's instances

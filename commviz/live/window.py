@@ -48,7 +48,7 @@ import numpy as np
 from commviz import metadata as md
 from commviz.live.cause import BINS as SKEW_BINS
 from commviz.live.cause import Judge, Straggler, quantiles
-from commviz.live.instances import Group, Instances, Transfers
+from commviz.live.joined import Group, Instances, Transfers
 from commviz.live.tail import Call, Shape
 from commviz.merge import bandwidth as bw
 

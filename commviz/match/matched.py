@@ -14,7 +14,7 @@ from pathlib import Path
 
 from commviz.match import artifact
 from commviz.match.artifact import RankArtifact
-from commviz.match.clock import ClockPlan, align, plan_clock
+from commviz.match.merged_clock import ClockPlan, align, plan_clock
 from commviz.trace.run import RankInput, Run, load_run
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from commviz.errors import WRITE_ERRNOS, CommvizError, SourceError, cannot_write
 from commviz.match import artifact
-from commviz.match import clock as clk
+from commviz.match import merged_clock as clk
 from commviz.match.artifact import PgInfo
 from commviz.match.matched import fingerprints
 from commviz.merge.cross import copy_piece, lone_flows, write_cross

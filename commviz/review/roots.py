@@ -17,7 +17,7 @@ import numpy as np
 
 from commviz import metadata as md
 from commviz.live.cause import Judge, Straggler
-from commviz.live.instances import Group, Instances
+from commviz.live.joined import Group, Instances
 from commviz.live.window import held, roots
 from commviz.merge.instances import WARMUP
 from commviz.merge.table import Flag

@@ -11,7 +11,7 @@ from typing import Any
 from commviz import metadata as md
 from commviz.record import ddp_buckets
 from commviz.record.origins.base import Call, Origin, Refresh, Resolver
-from commviz.record.origins.names import param_name
+from commviz.record.origins.user_names import param_name
 
 FORWARD = "DistributedDataParallel.forward"   # the range the boundary kernel follows
 

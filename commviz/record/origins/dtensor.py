@@ -16,7 +16,7 @@ from typing import Any, Callable
 from commviz import metadata as md
 from commviz.record.origins.base import Call, Origin, Refresh, Resolver
 from commviz.record.origins.frames import Look, torch_path, user_site
-from commviz.record.origins.names import Names, module_name
+from commviz.record.origins.user_names import Names, module_name
 
 # functions that take the norm of a model's gradients, torch's and a framework's of the same
 # name (torchtitan's ``clip_grad_norm_`` makes torch's total norm whole itself): a norm

@@ -8,7 +8,7 @@ import re
 
 from commviz import metadata as md
 from commviz.record.origins.base import Call, Origin, Resolver
-from commviz.record.origins.names import as_written
+from commviz.record.origins.user_names import as_written
 
 PREFIX = "FSDP::"
 _RANGE = re.compile(r"FSDP::(\w+)(?: \((.*)\)| for (.*))?$")

@@ -9,7 +9,7 @@ from typing import Any
 
 from commviz.record.origins.base import Resolver
 from commviz.record.origins.frames import Look
-from commviz.record.origins.names import Names
+from commviz.record.origins.user_names import Names
 
 
 class State:

@@ -11,7 +11,7 @@ decides which node holds rank 0; each launch learns it from its own workers
 gather (``output.gather``) it writes the overview (``commviz.review.overview``) instead of the
 merge, and the report only where every rank's matched run is visible (a shared run dir). A failed rank makes the
 launch exit 1 naming the rank and why, after merging what the other ranks recorded.
-While torchrun runs, the launch watches for a hang (``commviz.launch.watch``) and answers
+While torchrun runs, the launch watches for a hang (``commviz.launch.hang_watch``) and answers
 ``commviz status`` run on another node with its own ranks' stacks (``commviz.launch.answer``).
 With ``live.exporter`` set it serves the job's metrics to Prometheus meanwhile, from a process of
 its own (``commviz.launch.exporting``); with ``live.watch`` it says each window of ``commviz
@@ -41,8 +41,8 @@ from commviz.launch import exporting, groups, outcome, placement, rendezvous, sl
 from commviz.launch.answer import StackAnswers
 from commviz.live.watch import WatchThread
 from commviz.launch.echo import Echo
-from commviz.launch.watch import DEFAULT_AFTER_S, HangWatch
-from commviz.launch.schema import Config
+from commviz.launch.hang_watch import DEFAULT_AFTER_S, HangWatch
+from commviz.launch.config_schema import Config
 from commviz.record import journal, schema
 from commviz.record.schema import RECORD_GLOB
 from commviz.record.store import write_atomic
