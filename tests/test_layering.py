@@ -253,7 +253,8 @@ def test_no_import_is_hidden_behind_importlib() -> None:
 
 
 @pytest.mark.parametrize("source, found", [
-    ("from commviz.review.analyses.rollups import summary_tracks\n", "commviz.review.analyses.rollups"),
+    ("from commviz.review.analyses.rollups import summary_tracks\n",
+     "commviz.review.analyses.rollups"),
     ("def f():\n    from commviz.review.render import report_formats\n",
      "commviz.review.render.report_formats"),
     ("from ..review.render import report_formats\n", "commviz.review.render.report_formats"),

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from commviz.review.render.report_formats import render_markdown, render_table, to_json, write_report
+from commviz.review.render.report_formats import (render_markdown, render_table, to_json,
+                                                  write_report)
 from fr_compare import FR_ENV, compare
 from harness import run_ranks
 

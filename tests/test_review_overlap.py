@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from commviz.trace.gpu import gpu_ops
-from commviz.review.analyses.overlap import (COMMUNICATION, COMPUTATION, MEMORY, OTHER, hta_kernel_type,
-                                    intersection, merge, overlap_table)
+from commviz.review.analyses.overlap import (COMMUNICATION, COMPUTATION, MEMORY, OTHER,
+                                             hta_kernel_type, intersection, merge,
+                                             overlap_table)
 from commviz.review.analyses.streams import stream_table
 from commviz.trace.load import load_trace
 from harness import torchrun

@@ -20,8 +20,8 @@ import pytest
 
 from commviz import cli
 from commviz.merge import merge_run
-from commviz.review.render.timeline import (default_window, read_timeline, read_window, report_timeline,
-                                    write_preview)
+from commviz.review.render.timeline import (default_window, read_timeline, read_window,
+                                            report_timeline, write_preview)
 from commviz.trace.load import looks_like_trace, read_header
 from commviz.trace.run import load_run
 from commviz.verify import verify_pftrace

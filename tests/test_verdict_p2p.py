@@ -172,7 +172,8 @@ def test_both_ranks_receive_first(scenarios) -> None:
     assert ops == {(0, "recv", 1, AT), (1, "recv", 0, AT)}
     for r in (0, 1):
         stopped = v.ranks[r].stopped_at
-        assert stopped is not None and stopped.line == line_of("dist.recv(buf, prv)"), verdict_text(v)
+        assert stopped is not None and stopped.line == line_of("dist.recv(buf, prv)"), \
+            verdict_text(v)
     assert f"recv←1 #{AT}" in v.root.why and f"recv←0 #{AT}" in v.root.why
     assert verdict_text(v).startswith("VERDICT: deadlock - culprit rank(s) 0-1\n")
 

@@ -2,7 +2,7 @@
 
 NCCL's watchdog waits 10 minutes by default. ``HangWatch`` reads the run dir's journals every
 few seconds; when the ranks disagree (some rank waits in a collective that another has not
-joined: ``commviz.review.analyses.judge``) and nothing has moved for ``after_s`` seconds, it asks every
+joined: ``review.analyses.judge``) and nothing has moved for ``after_s`` seconds, it asks every
 rank on this host for its stacks (they go on running) and prints the verdict, once per hang.
 In a multi-node job the launch that runs rank 0 asks every node's ranks, as ``commviz status``
 does (through the shared run dir, which the other launches answer): one launch prints the

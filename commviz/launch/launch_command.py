@@ -3,7 +3,7 @@
 Loads and checks the config (one clear error before any process starts), writes the resolved
 config to ``RUN_DIR/config.yaml``, runs this node's torchrun, then on the node that holds
 rank 0's files merges the run (``commviz.merge.merge_run``) and writes the report
-(``commviz.review.render.report_formats.write_report``), and prints a short summary. In a multi-node job torch
+(``review.render.report_formats.write_report``), and prints a short summary. In a multi-node job torch
 decides which node holds rank 0; each launch learns it from its own workers
 (``commviz.launch.placement``), shows the rendezvous while it waits
 (``commviz.launch.rendezvous``) and under srun takes the job's shape from Slurm
@@ -167,7 +167,7 @@ def _all_matched(run_dir: Path, world: int) -> bool:
 
 
 def _report(run_dir: Path, out: TextIO, run: Run | None) -> bool:
-    """The review (``commviz.review.render.report_formats.write_report``), as RUN_DIR/report.md."""
+    """The review (``review.render.report_formats.write_report``), as RUN_DIR/report.md."""
     from commviz.review.render.report_formats import write_report
 
     try:

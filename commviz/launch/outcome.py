@@ -1,7 +1,7 @@
 """After torchrun returns: which rank failed and why, and what the run dir now holds.
 
 Why ranks failed, and which one is the root cause, is read from the run dir's logs as
-``commviz report`` reads it (``commviz.review.analyses.exits``: the worker's failure files, the elastic
+``commviz report`` reads it (``review.analyses.exits``: the worker's failure files, the elastic
 agent's results); the launch adds what a rank said on torchrun's output when it could not
 write its failure file (``worded_failures``).
 
@@ -41,7 +41,7 @@ def worded_failures(output: str) -> dict[int, Said]:
 
 
 def failures(log_dir: Path, torchrun_output: str) -> list[Failure]:
-    """Every failed rank, the root cause first (``commviz.review.analyses.exits.failures``), with what
+    """Every failed rank, the root cause first (``review.analyses.exits.failures``), with what
     the ranks said on torchrun's output."""
     return exits.failures(log_dir, worded_failures(torchrun_output))
 

@@ -2,7 +2,7 @@
 process group, per rank, and per (group, op, size), each listing what cost the most time first.
 
 Waits here are the time ranks spent waiting for a late or missing rank; a pipeline schedule's
-transfers are counted but their waits are its bubbles (``commviz.review.analyses.pipeline``), left out.
+transfers are counted but their waits are its bubbles (``review.analyses.pipeline``), left out.
 A rank missing from an instance that the others waited in held them up for as long as the
 longest of them waited, unless it was itself held at the time (inside a call that never
 completed, begun before that instance's last arrival): it then only passed the wait on. The

@@ -141,7 +141,7 @@ class RankState:
     last: Call | None                    # its last numbered collective or transfer
     exit: str | None                     # its record's exit ("journal": rebuilt, it was killed)
     stacks: st.Stacks | None
-    launch_exit: Exit | None = None      # how its launch saw it end (``commviz.review.analyses.exits``)
+    launch_exit: Exit | None = None      # how its launch saw it end (``review.analyses.exits``)
     seen_ns: int | None = None           # the last time it was known alive (record written)
     timed_out_ns: int | None = None      # when NCCL's watchdog timed out a collective of it
     after_timeout: list[Call] = field(default_factory=list)   # the calls it made since, set aside

@@ -297,7 +297,8 @@ def render_markdown(review: Review, top: int = TOP, plots: list[Path] | None = N
     """Markdown; plot links are relative to ``base`` (the report's folder) when given."""
     lines = [f"# {_headline(review)}", ""]
     if review.verdict is not None:
-        lines = ["# Verdict", "", "```", verdict_text(review.verdict).rstrip("\n"), "```", ""] + lines
+        lines = ["# Verdict", "", "```", verdict_text(review.verdict).rstrip("\n"), "```",
+                 ""] + lines
     if review.problems:
         lines += ["## Problems", "", *[f"- {_md_cell(p)}" for p in review.problems], ""]
     if review.skipped:
