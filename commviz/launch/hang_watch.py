@@ -23,6 +23,7 @@ from commviz.review.analyses.asked import DEFAULT_WAIT_S, ask_every_rank
 from commviz.review.model.verdict import Verdict
 from commviz.review.analyses.judge import build_verdict
 from commviz.review.render.verdict_text import verdict_text
+from commviz.review.render.asked_text import asked_lines
 from commviz.trace.run import load_run
 
 DEFAULT_AFTER_S = 60.0
@@ -71,7 +72,7 @@ class HangWatch(threading.Thread):
     def _report(self, still_s: float) -> None:
         if self.everywhere is not None and self.everywhere():
             asked = ask_every_rank(self.run_dir, load_run(self.run_dir), DEFAULT_WAIT_S)
-            ranks, detail = asked.ranks, "".join(f"{line}\n" for line in asked.lines())
+            ranks, detail = asked.ranks, "".join(f"{line}\n" for line in asked_lines(asked))
         else:
             ranks, detail = stacks.request_all(self.run_dir), ""
         v = build_verdict(self.run_dir, live=True)

@@ -7,7 +7,8 @@
   ``origins``; what the run dir's other files say: ``exits``, ``flightrec``, ``placed``,
   ``kept_windows``; ``asked``: the live ranks' stacks, for ``status``.
 - ``render/``: their wording: ``report_formats`` (table, Markdown, JSON, and writing the
-  report), ``verdict_text``, ``wholerun``, ``plots``, ``timeline`` (the merged trace drawn).
+  report), ``verdict_text``, ``asked_text`` (whom ``status`` asked), ``wholerun``, ``plots``,
+  ``timeline`` (the merged trace drawn).
 - ``front``: ``commviz.Run(run_dir)``, the one front for notebooks and the commands: the run
   read once, each analysis a method.
 - ``diff``/``roots`` (runs compared, slowdowns named at their root), ``fold``/``groupfold``

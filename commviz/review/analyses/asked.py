@@ -17,7 +17,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commviz.merge.select import format_ranks
 from commviz.record import asking, stacks
 from commviz.review.analyses import placed
 from commviz.review.analyses.exits import log_dir
@@ -46,39 +45,6 @@ class Asked:
         """Every rank asked, here or by its node's launch."""
         return sorted(set(self.here) | {r for a in self.answered for r in a["signalled"]})
 
-    def render(self, run_dir: Path) -> str:
-        return "\n".join([f"commviz status: {run_dir}", *self.lines()]) + "\n"
-
-    def lines(self) -> list[str]:
-        """Who was asked where, and which ranks or nodes did not answer."""
-        lines = []
-        if self.here:
-            lines.append(f"  stacks asked here of ranks {format_ranks(self.here)}"
-                         + _not_written(self.here, self.wrote_here))
-        elif not any(s.here for s in self.starting):
-            lines.append("  no rank of it runs on this host")
-        lines += [s.line() for s in self.starting]
-        for a in self.answered:
-            lines.append(f"  node {a['node']} ({a['host']}, ranks {format_ranks(a['ranks'])}): "
-                         f"its launch asked ranks {format_ranks(a['signalled']) or 'none'}"
-                         + _not_written(a["signalled"], set(a["written"])))
-            gone = sorted(set(a["ranks"]) - set(a["signalled"]) - set(self.here))
-            if gone:
-                lines.append(f"    ranks {format_ranks(gone)}: no process of theirs on "
-                             f"{a['host']} (ended?)")
-        for (node, host), ranks in sorted(self.silent.items()):
-            lines.append(f"  node {node} ({host}, ranks {format_ranks(ranks)}): no answer in "
-                         f"{self.wait_s:g} s: its launch is gone or stuck")
-        for host, ranks in sorted(self.unanswered.items()):
-            lines.append(f"  ranks {format_ranks(ranks)} on {host}: no answer in "
-                         f"{self.wait_s:g} s: no commviz launch of this run dir runs there "
-                         "(plain torchrun? a run dir not shared with this one?)")
-        if self.absent:
-            lines.append(f"  ranks {format_ranks(self.absent)}: no live stacks file in this run "
-                         "dir (not started, or ended; or their node's run dir is not this one)")
-        lines += [f"  problem: {p}" for p in self.problems]
-        return lines
-
 
 @dataclass
 class Starting:
@@ -90,17 +56,6 @@ class Starting:
     pids: list[int]
     since_ns: int | None           # the earliest of their processes' starts
     gone: bool = False             # here: their processes no longer run
-
-    def line(self) -> str:
-        pids = f", pid(s) {', '.join(map(str, self.pids))}" if self.here and self.pids else ""
-        since = "" if self.since_ns is None else (
-            f" {max(0, time.time_ns() - self.since_ns) / 1e9:.0f} s ago (at "
-            f"{time.strftime('%H:%M:%S', time.localtime(self.since_ns / 1e9))})")
-        head = f"  ranks {format_ranks(self.ranks)} on {self.host}{pids}: started{since}"
-        if self.gone:
-            return head + "; their process is gone, and left no record"
-        return head + (", not recording yet (no record or stacks file: importing torch, "
-                       "joining the process group, or building commviz's c10d boundary kernel)")
 
 
 def starting(placements: list[placed.Placement], run: Run, live: set[int]) -> list[Starting]:
@@ -117,11 +72,6 @@ def starting(placements: list[placed.Placement], run: Run, live: set[int]) -> li
                      since_ns=min((p.started_ns for p in ps if p.started_ns), default=None),
                      gone=gone)
             for (host, gone), ps in sorted(by.items())]
-
-
-def _not_written(asked: list[int], wrote: set[int]) -> str:
-    missing = sorted(set(asked) - wrote)
-    return f"; ranks {format_ranks(missing)} wrote no stacks in time" if missing else ""
 
 
 def ask_every_rank(run_dir: Path, run: Run, wait_s: float) -> Asked:

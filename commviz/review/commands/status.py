@@ -13,6 +13,7 @@ import sys
 
 from commviz.review.analyses.asked import DEFAULT_WAIT_S, ask_every_rank
 from commviz.review.front import Run
+from commviz.review.render.asked_text import asked_text
 from commviz.review.render.verdict_text import verdict_text
 
 
@@ -20,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     job = Run(args.run_dir)
     asked = ask_every_rank(job.run_dir, job.files, args.wait)
     verdict = job.verdict(live=True)
-    sys.stdout.write(asked.render(job.run_dir))
+    sys.stdout.write(asked_text(asked, job.run_dir))
     if verdict is None and not any(ri.record is not None for ri in job.files.ranks.values()):
         sys.stdout.write("no rank records yet: nothing to judge\n")
         return 0
