@@ -2,7 +2,8 @@
 preview, watch, diff, exporter, serve.
 
 Each subcommand lives beside the code it drives, in a module with ``register(parser)`` that
-adds its arguments and description and sets ``func``; this file only puts them together. Only
+adds its arguments and description and sets ``func`` to the module's ``run(args)`` (its exit
+status); this file only puts them together. Only
 the module of the command being run is imported (``commviz --help`` imports none of them), so
 every command starts without loading the others' dependencies.
 """

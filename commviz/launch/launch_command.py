@@ -76,7 +76,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=float, default=DEFAULT_AFTER_S, metavar="S",
                    help="while the job runs, print the verdict when its ranks disagree and "
                         "nothing moved for S seconds (default 60; 0: off)")
-    p.set_defaults(func=handle)
+    p.set_defaults(func=run)
 
 
 def resolve(loaded: C.Loaded, now: datetime.datetime | None = None) -> Config:
@@ -371,7 +371,7 @@ def _placed_line(placed: list[placement.Placement], out: TextIO) -> None:
                   f"ranks {[p.rank for p in placed]}\n")
 
 
-def handle(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     step = _slurm_step()
     loaded = C.load(args.config, args.overrides,
                     slurm.defaults(step) if step is not None else None)

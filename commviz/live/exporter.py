@@ -170,6 +170,11 @@ def register(p: argparse.ArgumentParser) -> None:
                    help=f"label sets per rank before the overflow set (default {SERIES})")
     p.add_argument("--parent", type=int, default=None, metavar="PID",
                    help="stop when process PID (this one's parent: the launch) is gone")
-    p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval,
-                                        None if a.ranks is None else parse_ranks(a.ranks),
-                                        a.local, a.origins, a.series, a.parent))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    serve(args.run_dir, args.address, args.interval,
+          None if args.ranks is None else parse_ranks(args.ranks), args.local, args.origins,
+          args.series, args.parent)
+    return 0

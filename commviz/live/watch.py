@@ -211,7 +211,7 @@ def summary_lines(w: Window) -> list[str]:
 
 # -- the command ---------------------------------------------------------------------------------
 
-def handler(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise CommvizError(f"{run_dir}: no such run dir")
@@ -258,4 +258,4 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="show one window (the calls that ended in the last S seconds) and exit")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table (rich) or json (one object a window, top-level 'stragglers')")
-    p.set_defaults(func=handler)
+    p.set_defaults(func=run)

@@ -257,4 +257,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-after", type=float, default=HANG_AFTER_S, metavar="S",
                    help="show commviz status's verdict once no collective has completed for S "
                    f"seconds while the job runs (default {HANG_AFTER_S:g})")
-    p.set_defaults(func=lambda a: serve(a.run_dir, a.address, a.interval, a.hang_after))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    serve(args.run_dir, args.address, args.interval, args.hang_after)
+    return 0

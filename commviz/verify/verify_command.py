@@ -62,14 +62,14 @@ def _print(report: VerifyReport, *, max_errors: int, lanes: bool) -> None:
     con.print(f"[red]FAILED[/red]: {sum(report.error_counts.values()):,} problem(s): {kinds}")
 
 
-def _handler(args: argparse.Namespace) -> int:
-    run = None
+def run(args: argparse.Namespace) -> int:
+    inputs = None
     if args.run is not None:
         from commviz.trace.run import load_run
 
-        run = load_run(args.run)
+        inputs = load_run(args.run)
     try:
-        report = verify_pftrace(args.trace, inputs=run)
+        report = verify_pftrace(args.trace, inputs=inputs)
     except (CommvizError, OSError):
         raise                                   # the CLI prints these in one line
     except Exception as exc:                    # an input the checker did not foresee
@@ -91,4 +91,4 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-errors", type=int, default=30, help="problems to print in full")
     p.add_argument("--lanes", action="store_true", help="print slices per track for every "
                    "process (the default for up to 8 processes)")
-    p.set_defaults(func=_handler)
+    p.set_defaults(func=run)
