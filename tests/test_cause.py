@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import mesh_sim  # noqa: E402
 from mesh_sim import Job, Mesh, Plant, expected  # noqa: E402
 
+import commviz  # noqa: E402
 from commviz.live import series  # noqa: E402
 from commviz.live.cause import Cause, Judge, said  # noqa: E402
 from commviz.live.joined import Group, Instances  # noqa: E402
@@ -105,6 +106,9 @@ def test_causes_go_through_the_series_to_the_report(tmp_path: Path):
     assert {(s["rank"], s["cause"], s["peer"]) for s in line["stragglers"]} == expected(plants)
     whole = wholerun.to_json(tmp_path)
     assert {(d["rank"], d["cause"], d["peer"]) for d in whole["slowdowns"]} == expected(plants)
+    kept = commviz.Run(tmp_path).windows()
+    assert kept is not None and {(d.rank, d.cause, d.peer) for d in kept.slowdowns()} == \
+        expected(plants)
     lines = [said(s, fmt_ns) for s in line["stragglers"]]
     assert any(x.startswith("TRANSFER: rank 9") for x in lines)
     assert any(x.startswith("P2P LINK: rank 1 -> rank 5") for x in lines)

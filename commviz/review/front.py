@@ -2,9 +2,10 @@
 
 As Holistic Trace Analysis' ``TraceAnalysis`` stands over its analyzers: the run dir is read
 once, when an analysis first needs it, and each analysis is a method that reads only what it
-needs and is computed once: the records and stacks for the verdict, the matched ranks for the
-review (instances, stragglers, desyncs), the comm tables for the diff, the kept windows for
-``windows``. The analyses themselves stay stateless functions (``review.analyses``); their
+needs: the records and stacks for the verdict, the matched ranks for the review (instances,
+stragglers, desyncs), the kept windows for ``windows``, each made once (per arguments); the
+diff reads both runs' comm tables on each call. A ``Run`` is a snapshot: a job still running
+is read again by a new one. The analyses themselves stay stateless functions (``review.analyses``); their
 wording is ``review.render``. Nothing here imports torch.
 """
 
@@ -85,6 +86,10 @@ class Run:
     def windows(self) -> WholeRun | None:
         """The windows a watcher kept while the job ran, and the slowdowns named in them
         (None: no watcher kept any)."""
+        return self._windows
+
+    @cached_property
+    def _windows(self) -> WholeRun | None:
         return read_whole_run(self.run_dir)
 
     def diff(self, baseline: Run | str | os.PathLike[str], by: str = ORIGIN,
